@@ -1,0 +1,247 @@
+// Scaled dot-product (and Gaussian-score) attention: the optimized backend
+// against the reference on seeded random shapes, and the textbook's toy case.
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attn/engine.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+
+namespace attn {
+namespace {
+
+using ::attn::testing::AllClose;
+using ::attn::testing::AllExactly;
+using ::attn::testing::RandomLengths;
+using ::attn::testing::RandomNormal;
+using ::attn::testing::ViewOf;
+
+enum class Lengths { kNone, kPerBatch, kPerRow, kZeroAndFull };
+
+struct Case {
+  int64_t batch, heads, lq, lk, d, dv;
+  Lengths lengths;
+  bool causal;
+  ScoreKind score;
+  std::string label;
+};
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.label;
+}
+
+class AttentionTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    auto optimized = Engine::Create(EngineOptions{});
+    ASSERT_TRUE(optimized.ok()) << optimized.status();
+    optimized_ = std::move(optimized).value();
+    EngineOptions reference_options;
+    reference_options.use_onednn = false;
+    auto reference = Engine::Create(reference_options);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    reference_ = std::move(reference).value();
+  }
+  std::unique_ptr<Engine> optimized_;
+  std::unique_ptr<Engine> reference_;
+};
+
+TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
+  const Case& c = GetParam();
+  std::mt19937 rng(1234 + c.lq * 7 + c.lk);
+  const bool multi_head = c.heads > 1;
+  auto shape = [&](int64_t length, int64_t depth) {
+    return multi_head ? Shape{c.batch, c.heads, length, depth}
+                      : Shape{c.batch, length, depth};
+  };
+  const Tensor q = RandomNormal(rng, shape(c.lq, c.d));
+  const Tensor k = RandomNormal(rng, shape(c.lk, c.d));
+  const Tensor v = RandomNormal(rng, shape(c.lk, c.dv));
+  std::vector<int32_t> lengths;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.causal = c.causal;
+  request.score = c.score;
+  switch (c.lengths) {
+    case Lengths::kNone:
+      break;
+    case Lengths::kPerBatch:
+      lengths = RandomLengths(rng, c.batch, 0, c.lk);
+      request.valid_lens = ViewOf(lengths, {c.batch});
+      break;
+    case Lengths::kPerRow:
+      lengths = RandomLengths(rng, c.batch * c.lq, 0, c.lk);
+      request.valid_lens = ViewOf(lengths, {c.batch, c.lq});
+      break;
+    case Lengths::kZeroAndFull:
+      for (int64_t b = 0; b < c.batch; ++b) {
+        lengths.push_back(b % 2 == 0 ? 0 : static_cast<int32_t>(c.lk));
+      }
+      request.valid_lens = ViewOf(lengths, {c.batch});
+      break;
+  }
+  request.return_weights = true;
+  auto expected = reference_->Attention(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_EQ(expected->implementation, "reference");
+  auto with_weights = optimized_->Attention(request);
+  ASSERT_TRUE(with_weights.ok()) << with_weights.status();
+  EXPECT_EQ(with_weights->implementation, "onednn-cpu");
+  request.return_weights = false;
+  auto fused = optimized_->Attention(request);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(fused->implementation, "onednn-cpu");
+  EXPECT_TRUE(fused->weights.empty());
+
+  // Scores are sums of d products of unit normals times 1/sqrt(d) (or d
+  // squared differences for the Gaussian score); float32 rounding of such a
+  // sum is ~1e-6 relative, the fast exp ~1e-7, so weights agree to ~1e-5 and
+  // outputs (convex combinations of unit normals) likewise.
+  const double tolerance = c.score == ScoreKind::kGaussian ? 1e-4 : 2e-5;
+  EXPECT_TRUE(AllClose(with_weights->weights, expected->weights, tolerance));
+  EXPECT_TRUE(AllClose(with_weights->output, expected->output, 4 * tolerance,
+                       1e-4));
+  EXPECT_TRUE(AllClose(fused->output, expected->output, 4 * tolerance, 1e-4));
+
+  // Masked positions get exactly zero weight; zero-length rows give zeros.
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t i = 0; i < c.lq; ++i) {
+        int64_t limit = c.lk;
+        if (!lengths.empty()) {
+          limit = c.lengths == Lengths::kPerRow ? lengths[b * c.lq + i]
+                                                : lengths[b];
+        }
+        if (c.causal) limit = std::min<int64_t>(limit, i + 1);
+        const int64_t row = ((b * c.heads + h) * c.lq + i);
+        ASSERT_TRUE(AllExactly(with_weights->weights, 0.0f,
+                               row * c.lk + limit, (row + 1) * c.lk))
+            << "row " << row << " limit " << limit;
+        if (limit == 0) {
+          ASSERT_TRUE(AllExactly(fused->output, 0.0f, row * c.dv,
+                                 (row + 1) * c.dv));
+        }
+      }
+    }
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t,
+                               int64_t>>
+      shapes = {{1, 1, 1, 1, 1, 1},   {2, 1, 7, 7, 7, 7},
+                {3, 1, 97, 257, 16, 8}, {2, 1, 257, 97, 8, 16},
+                {1, 1, 300, 600, 64, 64}, {2, 3, 65, 130, 32, 24}};
+  int index = 0;
+  for (const auto& [b, h, lq, lk, d, dv] : shapes) {
+    for (Lengths lengths : {Lengths::kNone, Lengths::kPerBatch,
+                            Lengths::kPerRow, Lengths::kZeroAndFull}) {
+      for (bool causal : {false, true}) {
+        for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
+          // Keep the suite quick: the Gaussian score on the smaller shapes.
+          if (score == ScoreKind::kGaussian && lq * lk > 40000) continue;
+          cases.push_back(
+              {b, h, lq, lk, d, dv, lengths, causal, score,
+               "case" + std::to_string(index++) + "_b" + std::to_string(b) +
+                   "h" + std::to_string(h) + "q" + std::to_string(lq) + "k" +
+                   std::to_string(lk) + "d" + std::to_string(d) + "v" +
+                   std::to_string(dv) + (causal ? "_causal" : "") +
+                   (score == ScoreKind::kGaussian ? "_gauss" : "")});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(Cases()),
+                         Name);
+
+// The attention-scoring section's example: queries (2, 1, 2), keys
+// (2, 10, 2), values (2, 10, 4) with valid lengths [2, 6]; weights past
+// columns 2 and 6 are exactly zero, and with all keys equal (keys of ones)
+// the weights are uniform over the valid prefix: 1/2 and 1/6.
+TEST(AttentionToyTest, TextbookValidLengths) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  std::mt19937 rng(0);
+  const Tensor queries = RandomNormal(rng, {2, 1, 2});
+  Tensor keys = Tensor::Zeros({2, 10, 2});
+  for (float& value : keys.data) value = 1.0f;
+  Tensor values = Tensor::Zeros({2, 10, 4});
+  for (size_t i = 0; i < values.data.size(); ++i) {
+    values.data[i] = static_cast<float>(i % 40);  // the book's arange(40)
+  }
+  const std::vector<int32_t> lengths = {2, 6};
+  AttentionRequest request;
+  request.queries = queries.view();
+  request.keys = keys.view();
+  request.values = values.view();
+  request.valid_lens = ViewOf(lengths, {2});
+  request.return_weights = true;
+  auto result = (*engine)->Attention(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->implementation, "onednn-cpu");
+  ASSERT_EQ(result->weights.shape, (Shape{2, 1, 10}));
+  ASSERT_EQ(result->output.shape, (Shape{2, 1, 4}));
+  EXPECT_TRUE(AllExactly(result->weights, 0.0f, 2, 10));
+  EXPECT_TRUE(AllExactly(result->weights, 0.0f, 16, 20));
+  for (int j = 0; j < 2; ++j) EXPECT_NEAR(result->weights.data[j], 0.5, 1e-6);
+  for (int j = 0; j < 6; ++j) {
+    EXPECT_NEAR(result->weights.data[10 + j], 1.0 / 6.0, 1e-6);
+  }
+  // Uniform weights average the valid value rows: batch 0 rows 0-1 of
+  // arange(40).reshape(10, 4), batch 1 rows 0-5 of the same.
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_NEAR(result->output.data[c], (c + (4 + c)) / 2.0, 1e-5);
+    double mean = 0.0;
+    for (int j = 0; j < 6; ++j) mean += (4 * j + c) / 6.0;
+    EXPECT_NEAR(result->output.data[4 + c], mean, 1e-5);
+  }
+}
+
+TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  std::mt19937 rng(7);
+  const Tensor q = RandomNormal(rng, {2, 128, 64});
+  const Tensor k = RandomNormal(rng, {2, 200, 64});
+  const Tensor v = RandomNormal(rng, {2, 200, 64});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.return_weights = true;
+  auto exact = (*reference)->Attention(request);
+  ASSERT_TRUE(exact.ok());
+  request.precision = Precision::kBFloat16;
+  auto bf16_reference = (*reference)->Attention(request);
+  ASSERT_TRUE(bf16_reference.ok());
+  for (bool weights : {true, false}) {
+    request.return_weights = weights;
+    auto bf16 = (*engine)->Attention(request);
+    ASSERT_TRUE(bf16.ok()) << bf16.status();
+    // Against the reference fed the same bf16-rounded operands: float32
+    // accumulation only.
+    EXPECT_TRUE(AllClose(bf16->output, bf16_reference->output, 1e-4, 1e-4));
+    // The documented bound against exact float32 inputs (README, "bf16"):
+    // each operand carries a relative rounding error <= 2^-9, so a score
+    // q.k/sqrt(d) of unit normals moves by about 2^-8; weights by that much
+    // relative, outputs by <= 2^-7 of max|v|. We allow 2^-5 absolute.
+    EXPECT_TRUE(AllClose(bf16->output, exact->output, 1.0 / 32));
+  }
+}
+
+}  // namespace
+}  // namespace attn

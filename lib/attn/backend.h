@@ -1,0 +1,44 @@
+// The interface every kernel implementation (the plain reference, oneDNN on
+// the CPU, CUDA) implements: one entry point per operation, each taking the
+// validated params struct of attn/params.h.
+//
+// Contract for implementations:
+// - Thread safety: every method may be called concurrently from many threads.
+// - A method that cannot take the params (precision, shape, CPU features, a
+//   missing device) returns UNIMPLEMENTED before writing any output; the
+//   Engine then offers the call to the next backend in its list, which always
+//   ends in the reference backend. Any other non-OK status is final and is
+//   returned to the caller (INTERNAL for a library failure, RESOURCE_EXHAUSTED
+//   when scratch memory cannot be had).
+// - Outputs are pre-allocated by the caller; a backend writes every element of
+//   each non-null output, including zeros for masked positions.
+// - Methods block until the result is in the output buffers.
+#ifndef ATTN_BACKEND_H_
+#define ATTN_BACKEND_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "attn/params.h"
+
+namespace attn {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // A short stable identifier, reported with every result ("reference",
+  // "onednn-cpu", "cuda").
+  virtual std::string name() const = 0;
+
+  virtual absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) = 0;
+  virtual absl::Status BatchMatmul(const BatchMatmulParams& params) = 0;
+  virtual absl::Status Attention(const AttentionParams& params) = 0;
+  virtual absl::Status AdditiveAttention(
+      const AdditiveAttentionParams& params) = 0;
+  virtual absl::Status NadarayaWatson(const NadarayaWatsonParams& params) = 0;
+};
+
+}  // namespace attn
+
+#endif  // ATTN_BACKEND_H_

@@ -1,0 +1,162 @@
+#include "attn/engine.h"
+
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "attn/fit.h"
+#include "attn/onednn_backend.h"
+#include "attn/reference.h"
+#include "attn/status_macros.h"
+#include "attn/validate.h"
+
+namespace attn {
+namespace {
+
+template <typename Params, typename = void>
+constexpr bool kHasWeights = false;
+template <typename Params>
+constexpr bool kHasWeights<
+    Params, std::void_t<decltype(std::declval<Params&>().weights)>> = true;
+
+// Allocates the plan's outputs into `result` and points the params at them.
+template <typename Params>
+absl::Status AllocateOutputs(Plan<Params>* plan, OpResult* result) {
+  try {
+    result->output = Tensor::Zeros(plan->output_shape);
+    if (!plan->weights_shape.empty()) {
+      result->weights = Tensor::Zeros(plan->weights_shape);
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate the output ", ShapeToString(plan->output_shape)));
+  }
+  plan->params.out = result->output.data.data();
+  if constexpr (kHasWeights<Params>) {
+    if (!result->weights.empty()) {
+      plan->params.weights = result->weights.data.data();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Engine::Engine(std::vector<std::unique_ptr<Backend>> backends)
+    : backends_(std::move(backends)) {}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const EngineOptions& options) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  if (options.use_onednn) {
+    OneDnnBackend::Options backend_options;
+    backend_options.max_threads = options.max_threads;
+    backend_options.single_thread_below_flops =
+        options.single_thread_below_flops;
+    absl::StatusOr<std::unique_ptr<OneDnnBackend>> onednn =
+        OneDnnBackend::Create(backend_options);
+    if (onednn.ok()) {
+      backends.push_back(std::move(onednn).value());
+    } else if (!absl::IsUnimplemented(onednn.status())) {
+      // UNIMPLEMENTED means this CPU lacks what the kernels need: the
+      // reference backend then serves alone. Anything else is a real fault.
+      return onednn.status();
+    }
+  }
+  return CreateWithBackends(std::move(backends));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithBackends(
+    std::vector<std::unique_ptr<Backend>> backends) {
+  for (const auto& backend : backends) {
+    if (backend == nullptr) {
+      return absl::InvalidArgumentError("backends: null backend in the list");
+    }
+  }
+  if (backends.empty() || backends.back()->name() != "reference") {
+    backends.push_back(std::make_unique<ReferenceBackend>());
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(backends)));
+}
+
+std::vector<std::string> Engine::backend_names() const {
+  std::vector<std::string> names;
+  for (const auto& backend : backends_) names.push_back(backend->name());
+  return names;
+}
+
+template <typename Params, typename Method>
+absl::StatusOr<std::string> Engine::Dispatch(const Params& params,
+                                             Method method) {
+  for (const auto& backend : backends_) {
+    absl::Status status = ((*backend).*method)(params);
+    if (status.ok()) return backend->name();
+    if (!absl::IsUnimplemented(status)) return status;
+  }
+  return absl::InternalError("no backend took the request");
+}
+
+absl::StatusOr<OpResult> Engine::MaskedSoftmax(
+    const MaskedSoftmaxRequest& request) {
+  ASSIGN_OR_RETURN(Plan<MaskedSoftmaxParams> plan,
+                   ValidateMaskedSoftmax(request));
+  OpResult result;
+  RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  ASSIGN_OR_RETURN(result.implementation,
+                   Dispatch(plan.params, &Backend::MaskedSoftmax));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::BatchMatmul(const BatchMatmulRequest& request) {
+  ASSIGN_OR_RETURN(Plan<BatchMatmulParams> plan, ValidateBatchMatmul(request));
+  OpResult result;
+  RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  ASSIGN_OR_RETURN(result.implementation,
+                   Dispatch(plan.params, &Backend::BatchMatmul));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::Attention(const AttentionRequest& request) {
+  ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(request));
+  OpResult result;
+  RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  ASSIGN_OR_RETURN(result.implementation,
+                   Dispatch(plan.params, &Backend::Attention));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::AdditiveAttention(
+    const AdditiveAttentionRequest& request) {
+  ASSIGN_OR_RETURN(Plan<AdditiveAttentionParams> plan,
+                   ValidateAdditiveAttention(request));
+  OpResult result;
+  RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  ASSIGN_OR_RETURN(result.implementation,
+                   Dispatch(plan.params, &Backend::AdditiveAttention));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::NadarayaWatson(
+    const NadarayaWatsonRequest& request) {
+  ASSIGN_OR_RETURN(Plan<NadarayaWatsonParams> plan,
+                   ValidateNadarayaWatson(request));
+  OpResult result;
+  RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  ASSIGN_OR_RETURN(result.implementation,
+                   Dispatch(plan.params, &Backend::NadarayaWatson));
+  return result;
+}
+
+absl::StatusOr<FitBandwidthResult> Engine::FitBandwidth(
+    const FitBandwidthRequest& request) {
+  ASSIGN_OR_RETURN(Plan<NadarayaWatsonParams> plan,
+                   ValidateFitBandwidth(request));
+  return attn::FitBandwidth(plan.params, request.learning_rate,
+                            request.epochs);
+}
+
+}  // namespace attn

@@ -1,0 +1,77 @@
+// The library's entry point: validates a request, allocates its outputs and
+// runs it on the first backend of an ordered list that takes it. The list
+// always ends in the reference backend, so every valid request runs.
+//
+// Thread safety: every method may be called concurrently from many threads;
+// an Engine is immutable after Create. Methods block until the result is
+// ready. Status codes: INVALID_ARGUMENT for a malformed request (the message
+// names the argument, the shape it got and the shape it expected; not
+// retryable), RESOURCE_EXHAUSTED when memory cannot be had, INTERNAL for a
+// failure inside a backend library.
+#ifndef ATTN_ENGINE_H_
+#define ATTN_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attn/backend.h"
+#include "attn/ops.h"
+
+namespace attn {
+
+struct EngineOptions {
+  // Use the oneDNN CPU backend where the CPU supports it. Off: the reference
+  // backend runs everything (slow; for tests and debugging).
+  bool use_onednn = true;
+  // Upper bound on the threads one call may use; 0 means OpenMP's default
+  // (OMP_NUM_THREADS, else the core count).
+  int max_threads = 0;
+  // Calls with fewer floating-point operations than this run on the calling
+  // thread alone: waking a second OpenMP thread costs microseconds, and when
+  // the other core is busy a barrier can stall for milliseconds. A server
+  // gets its parallelism from concurrent requests instead.
+  double single_thread_below_flops = 8e6;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineOptions& options);
+  // An engine over an explicit backend list (tried in order); the reference
+  // backend is appended when the list does not already end in it.
+  static absl::StatusOr<std::unique_ptr<Engine>> CreateWithBackends(
+      std::vector<std::unique_ptr<Backend>> backends);
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();
+
+  absl::StatusOr<OpResult> MaskedSoftmax(const MaskedSoftmaxRequest& request);
+  absl::StatusOr<OpResult> BatchMatmul(const BatchMatmulRequest& request);
+  absl::StatusOr<OpResult> Attention(const AttentionRequest& request);
+  absl::StatusOr<OpResult> AdditiveAttention(
+      const AdditiveAttentionRequest& request);
+  absl::StatusOr<OpResult> NadarayaWatson(
+      const NadarayaWatsonRequest& request);
+  // Runs on the calling thread with the library's own gradient code (a fit is
+  // O(epochs * n^2) with tiny n in practice); implementation is "reference".
+  absl::StatusOr<FitBandwidthResult> FitBandwidth(
+      const FitBandwidthRequest& request);
+
+  // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
+  std::vector<std::string> backend_names() const;
+
+ private:
+  explicit Engine(std::vector<std::unique_ptr<Backend>> backends);
+
+  template <typename Params, typename Method>
+  absl::StatusOr<std::string> Dispatch(const Params& params, Method method);
+
+  const std::vector<std::unique_ptr<Backend>> backends_;
+};
+
+}  // namespace attn
+
+#endif  // ATTN_ENGINE_H_

@@ -1,0 +1,75 @@
+#include "attn/fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace attn {
+
+LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
+                                double bandwidth) {
+  const int64_t n = data.n_train;
+  const double w = bandwidth;
+  std::vector<double> squared_distance(n), score(n), probability(n);
+  std::vector<double> prediction(data.dy), derivative(data.dy);
+  LossAndGradient result;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = data.x_train + i * data.dx;
+    double max_score = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      double sq = 0.0;
+      for (int64_t c = 0; c < data.dx; ++c) {
+        const double diff = static_cast<double>(xi[c]) - data.x_train[j * data.dx + c];
+        sq += diff * diff;
+      }
+      squared_distance[j] = sq;
+      score[j] = -w * w * sq / 2.0;
+      if (j != i) max_score = std::max(max_score, score[j]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      probability[j] = j == i ? 0.0 : std::exp(score[j] - max_score);
+      sum += probability[j];
+    }
+    // d score_j / dw = -w * d_ij^2; its probability-weighted mean:
+    double mean_slope = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      probability[j] /= sum;
+      mean_slope += probability[j] * -w * squared_distance[j];
+    }
+    std::fill(prediction.begin(), prediction.end(), 0.0);
+    std::fill(derivative.begin(), derivative.end(), 0.0);
+    for (int64_t j = 0; j < n; ++j) {
+      if (probability[j] == 0.0) continue;
+      const double slope = probability[j] * (-w * squared_distance[j] - mean_slope);
+      for (int64_t c = 0; c < data.dy; ++c) {
+        const double y = data.y_train[j * data.dy + c];
+        prediction[c] += probability[j] * y;
+        derivative[c] += slope * y;
+      }
+    }
+    for (int64_t c = 0; c < data.dy; ++c) {
+      const double error = prediction[c] - data.y_train[i * data.dy + c];
+      result.loss += error * error;
+      result.gradient += 2.0 * error * derivative[c];
+    }
+  }
+  return result;
+}
+
+FitBandwidthResult FitBandwidth(const NadarayaWatsonParams& data,
+                                double learning_rate, int epochs) {
+  FitBandwidthResult result;
+  double w = data.bandwidth;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const LossAndGradient step = LeaveOneOutLoss(data, w);
+    result.loss_per_epoch.push_back(step.loss);
+    w -= learning_rate * step.gradient;
+  }
+  result.bandwidth = static_cast<float>(w);
+  result.final_loss = LeaveOneOutLoss(data, w).loss;
+  return result;
+}
+
+}  // namespace attn

@@ -1,0 +1,113 @@
+// Nadaraya-Watson prediction on the CPU: one query row at a time, every
+// training point scored in a vectorized loop, weights normalised in place.
+
+#include <algorithm>
+#include <vector>
+
+#include "attn/internal/cpu_kernels.h"
+#include "attn/internal/vec_math.h"
+
+namespace attn::internal {
+namespace {
+
+// Fills row[j] = ||x - x_train[j]||^2 for every training point.
+void SquaredDistances(const NadarayaWatsonParams& p, const float* x,
+                      float* row) {
+  if (p.dx == 1) {
+    const float x0 = x[0];
+#pragma omp simd
+    for (int64_t j = 0; j < p.n_train; ++j) {
+      const float diff = x0 - p.x_train[j];
+      row[j] = diff * diff;
+    }
+    return;
+  }
+  std::fill(row, row + p.n_train, 0.0f);
+  for (int64_t j = 0; j < p.n_train; ++j) {
+    const float* xt = p.x_train + j * p.dx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < p.dx; ++c) sum += (x[c] - xt[c]) * (x[c] - xt[c]);
+    row[j] = sum;
+  }
+}
+
+// Turns squared distances into normalised weights; returns false when the
+// kernel mass is zero (the row is then all zeros).
+bool Weights(const NadarayaWatsonParams& p, float* row) {
+  const int64_t n = p.n_train;
+  const float w2 = p.bandwidth * p.bandwidth;
+  switch (p.kernel) {
+    case RegressionKernel::kGaussian: {
+      // softmax(-w^2 d^2 / 2): exact normalisation even when every kernel
+      // value would underflow.
+      const float factor = -0.5f * w2;
+      Scale(row, n, factor);
+      SoftmaxPrefixInPlace(row, n, n);
+      return true;
+    }
+    case RegressionKernel::kBoxcar:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) row[j] = w2 * row[j] < 1.0f ? 1.0f : 0.0f;
+      break;
+    case RegressionKernel::kConstant:
+      std::fill(row, row + n, 1.0f);
+      break;
+    case RegressionKernel::kEpanechnikov:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        const float u = p.bandwidth * __builtin_sqrtf(row[j]);
+        row[j] = u < 1.0f ? 1.0f - u : 0.0f;
+      }
+      break;
+  }
+  float mass = 0.0f;
+#pragma omp simd reduction(+ : mass)
+  for (int64_t j = 0; j < n; ++j) mass += row[j];
+  if (!(mass > 0.0f)) {
+    std::fill(row, row + n, 0.0f);
+    return false;
+  }
+  Scale(row, n, 1.0f / mass);
+  return true;
+}
+
+}  // namespace
+
+absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
+  auto run = [&](int64_t i, std::vector<float>& scratch) {
+    float* row = p.weights != nullptr ? p.weights + i * p.n_train
+                                      : scratch.data();
+    SquaredDistances(p, p.x_query + i * p.dx, row);
+    const bool any = Weights(p, row);
+    for (int64_t c = 0; c < p.dy; ++c) {
+      float acc = 0.0f;
+      if (any) {
+        if (p.dy == 1) {
+#pragma omp simd reduction(+ : acc)
+          for (int64_t j = 0; j < p.n_train; ++j) acc += row[j] * p.y_train[j];
+        } else {
+          for (int64_t j = 0; j < p.n_train; ++j) {
+            acc += row[j] * p.y_train[j * p.dy + c];
+          }
+        }
+      }
+      p.out[i * p.dy + c] = acc;
+    }
+  };
+  const size_t scratch_size = p.weights != nullptr ? 0 : p.n_train;
+  if (threads <= 1 || p.n_query <= 1) {
+    std::vector<float> scratch(scratch_size);
+    for (int64_t i = 0; i < p.n_query; ++i) run(i, scratch);
+  } else {
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<float> scratch(scratch_size);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < p.n_query; ++i) run(i, scratch);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attn::internal

@@ -1,0 +1,63 @@
+// Branch-free float math (bit casts via __builtin_bit_cast, which GCC
+// vectorizes where std::memcpy blocks it) that GCC auto-vectorizes (compile with -mavx2 -mfma
+// and use in `#pragma omp simd` loops). Internal to the CPU backend.
+#ifndef ATTN_INTERNAL_VEC_MATH_H_
+#define ATTN_INTERNAL_VEC_MATH_H_
+
+#include <cstdint>
+
+namespace attn::internal {
+
+// exp(x) to about 2 ulp on [-87, 88] (Cephes' polynomial after a ln2 range
+// reduction); exactly 0 below -87, so exp(-inf) == 0 and a masked score
+// contributes nothing; clamped at exp(88) above.
+inline float FastExp(float x) {
+  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  // Round clamped / ln2 to the nearest integer with the 1.5 * 2^23 trick.
+  const float kShift = 12582912.0f;
+  const float shifted = clamped * 1.44269504088896341f + kShift;
+  const float n = shifted - kShift;
+  // The low mantissa bits of `shifted` hold n as an integer.
+  const int32_t exponent = __builtin_bit_cast(int32_t, shifted) -
+                           __builtin_bit_cast(int32_t, kShift);
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = __builtin_bit_cast(float, (exponent + 127) << 23);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error about 1e-7.
+inline float FastTanh(float x) { return 1.0f - 2.0f / (FastExp(2.0f * x) + 1.0f); }
+
+// In place: row[c] = exp(row[c] - max) for c < count; returns their sum.
+inline float ExpShiftedAndSum(float* row, int64_t count, float max) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < count; ++c) {
+    row[c] = FastExp(row[c] - max);
+    sum += row[c];
+  }
+  return sum;
+}
+
+inline float MaxOf(const float* row, int64_t count, float init) {
+  float max = init;
+#pragma omp simd reduction(max : max)
+  for (int64_t c = 0; c < count; ++c) max = row[c] > max ? row[c] : max;
+  return max;
+}
+
+inline void Scale(float* row, int64_t count, float factor) {
+#pragma omp simd
+  for (int64_t c = 0; c < count; ++c) row[c] *= factor;
+}
+
+}  // namespace attn::internal
+
+#endif  // ATTN_INTERNAL_VEC_MATH_H_

@@ -1,0 +1,254 @@
+#include "attn/onednn_backend.h"
+
+#include <omp.h>
+
+#include <array>
+#include <deque>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "attn/bfloat16.h"
+#include "attn/internal/cpu_kernels.h"
+#include "attn/status_macros.h"
+
+namespace attn {
+namespace {
+
+// Sets the OpenMP thread count of the calling thread's next parallel regions
+// (oneDNN primitives and sgemm read it) and restores it on destruction. The
+// setting is per thread, so concurrent calls do not disturb each other.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int threads) : previous_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ScopedOmpThreads() { omp_set_num_threads(previous_); }
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  const int previous_;
+};
+
+// Copies `count` floats rounded to bfloat16.
+std::vector<float> RoundedCopy(const float* data, int64_t count) {
+  std::vector<float> copy(data, data + count);
+  for (float& value : copy) value = RoundToBFloat16(value);
+  return copy;
+}
+
+enum class PrimitiveKind : int64_t { kMatmul, kSoftmax };
+using PrimitiveKey = std::array<int64_t, 5>;
+
+}  // namespace
+
+class OneDnnBackend::Impl {
+ public:
+  Impl(const Options& options, dnnl::engine engine)
+      : options_(options),
+        max_threads_(options.max_threads > 0 ? options.max_threads
+                                             : omp_get_max_threads()),
+        engine_(std::move(engine)) {}
+
+  int ThreadsFor(double flops) const {
+    return flops < options_.single_thread_below_flops ? 1 : max_threads_;
+  }
+
+  // Returns the cached primitive for `key`, creating it with `make` on a miss.
+  template <typename Make>
+  absl::StatusOr<dnnl::primitive> GetOrCreate(const PrimitiveKey& key,
+                                              const Make& make) {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    dnnl::primitive primitive;
+    try {
+      primitive = make();
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(
+          absl::StrCat("oneDNN primitive creation failed: ", e.what()));
+    }
+    if (static_cast<int>(cache_.size()) >= options_.primitive_cache_capacity) {
+      cache_.erase(insertion_order_.front());
+      insertion_order_.pop_front();
+    }
+    cache_.emplace(key, primitive);
+    insertion_order_.push_back(key);
+    return primitive;
+  }
+
+  absl::Status Matmul(const float* a, const float* b, float* c, int64_t n,
+                      int64_t m, int64_t k, int64_t p) {
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md({n, m, k}, dt::f32, tag::abc);
+    const dnnl::memory::desc b_md({n, k, p}, dt::f32, tag::abc);
+    const dnnl::memory::desc c_md({n, m, p}, dt::f32, tag::abc);
+    ASSIGN_OR_RETURN(
+        dnnl::primitive matmul,
+        GetOrCreate({static_cast<int64_t>(PrimitiveKind::kMatmul), n, m, k, p},
+                    [&] {
+                      return dnnl::matmul(dnnl::matmul::primitive_desc(
+                          dnnl::matmul::desc(a_md, b_md, c_md), engine_));
+                    }));
+    return Execute(matmul, {{DNNL_ARG_SRC, {a_md, a}},
+                            {DNNL_ARG_WEIGHTS, {b_md, b}},
+                            {DNNL_ARG_DST, {c_md, c}}});
+  }
+
+  absl::Status Softmax(const float* x, float* y, int64_t rows,
+                       int64_t columns) {
+    const dnnl::memory::desc md({rows, columns}, dnnl::memory::data_type::f32,
+                                dnnl::memory::format_tag::ab);
+    ASSIGN_OR_RETURN(
+        dnnl::primitive softmax,
+        GetOrCreate(
+            {static_cast<int64_t>(PrimitiveKind::kSoftmax), rows, columns, 0, 0},
+            [&] {
+              return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
+                  dnnl::softmax_forward::desc(
+                      dnnl::prop_kind::forward_inference, md, 1),
+                  engine_));
+            }));
+    return Execute(softmax,
+                   {{DNNL_ARG_SRC, {md, x}}, {DNNL_ARG_DST, {md, y}}});
+  }
+
+ private:
+  struct Argument {
+    dnnl::memory::desc desc;
+    const float* data;
+  };
+
+  absl::Status Execute(const dnnl::primitive& primitive,
+                       const std::vector<std::pair<int, Argument>>& arguments) {
+    try {
+      dnnl::stream stream(engine_);
+      std::unordered_map<int, dnnl::memory> memories;
+      for (const auto& [slot, argument] : arguments) {
+        // oneDNN takes a non-const handle even for inputs; it never writes
+        // to source or weights memory.
+        memories.emplace(slot, dnnl::memory(argument.desc, engine_,
+                                            const_cast<float*>(argument.data)));
+      }
+      primitive.execute(stream, memories);
+      stream.wait();
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(
+          absl::StrCat("oneDNN execution failed: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  const Options options_;
+  const int max_threads_;
+  const dnnl::engine engine_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<PrimitiveKey, dnnl::primitive> cache_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<PrimitiveKey> insertion_order_ ABSL_GUARDED_BY(mu_);
+};
+
+OneDnnBackend::OneDnnBackend(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+OneDnnBackend::~OneDnnBackend() = default;
+
+absl::StatusOr<std::unique_ptr<OneDnnBackend>> OneDnnBackend::Create(
+    const Options& options) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    return absl::UnimplementedError(
+        "onednn-cpu needs a CPU with AVX2 and FMA");
+  }
+  if (options.max_threads < 0 || options.primitive_cache_capacity < 1) {
+    return absl::InvalidArgumentError(
+        "max_threads must be >= 0 and primitive_cache_capacity >= 1");
+  }
+  try {
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    return std::unique_ptr<OneDnnBackend>(
+        new OneDnnBackend(std::make_unique<Impl>(options, std::move(engine))));
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("cannot create the oneDNN CPU engine: ", e.what()));
+  }
+}
+
+absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
+  const double elements = static_cast<double>(p.batch) * p.rows * p.columns;
+  ScopedOmpThreads threads(impl_->ThreadsFor(10.0 * elements));
+  if (p.valid.kind == ValidLengths::Kind::kNone) {
+    return impl_->Softmax(p.x, p.out, p.batch * p.rows, p.columns);
+  }
+  internal::CpuMaskedSoftmax(p, omp_get_max_threads());
+  return absl::OkStatus();
+}
+
+absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
+  ScopedOmpThreads threads(
+      impl_->ThreadsFor(2.0 * p.n * p.m * p.k * p.p));
+  if (p.precision == Precision::kBFloat16) {
+    try {
+      const std::vector<float> a = RoundedCopy(p.a, p.n * p.m * p.k);
+      const std::vector<float> b = RoundedCopy(p.b, p.n * p.k * p.p);
+      return impl_->Matmul(a.data(), b.data(), p.out, p.n, p.m, p.k, p.p);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("no memory for bf16 operands");
+    }
+  }
+  return impl_->Matmul(p.a, p.b, p.out, p.n, p.m, p.k, p.p);
+}
+
+absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
+  const double flops = 2.0 * p.batch * p.heads * p.lq * p.lk * (p.d + p.dv);
+  const int threads = impl_->ThreadsFor(flops);
+  ScopedOmpThreads scoped(threads);
+  if (p.precision == Precision::kBFloat16) {
+    try {
+      const int64_t bh = p.batch * p.heads;
+      const std::vector<float> q = RoundedCopy(p.q, bh * p.lq * p.d);
+      const std::vector<float> k = RoundedCopy(p.k, bh * p.lk * p.d);
+      const std::vector<float> v = RoundedCopy(p.v, bh * p.lk * p.dv);
+      AttentionParams rounded = p;
+      rounded.q = q.data();
+      rounded.k = k.data();
+      rounded.v = v.data();
+      return internal::CpuAttention(rounded, threads);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("no memory for bf16 operands");
+    }
+  }
+  return internal::CpuAttention(p, threads);
+}
+
+absl::Status OneDnnBackend::AdditiveAttention(
+    const AdditiveAttentionParams& p) {
+  const double flops =
+      2.0 * p.batch * (p.lq * p.dq + p.lk * p.dk) * p.h +
+      12.0 * p.batch * p.lq * p.lk * p.h + 2.0 * p.batch * p.lq * p.lk * p.dv;
+  const int threads = impl_->ThreadsFor(flops);
+  ScopedOmpThreads scoped(threads);
+  try {
+    return internal::CpuAdditiveAttention(p, threads);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("no memory for additive scratch");
+  }
+}
+
+absl::Status OneDnnBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
+  const double flops =
+      static_cast<double>(p.n_query) * p.n_train * (3.0 * p.dx + 10.0 + 2.0 * p.dy);
+  const int threads = impl_->ThreadsFor(flops);
+  ScopedOmpThreads scoped(threads);
+  return internal::CpuNadarayaWatson(p, threads);
+}
+
+}  // namespace attn

@@ -1,0 +1,64 @@
+// The CPU backend: oneDNN 2.6 primitives (matmul, softmax) where oneDNN can
+// express the operation, and hand-vectorized loops around oneDNN's sgemm
+// where it cannot (valid-length masks, online softmax, tanh scores, the
+// regression kernels).
+//
+// Thread safety: all methods may be called concurrently. Primitives are
+// created once per shape and kept in a bounded cache behind a mutex; each
+// call executes them on a stream of its own (CPU streams are cheap, and a
+// shared stream would serialise unrelated calls).
+//
+// Threads: a call estimated at fewer than single_thread_below_flops runs on
+// the calling thread alone; a larger one uses up to max_threads OpenMP
+// threads.
+//
+// Precision::kBFloat16: this build rounds the product operands to bfloat16
+// and runs the float32 kernels on them, which reproduces the numerics of
+// bfloat16 hardware but not its speed; on CPUs without AVX512-BF16/AMX there
+// is no faster way. Status codes: UNIMPLEMENTED from Create when the CPU lacks
+// AVX2/FMA; INTERNAL when oneDNN fails; RESOURCE_EXHAUSTED when scratch memory
+// cannot be had.
+#ifndef ATTN_ONEDNN_BACKEND_H_
+#define ATTN_ONEDNN_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "attn/backend.h"
+
+namespace attn {
+
+class OneDnnBackend final : public Backend {
+ public:
+  struct Options {
+    int max_threads = 0;  // 0: OpenMP's default
+    double single_thread_below_flops = 8e6;
+    // Distinct shapes whose primitives are kept; the oldest-inserted shape is
+    // dropped beyond it, so arbitrary client shapes cannot grow memory.
+    int primitive_cache_capacity = 256;
+  };
+
+  static absl::StatusOr<std::unique_ptr<OneDnnBackend>> Create(
+      const Options& options);
+  ~OneDnnBackend() override;
+
+  std::string name() const override { return "onednn-cpu"; }
+
+  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
+  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
+  absl::Status Attention(const AttentionParams& params) override;
+  absl::Status AdditiveAttention(
+      const AdditiveAttentionParams& params) override;
+  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+
+ private:
+  class Impl;
+  explicit OneDnnBackend(std::unique_ptr<Impl> impl);
+
+  const std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attn
+
+#endif  // ATTN_ONEDNN_BACKEND_H_

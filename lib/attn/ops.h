@@ -1,0 +1,113 @@
+// The user-facing requests and results of every operation the library serves.
+// Shapes are validated by attn/validate.h; the Engine (attn/engine.h) runs them.
+//
+// Tensors are float32, row-major. Views in a request must stay valid until the
+// call that takes the request returns; results own their data.
+#ifndef ATTN_OPS_H_
+#define ATTN_OPS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/params.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// masked_softmax: x (B, Q, K) over the last axis; valid_lens absent, (B,) or
+// (B, Q) with every value in [0, K]. Output has x's shape; positions at or
+// beyond the valid length are exactly 0, and a row of valid length 0 is all
+// zeros.
+struct MaskedSoftmaxRequest {
+  TensorView x;
+  LengthsView valid_lens;
+};
+
+// batch_matmul: a (n, m, k) x b (n, k, p) -> (n, m, p).
+struct BatchMatmulRequest {
+  TensorView a;
+  TensorView b;
+  Precision precision = Precision::kFloat32;
+};
+
+// Scaled dot-product attention, or the Gaussian score -||q - k||^2 / 2.
+// Layouts: queries (B, Lq, d), keys (B, Lk, d), values (B, Lk, v) -> output
+// (B, Lq, v); or multi-head (B, H, Lq, d), (B, H, Lk, d), (B, H, Lk, v) ->
+// (B, H, Lq, v). valid_lens: absent, (B,) or (B, Lq), the same for every head.
+// Weights (B, Lq, Lk) or (B, H, Lq, Lk) only when return_weights is set.
+struct AttentionRequest {
+  TensorView queries;
+  TensorView keys;
+  TensorView values;
+  LengthsView valid_lens;
+  bool causal = false;
+  // Multiplies the score. Default: 1/sqrt(d) for the dot product, 1 for the
+  // Gaussian score. Must be finite and positive.
+  std::optional<float> scale;
+  ScoreKind score = ScoreKind::kDotProduct;
+  bool return_weights = false;
+  Precision precision = Precision::kFloat32;
+};
+
+// Additive attention: queries (B, Lq, q), keys (B, Lk, k), values (B, Lk, v),
+// w_q (h, q), w_k (h, k), w_v (h,) -> output (B, Lq, v); masks and weights as
+// for AttentionRequest (no heads, no causal mask).
+struct AdditiveAttentionRequest {
+  TensorView queries;
+  TensorView keys;
+  TensorView values;
+  TensorView w_q;
+  TensorView w_k;
+  TensorView w_v;
+  LengthsView valid_lens;
+  bool return_weights = false;
+};
+
+// Nadaraya-Watson prediction. x_train (n,) or (n, dx); y_train (n,) or
+// (n, dy); x_query (m,) or (m, dx) with the same dx as x_train. Output (m,)
+// when y_train is 1-D, else (m, dy); weights (m, n) on request. bandwidth must
+// be finite and positive; 1 is the nonparametric estimate.
+struct NadarayaWatsonRequest {
+  TensorView x_train;
+  TensorView y_train;
+  TensorView x_query;
+  RegressionKernel kernel = RegressionKernel::kGaussian;
+  float bandwidth = 1.0f;
+  bool return_weights = false;
+};
+
+// Fits the bandwidth w of the parametric Gaussian Nadaraya-Watson model by
+// full-batch gradient descent on the summed squared loss
+//   L(w) = sum_i (yhat_i(w) - y_i)^2,
+// where yhat_i attends over every training point except i (the textbook's
+// leave-one-out keys). Needs at least 2 training points.
+struct FitBandwidthRequest {
+  TensorView x_train;
+  TensorView y_train;
+  float initial_bandwidth = 1.0f;  // finite, positive
+  float learning_rate = 0.5f;      // the textbook's SGD step; finite, positive
+  int epochs = 5;                  // in [1, 100000]
+};
+
+// Every operation's result: the output, the weights when requested (else an
+// empty tensor), and which backend ran.
+struct OpResult {
+  Tensor output;
+  Tensor weights;
+  std::string implementation;
+};
+
+struct FitBandwidthResult {
+  float bandwidth = 0.0f;
+  // loss_per_epoch[e] is L(w) at the start of epoch e (before its update);
+  // final_loss is L(w) at the fitted bandwidth.
+  std::vector<double> loss_per_epoch;
+  double final_loss = 0.0;
+};
+
+const char* RegressionKernelName(RegressionKernel kernel);
+
+}  // namespace attn
+
+#endif  // ATTN_OPS_H_

@@ -1,0 +1,25 @@
+// Seeded random inputs for tests and benchmarks. Deterministic for a seed.
+#ifndef ATTN_TESTING_RANDOM_H_
+#define ATTN_TESTING_RANDOM_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "attn/tensor.h"
+
+namespace attn::testing {
+
+// A tensor of the given shape with N(0, stddev^2) elements.
+Tensor RandomNormal(std::mt19937& rng, Shape shape, float stddev = 1.0f);
+
+// `count` integers uniform in [low, high].
+std::vector<int32_t> RandomLengths(std::mt19937& rng, int64_t count,
+                                   int32_t low, int32_t high);
+
+// A LengthsView over `lengths` with the given shape.
+LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape);
+
+}  // namespace attn::testing
+
+#endif  // ATTN_TESTING_RANDOM_H_

@@ -1,0 +1,41 @@
+// Turns user-facing requests (attn/ops.h) into the validated params structs
+// of attn/params.h, or INVALID_ARGUMENT naming the argument, the shape it got
+// and the shape it expected.
+//
+// Pure functions: thread-safe, never block, never allocate tensors. The
+// returned params have null output pointers; the caller allocates
+// `output_shape` (and `weights_shape` when non-empty) and sets them.
+#ifndef ATTN_VALIDATE_H_
+#define ATTN_VALIDATE_H_
+
+#include "absl/status/statusor.h"
+#include "attn/ops.h"
+#include "attn/params.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+template <typename Params>
+struct Plan {
+  Params params;
+  Shape output_shape;
+  Shape weights_shape;  // empty when the weights were not requested
+};
+
+absl::StatusOr<Plan<MaskedSoftmaxParams>> ValidateMaskedSoftmax(
+    const MaskedSoftmaxRequest& request);
+absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmul(
+    const BatchMatmulRequest& request);
+absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
+    const AttentionRequest& request);
+absl::StatusOr<Plan<AdditiveAttentionParams>> ValidateAdditiveAttention(
+    const AdditiveAttentionRequest& request);
+absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateNadarayaWatson(
+    const NadarayaWatsonRequest& request);
+// Checks the fit's inputs and hyperparameters; output_shape is unused.
+absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
+    const FitBandwidthRequest& request);
+
+}  // namespace attn
+
+#endif  // ATTN_VALIDATE_H_
