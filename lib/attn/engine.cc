@@ -25,9 +25,9 @@ constexpr bool kHasWeights<
 template <typename Params>
 absl::Status AllocateOutputs(Plan<Params>* plan, OpResult* result) {
   try {
-    result->output = Tensor::Zeros(plan->output_shape);
+    result->output = Tensor::Uninitialized(plan->output_shape);
     if (!plan->weights_shape.empty()) {
-      result->weights = Tensor::Zeros(plan->weights_shape);
+      result->weights = Tensor::Uninitialized(plan->weights_shape);
     }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -40,6 +40,15 @@ int64_t TensorView::num_elements() const {
   return count;
 }
 
+Tensor Tensor::Uninitialized(Shape shape) {
+  Tensor tensor;
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  tensor.shape = std::move(shape);
+  tensor.data.resize(static_cast<size_t>(count));
+  return tensor;
+}
+
 Tensor Tensor::Zeros(Shape shape) {
   Tensor tensor;
   int64_t count = 1;

@@ -8,6 +8,9 @@
 #define ATTN_TENSOR_H_
 
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -50,11 +53,35 @@ struct LengthsView {
   bool present() const { return !shape.empty(); }
 };
 
+// An allocator whose value-less construct() leaves floats uninitialized, so
+// that outputs every backend overwrites anyway are not zero-filled first
+// (zeroing a large output costs as much as a small attention call).
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <typename U>
+  void construct(U* pointer) noexcept {
+    ::new (static_cast<void*>(pointer)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* pointer, Args&&... args) {
+    ::new (static_cast<void*>(pointer)) U(std::forward<Args>(args)...);
+  }
+};
+
+using FloatBuffer = std::vector<float, DefaultInitAllocator<float>>;
+
 struct Tensor {
   Shape shape;
-  std::vector<float> data;
+  FloatBuffer data;
 
   static Tensor Zeros(Shape shape);
+  // Elements are indeterminate until written; for outputs a backend fills.
+  static Tensor Uninitialized(Shape shape);
   TensorView view() const { return TensorView{data.data(), shape}; }
   bool empty() const { return shape.empty(); }
 };

@@ -64,12 +64,15 @@ void SubtractKeyNorms(const float* keys, int64_t count, int64_t d,
   }
 }
 
+// Per-thread buffers, sized for the call (a toy call must not pay for
+// full-size blocks).
 struct Scratch {
-  std::vector<float> scores;  // kQueryBlock x kKeyBlock
+  int64_t key_block = 0;      // min(kKeyBlock, lk): the row stride of scores
+  std::vector<float> scores;  // query block x key_block
   std::vector<float> acc;     // kQueryBlock x dv
   std::vector<float> max;     // kQueryBlock
   std::vector<float> sum;     // kQueryBlock
-  std::vector<float> norms;   // kKeyBlock
+  std::vector<float> norms;   // key_block
   std::vector<int64_t> limit;  // kQueryBlock
 };
 
@@ -91,18 +94,19 @@ bool FusedBlock(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
   std::fill(s.max.begin(), s.max.begin() + rows, kNegativeInfinity);
   std::fill(s.sum.begin(), s.sum.begin() + rows, 0.0f);
 
-  for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
-    const int64_t count = std::min(kKeyBlock, key_end - j0);
+  const int64_t block = s.key_block;
+  for (int64_t j0 = 0; j0 < key_end; j0 += block) {
+    const int64_t count = std::min(block, key_end - j0);
     if (!Gemm(true, rows, count, p.d, p.scale, q, p.d, k + j0 * p.d, p.d, 0.0f,
-              s.scores.data(), kKeyBlock)) {
+              s.scores.data(), block)) {
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
       SubtractKeyNorms(k + j0 * p.d, count, p.d, 0.5f * p.scale,
-                       s.scores.data(), rows, kKeyBlock, s.norms.data());
+                       s.scores.data(), rows, block, s.norms.data());
     }
     for (int64_t r = 0; r < rows; ++r) {
-      float* row = s.scores.data() + r * kKeyBlock;
+      float* row = s.scores.data() + r * block;
       const int64_t valid = std::clamp<int64_t>(s.limit[r] - j0, 0, count);
       std::fill(row + valid, row + count, 0.0f);
       if (valid == 0) continue;
@@ -113,7 +117,7 @@ bool FusedBlock(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
       s.max[r] = new_max;
       if (correction != 1.0f) Scale(s.acc.data() + r * p.dv, p.dv, correction);
     }
-    if (!Gemm(false, rows, p.dv, count, 1.0f, s.scores.data(), kKeyBlock,
+    if (!Gemm(false, rows, p.dv, count, 1.0f, s.scores.data(), block,
               v + j0 * p.dv, p.dv, 1.0f, s.acc.data(), p.dv)) {
       return false;
     }
@@ -150,8 +154,8 @@ bool WeightsBlock(const AttentionParams& p, int64_t bh, int64_t q0,
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
-      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
-        const int64_t count = std::min(kKeyBlock, key_end - j0);
+      for (int64_t j0 = 0; j0 < key_end; j0 += s.key_block) {
+        const int64_t count = std::min(s.key_block, key_end - j0);
         SubtractKeyNorms(k + j0 * p.d, count, p.d, 0.5f * p.scale,
                          weights + j0, rows, p.lk, s.norms.data());
       }
@@ -201,16 +205,18 @@ absl::Status CpuAttention(const AttentionParams& p, int threads) {
                                          : FusedBlock(p, bh, q0, rows, scratch);
     if (!ok) failed.store(true, std::memory_order_relaxed);
   };
+  const int64_t query_block = std::min(kQueryBlock, p.lq);
   auto make_scratch = [&] {
     Scratch s;
+    s.key_block = std::min(kKeyBlock, p.lk);
     if (p.weights == nullptr) {
-      s.scores.resize(kQueryBlock * kKeyBlock);
-      s.acc.resize(kQueryBlock * p.dv);
-      s.max.resize(kQueryBlock);
-      s.sum.resize(kQueryBlock);
+      s.scores.resize(query_block * s.key_block);
+      s.acc.resize(query_block * p.dv);
+      s.max.resize(query_block);
+      s.sum.resize(query_block);
     }
-    s.norms.resize(kKeyBlock);
-    s.limit.resize(kQueryBlock);
+    if (p.score == ScoreKind::kGaussian) s.norms.resize(s.key_block);
+    s.limit.resize(query_block);
     return s;
   };
   if (threads <= 1 || tasks <= 1) {

@@ -1,0 +1,267 @@
+// Kernel benchmarks at the peer script's shapes (shared/bench/
+// torch_attention_bench.py): GFLOP/s counted as the peer counts them (the
+// nominal work, whatever the valid lengths skip) and the extra heap memory
+// one call needs beyond its inputs and outputs.
+//
+// Run through bench/run_benchmarks.sh, which also runs the PyTorch peer and
+// prints one table. OMP_NUM_THREADS sets the thread count (2 on the dev box).
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "attn/engine.h"
+#include "attn/testing/random.h"
+#include "benchmark/benchmark.h"
+
+// Heap accounting: every malloc-family call of the process goes through
+// these wrappers, so the oneDNN scratch and our own vectors are both seen.
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void* __libc_memalign(size_t, size_t);
+void __libc_free(void*);
+}
+
+namespace {
+std::atomic<int64_t> g_heap_bytes{0};
+std::atomic<int64_t> g_heap_peak{0};
+
+void Track(void* pointer, int sign) {
+  if (pointer == nullptr) return;
+  const int64_t now =
+      g_heap_bytes.fetch_add(sign * static_cast<int64_t>(malloc_usable_size(pointer))) +
+      sign * static_cast<int64_t>(malloc_usable_size(pointer));
+  int64_t peak = g_heap_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+extern "C" {
+void* malloc(size_t size) {
+  void* p = __libc_malloc(size);
+  Track(p, +1);
+  return p;
+}
+void* calloc(size_t n, size_t size) {
+  void* p = __libc_calloc(n, size);
+  Track(p, +1);
+  return p;
+}
+void* realloc(void* old, size_t size) {
+  Track(old, -1);
+  void* p = __libc_realloc(old, size);
+  Track(p, +1);
+  return p;
+}
+void free(void* p) {
+  Track(p, -1);
+  __libc_free(p);
+}
+int posix_memalign(void** out, size_t alignment, size_t size) {
+  *out = __libc_memalign(alignment, size);
+  Track(*out, +1);
+  return *out == nullptr ? ENOMEM : 0;
+}
+void* aligned_alloc(size_t alignment, size_t size) {
+  void* p = __libc_memalign(alignment, size);
+  Track(p, +1);
+  return p;
+}
+void* memalign(size_t alignment, size_t size) {
+  void* p = __libc_memalign(alignment, size);
+  Track(p, +1);
+  return p;
+}
+}
+
+namespace attn {
+namespace {
+
+using ::attn::testing::RandomNormal;
+
+Engine& SharedEngine() {
+  static Engine* engine = Engine::Create(EngineOptions{}).value().release();
+  return *engine;
+}
+
+// Bytes allocated at the peak of `call`, less what it returns (outputs).
+template <typename Call>
+double ExtraMiB(const Call& call, int64_t output_bytes) {
+  const int64_t before = g_heap_bytes.load();
+  g_heap_peak.store(before);
+  call();
+  const int64_t extra = g_heap_peak.load() - before - output_bytes;
+  return std::max<int64_t>(extra, 0) / (1024.0 * 1024.0);
+}
+
+// The valid lengths the peer script draws (torch.Generator seeded 0), so the
+// two skip the same amount of work.
+const std::vector<int32_t> kMediumLengths = {
+    6,  51, 28, 19, 34, 34, 48, 16, 52, 45, 29, 13, 42, 34, 46, 34,
+    1,  43, 4,  17, 47, 31, 44, 50, 50, 5,  5,  4,  38, 19, 13, 27};
+const std::vector<int32_t> kLargeLengths = {477, 265, 354, 388,
+                                            258, 86,  233, 135};
+const std::vector<int32_t> kLongLengths = {619};
+const std::vector<int32_t> kAdditiveLengths = {
+    32, 16, 13, 59, 59, 47, 16, 3,  31, 26, 57, 30, 39, 19, 14, 9,
+    51, 24, 49, 5,  8,  34, 30, 43, 4,  24, 10, 63, 47, 35, 9,  58};
+
+// args: batch, length, depth, lengths (0 none, 1 peer's), weights,
+// precision (0 fp32, 1 bf16), causal.
+void BM_Attention(benchmark::State& state) {
+  const int64_t batch = state.range(0), length = state.range(1),
+                depth = state.range(2);
+  const bool peer_lengths = state.range(3) != 0;
+  std::mt19937 rng(0);
+  const Tensor q = RandomNormal(rng, {batch, length, depth});
+  const Tensor k = RandomNormal(rng, {batch, length, depth});
+  const Tensor v = RandomNormal(rng, {batch, length, depth});
+  const std::vector<int32_t>& lengths =
+      batch == 32 ? kMediumLengths : batch == 8 ? kLargeLengths : kLongLengths;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  if (peer_lengths) request.valid_lens = LengthsView{lengths.data(), {batch}};
+  request.return_weights = state.range(4) != 0;
+  request.precision =
+      state.range(5) != 0 ? Precision::kBFloat16 : Precision::kFloat32;
+  request.causal = state.range(6) != 0;
+  Engine& engine = SharedEngine();
+  auto call = [&] {
+    auto result = engine.Attention(request);
+    if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
+    benchmark::DoNotOptimize(result);
+  };
+  call();  // warm-up: primitive creation, page faults
+  const int64_t output_bytes =
+      4 * batch * length * depth +
+      (request.return_weights ? 4 * batch * length * length : 0);
+  const double extra = ExtraMiB(call, output_bytes);
+  for (auto _ : state) call();
+  const double flops = 4.0 * batch * length * length * depth;
+  state.counters["GFLOPs"] = benchmark::Counter(
+      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["extra_MiB"] = extra;
+}
+
+void BM_Additive(benchmark::State& state) {
+  const int64_t batch = 32, length = 64, depth = 64, hidden = 64;
+  std::mt19937 rng(0);
+  const Tensor q = RandomNormal(rng, {batch, length, depth});
+  const Tensor k = RandomNormal(rng, {batch, length, depth});
+  const Tensor v = RandomNormal(rng, {batch, length, depth});
+  const Tensor w_q = RandomNormal(rng, {hidden, depth});
+  const Tensor w_k = RandomNormal(rng, {hidden, depth});
+  const Tensor w_v = RandomNormal(rng, {hidden});
+  AdditiveAttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.w_q = w_q.view();
+  request.w_k = w_k.view();
+  request.w_v = w_v.view();
+  request.valid_lens = LengthsView{kAdditiveLengths.data(), {batch}};
+  Engine& engine = SharedEngine();
+  auto call = [&] {
+    auto result = engine.AdditiveAttention(request);
+    if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
+    benchmark::DoNotOptimize(result);
+  };
+  call();
+  const double extra = ExtraMiB(call, 4 * batch * length * depth);
+  for (auto _ : state) call();
+  // The peer script's count.
+  const double flops = 2.0 * batch * length * depth * hidden * 2 +
+                       4.0 * batch * length * length * hidden +
+                       2.0 * batch * length * length * depth;
+  state.counters["GFLOPs"] = benchmark::Counter(
+      flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["extra_MiB"] = extra;
+}
+
+void BM_NadarayaWatson(benchmark::State& state) {
+  const int64_t n = 4096;
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> uniform(0.0f, 5.0f);
+  Tensor x_train = Tensor::Zeros({n}), y_train = Tensor::Zeros({n}),
+         x_query = Tensor::Zeros({n});
+  for (float& x : x_train.data) x = uniform(rng);
+  std::sort(x_train.data.begin(), x_train.data.end());
+  for (int64_t i = 0; i < n; ++i) {
+    y_train.data[i] = 2 * std::sin(x_train.data[i]) + std::pow(x_train.data[i], 0.8f);
+    x_query.data[i] = uniform(rng);
+  }
+  NadarayaWatsonRequest request;
+  request.x_train = x_train.view();
+  request.y_train = y_train.view();
+  request.x_query = x_query.view();
+  Engine& engine = SharedEngine();
+  auto call = [&] {
+    auto result = engine.NadarayaWatson(request);
+    if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
+    benchmark::DoNotOptimize(result);
+  };
+  call();
+  const double extra = ExtraMiB(call, 4 * n);
+  for (auto _ : state) call();
+  state.counters["GFLOPs"] = benchmark::Counter(
+      6.0 * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["extra_MiB"] = extra;
+}
+
+// The attention-scoring section's toy call: queries (2, 1, 2), keys
+// (2, 10, 2), values (2, 10, 4), valid lengths [2, 6], through the Engine
+// (validation and output allocation included).
+void BM_Toy(benchmark::State& state) {
+  std::mt19937 rng(0);
+  const Tensor q = RandomNormal(rng, {2, 1, 2});
+  const Tensor k = RandomNormal(rng, {2, 10, 2});
+  const Tensor v = RandomNormal(rng, {2, 10, 4});
+  const std::vector<int32_t> lengths = {2, 6};
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.valid_lens = LengthsView{lengths.data(), {2}};
+  request.return_weights = state.range(0) != 0;
+  Engine& engine = SharedEngine();
+  for (auto _ : state) {
+    auto result = engine.Attention(request);
+    benchmark::DoNotOptimize(result);
+  }
+}
+
+// batch, length, depth, peer lengths, weights, bf16, causal
+BENCHMARK(BM_Attention)
+    ->ArgNames({"B", "L", "d", "lens", "weights", "bf16", "causal"})
+    ->Args({32, 64, 64, 1, 0, 0, 0})
+    ->Args({32, 64, 64, 0, 0, 0, 0})
+    ->Args({8, 512, 64, 1, 0, 0, 0})
+    ->Args({8, 512, 64, 0, 0, 0, 0})
+    ->Args({8, 512, 64, 1, 1, 0, 0})
+    ->Args({8, 512, 64, 0, 1, 0, 0})
+    ->Args({8, 512, 64, 0, 0, 1, 0})
+    ->Args({8, 512, 64, 0, 0, 0, 1})
+    ->Args({1, 4096, 64, 1, 0, 0, 0})
+    ->Args({1, 4096, 64, 0, 0, 0, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NadarayaWatson)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Toy)->ArgName("weights")->Arg(0)->Arg(1)->UseRealTime()->Unit(
+    benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace attn
+
+BENCHMARK_MAIN();
