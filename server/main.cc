@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(host, ":", port);
   int bound_port = 0;
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, so a second attnserve on a busy port
+  // would start and silently share it; fail at boot instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &bound_port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -1,0 +1,36 @@
+# attnserve image.
+#   docker build -t attnserve .
+#   docker run --rm -p 8001:8001 attnserve [--grpc_port=8001 --grace_period_ms=5000]
+# `docker stop` sends SIGTERM: the server reports NOT_SERVING, drains for
+# --grace_period_ms and exits 0 (keep docker's --time above the grace period).
+
+FROM debian:bookworm AS build
+WORKDIR /src
+# Dependencies get their own layer, so a source change does not reinstall them.
+COPY deploy/install_deps.sh deploy/install_deps.sh
+# Packages track bookworm's security updates rather than pinned versions.
+# hadolint ignore=DL3008
+RUN bash deploy/install_deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
+      -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF \
+ && cmake --build build -j"$(nproc)" --target attnserve
+
+FROM debian:bookworm-slim
+# Only the shared libraries the binary loads (deploy/install_deps.sh --runtime).
+COPY deploy/install_deps.sh /tmp/install_deps.sh
+RUN bash /tmp/install_deps.sh --runtime \
+ && rm -rf /var/lib/apt/lists/* /tmp/install_deps.sh \
+ && useradd --uid 10001 --user-group --no-create-home \
+      --shell /usr/sbin/nologin attnserve
+COPY --from=build /src/build/server/attnserve /usr/local/bin/attnserve
+# The attnserve user, by number: Kubernetes' runAsNonRoot accepts only a
+# numeric USER.
+USER 10001:10001
+# 8001: gRPC (health, reflection). 8002: Prometheus metrics, once the
+# metrics endpoint lands.
+EXPOSE 8001 8002
+# No HEALTHCHECK yet: the image has no gRPC health client. One arrives with
+# attnctl in the gRPC API issue (e.g. `attnctl health`), and the HEALTHCHECK
+# line with it.
+ENTRYPOINT ["/usr/local/bin/attnserve"]
