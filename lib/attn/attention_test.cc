@@ -1,6 +1,7 @@
 // Scaled dot-product (and Gaussian-score) attention: the optimized backend
 // against the reference on seeded random shapes, and the textbook's toy case.
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -241,6 +242,38 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
     // relative, outputs by <= 2^-7 of max|v|. We allow 2^-5 absolute.
     EXPECT_TRUE(AllClose(bf16->output, exact->output, 1.0 / 32));
   }
+}
+
+// Scores beyond float range from finite inputs (q.k = 64e38 here) must not
+// come back as NaN: the engine redoes such a call on the reference, which
+// computes in double, and says so.
+TEST(AttentionOverflowTest, FiniteInputsGiveFiniteOutputs) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  std::mt19937 rng(3);
+  Tensor q = RandomNormal(rng, {1, 4, 64});
+  Tensor k = RandomNormal(rng, {1, 6, 64});
+  const Tensor v = RandomNormal(rng, {1, 6, 8});
+  for (float& value : q.data) value = value > 0 ? 1e19f : -1e19f;
+  for (float& value : k.data) value = value > 0 ? 1e19f : -1e19f;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.return_weights = true;
+  auto result = (*engine)->Attention(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->implementation, "reference");
+  for (float value : result->output.data) ASSERT_TRUE(std::isfinite(value));
+  for (float value : result->weights.data) ASSERT_TRUE(std::isfinite(value));
+
+  // Non-finite inputs are the caller's: they propagate, and the optimized
+  // backend's answer stands.
+  q.data[0] = std::numeric_limits<float>::quiet_NaN();
+  auto propagated = (*engine)->Attention(request);
+  ASSERT_TRUE(propagated.ok());
+  EXPECT_EQ(propagated->implementation, "onednn-cpu");
+  EXPECT_TRUE(std::isnan(propagated->output.data[0]));
 }
 
 }  // namespace

@@ -2,6 +2,13 @@
 // runs it on the first backend of an ordered list that takes it. The list
 // always ends in the reference backend, so every valid request runs.
 //
+// Finite inputs never yield a NaN or infinite softmax-based result (every
+// operation but BatchMatmul, whose float32 overflow is a true overflow):
+// where a float32 kernel
+// overflows (a score beyond 3.4e38), the call is redone on the reference
+// backend, which computes in double, and the result says so. Non-finite
+// inputs propagate to the rows they touch.
+//
 // Thread safety: every method may be called concurrently from many threads;
 // an Engine is immutable after Create. Methods block until the result is
 // ready. Status codes: INVALID_ARGUMENT for a malformed request (the message
@@ -11,6 +18,7 @@
 #ifndef ATTN_ENGINE_H_
 #define ATTN_ENGINE_H_
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,8 +74,13 @@ class Engine {
  private:
   explicit Engine(std::vector<std::unique_ptr<Backend>> backends);
 
+  // Runs `method` on the first backend that takes `params`; returns its
+  // name. `inputs` and `result` serve the overflow check (see engine.cc);
+  // empty `inputs` turn it off.
   template <typename Params, typename Method>
-  absl::StatusOr<std::string> Dispatch(const Params& params, Method method);
+  absl::StatusOr<std::string> Dispatch(const Params& params, Method method,
+                                       std::initializer_list<TensorView> inputs,
+                                       const OpResult& result);
 
   const std::vector<std::unique_ptr<Backend>> backends_;
 };

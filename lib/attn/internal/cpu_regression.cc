@@ -2,6 +2,8 @@
 // training point scored in a vectorized loop, weights normalised in place.
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "attn/internal/cpu_kernels.h"
@@ -32,23 +34,59 @@ void SquaredDistances(const NadarayaWatsonParams& p, const float* x,
   }
 }
 
-// Turns squared distances into normalised weights; returns false when the
-// kernel mass is zero (the row is then all zeros).
-bool Weights(const NadarayaWatsonParams& p, float* row) {
+// The Gaussian weights of one query in double, for the rows whose float32
+// scores overflow (w^2 or ||x - x_j||^2 beyond float range): softmax of
+// -(w ||x - x_j||)^2 / 2, as the reference computes it.
+void ExactGaussianRow(const NadarayaWatsonParams& p, const float* x,
+                      float* row) {
+  std::vector<double> scores(p.n_train);
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < p.n_train; ++j) {
+    double squared = 0.0;
+    for (int64_t c = 0; c < p.dx; ++c) {
+      const double diff =
+          static_cast<double>(x[c]) - p.x_train[j * p.dx + c];
+      squared += diff * diff;
+    }
+    const double u = p.bandwidth * std::sqrt(squared);
+    scores[j] = -u * u / 2.0;
+    max = std::max(max, scores[j]);
+  }
+  double sum = 0.0;
+  for (double& score : scores) {
+    score = std::exp(score - max);
+    sum += score;
+  }
+  for (int64_t j = 0; j < p.n_train; ++j) {
+    row[j] = static_cast<float>(scores[j] / sum);
+  }
+}
+
+// Turns the squared distances of query `x` in `row` into normalised weights;
+// returns false when the kernel mass is zero (the row is then all zeros).
+bool Weights(const NadarayaWatsonParams& p, const float* x, float* row) {
   const int64_t n = p.n_train;
-  const float w2 = p.bandwidth * p.bandwidth;
   switch (p.kernel) {
     case RegressionKernel::kGaussian: {
       // softmax(-w^2 d^2 / 2): exact normalisation even when every kernel
-      // value would underflow.
-      const float factor = -0.5f * w2;
+      // value would underflow. When the largest score is not finite (w^2 or
+      // every d^2 overflowed float), the row is redone in double.
+      const float factor = -0.5f * p.bandwidth * p.bandwidth;
       Scale(row, n, factor);
+      const float max = MaxOf(row, n, -std::numeric_limits<float>::infinity());
+      if (!std::isfinite(max)) {
+        ExactGaussianRow(p, x, row);
+        return true;
+      }
       SoftmaxPrefixInPlace(row, n, n);
       return true;
     }
     case RegressionKernel::kBoxcar:
+      // u = w * d compared directly: w^2 d^2 could overflow (inf * 0).
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) row[j] = w2 * row[j] < 1.0f ? 1.0f : 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] = p.bandwidth * __builtin_sqrtf(row[j]) < 1.0f ? 1.0f : 0.0f;
+      }
       break;
     case RegressionKernel::kConstant:
       std::fill(row, row + n, 1.0f);
@@ -78,8 +116,9 @@ absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
   auto run = [&](int64_t i, std::vector<float>& scratch) {
     float* row = p.weights != nullptr ? p.weights + i * p.n_train
                                       : scratch.data();
-    SquaredDistances(p, p.x_query + i * p.dx, row);
-    const bool any = Weights(p, row);
+    const float* x = p.x_query + i * p.dx;
+    SquaredDistances(p, x, row);
+    const bool any = Weights(p, x, row);
     for (int64_t c = 0; c < p.dy; ++c) {
       float acc = 0.0f;
       if (any) {
