@@ -14,6 +14,7 @@
 #include <memory>
 #include <new>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "attn/engine.h"
@@ -93,12 +94,14 @@ Engine& SharedEngine() {
   return *engine;
 }
 
-// Bytes allocated at the peak of `call`, less what it returns (outputs).
+// Bytes allocated at the peak of `call`, less what it returns (outputs). The
+// call runs on a fresh thread, so per-thread buffers the kernels keep between
+// calls start empty and are counted.
 template <typename Call>
 double ExtraMiB(const Call& call, int64_t output_bytes) {
   const int64_t before = g_heap_bytes.load();
   g_heap_peak.store(before);
-  call();
+  std::thread([&] { call(); }).join();
   const int64_t extra = g_heap_peak.load() - before - output_bytes;
   return std::max<int64_t>(extra, 0) / (1024.0 * 1024.0);
 }
