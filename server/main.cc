@@ -1,8 +1,10 @@
 // attnserve: the gRPC front of the attention kernel library.
 //
-// Today it serves the standard grpc.health.v1.Health service and server
-// reflection; the attention API arrives with the gRPC API issue. It creates
-// the kernel engine at startup so a broken backend fails boot, not a request.
+// Serves attention.v1.AttentionService, the standard grpc.health.v1.Health
+// service (SERVING once ready, NOT_SERVING while draining) and server
+// reflection on --grpc_port, and Prometheus metrics at
+// http://--host:--metrics_port/metrics. Everything that can fail (engine,
+// metric families, ports) fails at boot, not on a request.
 //
 // Lifecycle: SIGTERM or SIGINT flips health to NOT_SERVING, lets in-flight
 // calls finish for up to --grace_period_ms, cancels the rest and exits 0.
@@ -14,7 +16,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
+#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +37,10 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "server/attention_service.h"
+#include "server/metrics.h"
+#include "server/worker_pool.h"
 
 ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
@@ -40,6 +49,22 @@ ABSL_FLAG(std::string, host, "0.0.0.0",
 ABSL_FLAG(int32_t, grace_period_ms, 5000,
           "On SIGTERM/SIGINT, how long in-flight calls may run before they "
           "are cancelled.");
+ABSL_FLAG(int32_t, metrics_port, 8002,
+          "TCP port of the Prometheus /metrics endpoint; 0 picks a free one.");
+ABSL_FLAG(int32_t, worker_threads, 0,
+          "Threads running kernels; 0 means one per core.");
+ABSL_FLAG(int32_t, kernel_threads, 1,
+          "OpenMP threads one large kernel call may use. 1 (the default) "
+          "lets concurrent requests use the cores instead, which keeps tail "
+          "latency steady; raise it for few, large requests.");
+ABSL_FLAG(int32_t, max_queue, 1024,
+          "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_message_bytes, 256 << 20,
+          "Largest request or response message in bytes (the default fits "
+          "two 4096 x 4096 float32 tensors).");
+ABSL_FLAG(int64_t, max_request_elements, int64_t{1} << 26,
+          "Largest number of input elements of one request, all tensors "
+          "together; beyond it RESOURCE_EXHAUSTED.");
 
 namespace {
 
@@ -91,8 +116,23 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  const int32_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (metrics_port < 0 || metrics_port > 65535 || max_message_bytes < 1 ||
+      absl::GetFlag(FLAGS_max_request_elements) < 1 ||
+      absl::GetFlag(FLAGS_kernel_threads) < 0 ||
+      absl::GetFlag(FLAGS_worker_threads) < 0) {
+    absl::FPrintF(stderr,
+                  "attnserve: --metrics_port must be in [0, 65535]; "
+                  "--max_message_bytes and --max_request_elements at least 1; "
+                  "--kernel_threads and --worker_threads not negative\n");
+    return 1;
+  }
+
+  attn::EngineOptions engine_options;
+  engine_options.max_threads = absl::GetFlag(FLAGS_kernel_threads);
   absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
-      attn::Engine::Create(attn::EngineOptions{});
+      attn::Engine::Create(engine_options);
   if (!engine.ok()) {
     absl::FPrintF(stderr, "attnserve: creating the engine: %s\n",
                   engine.status().ToString());
@@ -103,6 +143,46 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: backend %d of %d: %s\n", i + 1,
                   backends.size(), backends[i]);
   }
+
+  absl::StatusOr<std::unique_ptr<attnserve::ServiceMetrics>> metrics =
+      attnserve::ServiceMetrics::Create(backends);
+  if (!metrics.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", metrics.status().ToString());
+    return 1;
+  }
+  attnserve::WorkerPool::Options pool_options;
+  pool_options.threads = absl::GetFlag(FLAGS_worker_threads) > 0
+                             ? absl::GetFlag(FLAGS_worker_threads)
+                             : static_cast<int>(std::max(
+                                   1u, std::thread::hardware_concurrency()));
+  pool_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  absl::StatusOr<std::unique_ptr<attnserve::WorkerPool>> pool =
+      attnserve::WorkerPool::Create(pool_options);
+  if (!pool.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", pool.status().ToString());
+    return 1;
+  }
+  (*metrics)->SetQueueDepthSource(
+      [raw = pool->get()] { return raw->queue_depth(); });
+
+  // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  const std::string metrics_address = absl::StrCat(host, ":", metrics_port);
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
+  } catch (const std::exception& e) {
+    absl::FPrintF(stderr, "attnserve: cannot serve metrics on %s: %s\n",
+                  metrics_address, e.what());
+    return 1;
+  }
+  exposer->RegisterCollectable((*metrics)->registry());
+  exposer->RegisterCollectable((*metrics)->sampled());
+  const std::vector<int> metrics_ports = exposer->GetListeningPorts();
+
+  attnserve::ServiceLimits limits;
+  limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
+  attnserve::AttentionService service(engine->get(), pool->get(),
+                                      metrics->get(), limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -115,6 +195,9 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &bound_port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     absl::FPrintF(stderr, "attnserve: cannot listen on %s\n", address);
@@ -122,6 +205,9 @@ int main(int argc, char** argv) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
+  health->SetServingStatus("attention.v1.AttentionService", true);
+  absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n", host,
+                metrics_ports.empty() ? 0 : metrics_ports.front());
   absl::FPrintF(stderr, "attnserve listening on %s:%d\n", host, bound_port);
 
   const int signal_number = WaitForTerminationSignal(termination_signals);
@@ -131,9 +217,13 @@ int main(int argc, char** argv) {
                 signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
                 grace_period_ms);
   health->SetServingStatus(false);
+  health->SetServingStatus("attention.v1.AttentionService", false);
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(grace_period_ms));
   server->Wait();
+  // Every call has finished or been cancelled; the workers finish what they
+  // hold (cancelled calls only report their cancellation).
+  (*pool)->Shutdown();
   absl::FPrintF(stderr, "attnserve: stopped\n");
   return 0;
 }

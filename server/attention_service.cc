@@ -1,0 +1,285 @@
+#include "server/attention_service.h"
+
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attn/status_macros.h"
+#include "server/status.h"
+
+namespace attnserve {
+namespace {
+
+namespace v1 = ::attention::v1;
+
+attn::Precision PrecisionOf(v1::Precision precision) {
+  return precision == v1::PRECISION_BFLOAT16 ? attn::Precision::kBFloat16
+                                             : attn::Precision::kFloat32;
+}
+
+absl::Status CheckEnum(absl::string_view field, int value, bool valid) {
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown enum value ", value));
+}
+
+attn::RegressionKernel KernelOf(v1::RegressionKernel kernel) {
+  switch (kernel) {
+    case v1::REGRESSION_KERNEL_BOXCAR:
+      return attn::RegressionKernel::kBoxcar;
+    case v1::REGRESSION_KERNEL_CONSTANT:
+      return attn::RegressionKernel::kConstant;
+    case v1::REGRESSION_KERNEL_EPANECHNIKOV:
+      return attn::RegressionKernel::kEpanechnikov;
+    default:
+      return attn::RegressionKernel::kGaussian;
+  }
+}
+
+// Encodes an OpResult's output, and its weights when there are any.
+template <typename Response>
+void EncodeResult(const attn::OpResult& result, v1::TensorEncoding encoding,
+                  Response* response) {
+  EncodeTensor(result.output, encoding, response->mutable_output());
+  if constexpr (std::is_same_v<Response, v1::AttentionResponse> ||
+                std::is_same_v<Response, v1::AdditiveAttentionResponse> ||
+                std::is_same_v<Response, v1::NadarayaWatsonResponse>) {
+    if (!result.weights.empty()) {
+      EncodeTensor(result.weights, encoding, response->mutable_weights());
+    }
+  }
+}
+
+}  // namespace
+
+AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
+                                   ServiceMetrics* metrics,
+                                   const ServiceLimits& limits)
+    : engine_(engine), pool_(pool), metrics_(metrics), limits_(limits) {}
+
+grpc::ServerUnaryReactor* AttentionService::Serve(
+    Rpc rpc, grpc::CallbackServerContext* context,
+    v1::ExecutionInfo* info, const Prepare& prepare) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  metrics_->RequestStarted();
+  auto finish = [this, rpc, reactor, received](const absl::Status& status) {
+    metrics_->RequestFinished(rpc, status.code(), absl::Now() - received);
+    reactor->Finish(ToGrpcStatus(status));
+  };
+
+  auto storage = std::make_shared<DecodeStorage>();
+  ElementBudget budget(limits_.max_request_elements);
+  absl::StatusOr<Work> work = prepare(&budget, storage.get());
+  if (!work.ok()) {
+    finish(work.status());
+    return reactor;
+  }
+  const absl::Status scheduled = pool_->Schedule(
+      [this, rpc, context, info, finish, received, storage,
+       work = *std::move(work)] {
+        const absl::Time started = absl::Now();
+        metrics_->QueueWait(rpc, started - received);
+        if (context->IsCancelled()) {
+          finish(absl::CancelledError("the call was cancelled while queued"));
+          return;
+        }
+        if (absl::FromChrono(context->deadline()) <= started) {
+          finish(absl::DeadlineExceededError(absl::StrCat(
+              "the deadline passed after ",
+              absl::FormatDuration(started - received),
+              " in the queue; the work was not started")));
+          return;
+        }
+        absl::StatusOr<std::string> implementation = work();
+        const absl::Duration kernel = absl::Now() - started;
+        if (implementation.ok()) {
+          metrics_->KernelRun(rpc, *implementation, kernel);
+          info->set_implementation(*implementation);
+          info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
+          info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+        }
+        finish(implementation.status());
+      });
+  if (!scheduled.ok()) finish(scheduled);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
+    grpc::CallbackServerContext* context, const v1::MaskedSoftmaxRequest* request,
+    v1::MaskedSoftmaxResponse* response) {
+  return Serve(
+      Rpc::kMaskedSoftmax, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        attn::MaskedSoftmaxRequest op;
+        ASSIGN_OR_RETURN(op.x, DecodeTensor("x", request->x(), budget, storage));
+        ASSIGN_OR_RETURN(op.valid_lens,
+                         DecodeLengths("valid_lens", request->valid_lens()));
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::OpResult result, engine_->MaskedSoftmax(op));
+          EncodeResult(result, request->output_encoding(), response);
+          return result.implementation;
+        });
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
+    grpc::CallbackServerContext* context, const v1::BatchMatmulRequest* request,
+    v1::BatchMatmulResponse* response) {
+  return Serve(
+      Rpc::kBatchMatmul, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        attn::BatchMatmulRequest op;
+        ASSIGN_OR_RETURN(op.a, DecodeTensor("a", request->a(), budget, storage));
+        ASSIGN_OR_RETURN(op.b, DecodeTensor("b", request->b(), budget, storage));
+        RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
+                                  v1::Precision_IsValid(request->precision())));
+        op.precision = PrecisionOf(request->precision());
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::OpResult result, engine_->BatchMatmul(op));
+          EncodeResult(result, request->output_encoding(), response);
+          return result.implementation;
+        });
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
+    grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
+    v1::AttentionResponse* response) {
+  return Serve(
+      Rpc::kScaledDotProductAttention, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        attn::AttentionRequest op;
+        ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.keys,
+                         DecodeTensor("keys", request->keys(), budget, storage));
+        ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
+                                                 budget, storage));
+        ASSIGN_OR_RETURN(op.valid_lens,
+                         DecodeLengths("valid_lens", request->valid_lens()));
+        RETURN_IF_ERROR(CheckEnum("score", request->score(),
+                                  v1::Score_IsValid(request->score())));
+        RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
+                                  v1::Precision_IsValid(request->precision())));
+        op.causal = request->causal();
+        if (request->has_scale()) op.scale = request->scale();
+        op.score = request->score() == v1::SCORE_GAUSSIAN
+                       ? attn::ScoreKind::kGaussian
+                       : attn::ScoreKind::kDotProduct;
+        op.return_weights = request->return_weights();
+        op.precision = PrecisionOf(request->precision());
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::OpResult result, engine_->Attention(op));
+          EncodeResult(result, request->output_encoding(), response);
+          return result.implementation;
+        });
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
+    grpc::CallbackServerContext* context,
+    const v1::AdditiveAttentionRequest* request,
+    v1::AdditiveAttentionResponse* response) {
+  return Serve(
+      Rpc::kAdditiveAttention, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        if (request->has_weights_name()) {
+          return absl::UnimplementedError(
+              "weights_name: named server-held weights are not served yet; "
+              "send the weights inline");
+        }
+        attn::AdditiveAttentionRequest op;
+        ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.keys,
+                         DecodeTensor("keys", request->keys(), budget, storage));
+        ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
+                                                 budget, storage));
+        const v1::AdditiveWeights& weights = request->weights();
+        ASSIGN_OR_RETURN(op.w_q, DecodeTensor("weights.w_q", weights.w_q(),
+                                              budget, storage));
+        ASSIGN_OR_RETURN(op.w_k, DecodeTensor("weights.w_k", weights.w_k(),
+                                              budget, storage));
+        ASSIGN_OR_RETURN(op.w_v, DecodeTensor("weights.w_v", weights.w_v(),
+                                              budget, storage));
+        ASSIGN_OR_RETURN(op.valid_lens,
+                         DecodeLengths("valid_lens", request->valid_lens()));
+        op.return_weights = request->return_weights();
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::OpResult result, engine_->AdditiveAttention(op));
+          EncodeResult(result, request->output_encoding(), response);
+          return result.implementation;
+        });
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
+    grpc::CallbackServerContext* context,
+    const v1::NadarayaWatsonRequest* request,
+    v1::NadarayaWatsonResponse* response) {
+  return Serve(
+      Rpc::kNadarayaWatson, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        attn::NadarayaWatsonRequest op;
+        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.x_query, DecodeTensor("x_query", request->x_query(),
+                                                  budget, storage));
+        RETURN_IF_ERROR(
+            CheckEnum("kernel", request->kernel(),
+                      v1::RegressionKernel_IsValid(request->kernel())));
+        op.kernel = KernelOf(request->kernel());
+        if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
+        op.return_weights = request->return_weights();
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::OpResult result, engine_->NadarayaWatson(op));
+          EncodeResult(result, request->output_encoding(), response);
+          return result.implementation;
+        });
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
+    grpc::CallbackServerContext* context,
+    const v1::FitBandwidthRequest* request,
+    v1::FitBandwidthResponse* response) {
+  return Serve(
+      Rpc::kFitBandwidth, context, response->mutable_info(),
+      [this, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<Work> {
+        attn::FitBandwidthRequest op;
+        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                  budget, storage));
+        if (request->has_initial_bandwidth()) {
+          op.initial_bandwidth = request->initial_bandwidth();
+        }
+        if (request->has_learning_rate()) {
+          op.learning_rate = request->learning_rate();
+        }
+        if (request->has_epochs()) op.epochs = request->epochs();
+        return Work([this, op, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
+                           engine_->FitBandwidth(op));
+          response->set_bandwidth(result.bandwidth);
+          response->mutable_loss_per_epoch()->Assign(
+              result.loss_per_epoch.begin(), result.loss_per_epoch.end());
+          response->set_final_loss(result.final_loss);
+          return std::string("reference");
+        });
+      });
+}
+
+}  // namespace attnserve

@@ -1,0 +1,86 @@
+// attention.v1.AttentionService on gRPC's callback API.
+//
+// Each handler decodes and checks the request's tensors on the gRPC thread
+// (cheap, and malformed requests never take a queue slot), then hands the
+// kernel work to the WorkerPool and returns its reactor at once; the worker
+// runs the engine, encodes the response and finishes the call. Work for a
+// call that was cancelled, or whose deadline passed while it waited, is not
+// started (CANCELLED / DEADLINE_EXCEEDED). A full queue answers
+// RESOURCE_EXHAUSTED at once (retryable); a draining server UNAVAILABLE.
+//
+// Thread-safe; borrows the engine, pool and metrics, which must outlive it
+// and the gRPC server it is registered with.
+#ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "attn/engine.h"
+#include "server/metrics.h"
+#include "server/tensor_codec.h"
+#include "server/worker_pool.h"
+
+namespace attnserve {
+
+struct ServiceLimits {
+  // Elements of all input tensors of one request together.
+  int64_t max_request_elements = int64_t{1} << 26;
+};
+
+class AttentionService final
+    : public attention::v1::AttentionService::CallbackService {
+ public:
+  AttentionService(attn::Engine* engine, WorkerPool* pool,
+                   ServiceMetrics* metrics, const ServiceLimits& limits);
+
+  grpc::ServerUnaryReactor* MaskedSoftmax(
+      grpc::CallbackServerContext* context,
+      const attention::v1::MaskedSoftmaxRequest* request,
+      attention::v1::MaskedSoftmaxResponse* response) override;
+  grpc::ServerUnaryReactor* BatchMatmul(
+      grpc::CallbackServerContext* context,
+      const attention::v1::BatchMatmulRequest* request,
+      attention::v1::BatchMatmulResponse* response) override;
+  grpc::ServerUnaryReactor* ScaledDotProductAttention(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AttentionRequest* request,
+      attention::v1::AttentionResponse* response) override;
+  grpc::ServerUnaryReactor* AdditiveAttention(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AdditiveAttentionRequest* request,
+      attention::v1::AdditiveAttentionResponse* response) override;
+  grpc::ServerUnaryReactor* NadarayaWatson(
+      grpc::CallbackServerContext* context,
+      const attention::v1::NadarayaWatsonRequest* request,
+      attention::v1::NadarayaWatsonResponse* response) override;
+  grpc::ServerUnaryReactor* FitBandwidth(
+      grpc::CallbackServerContext* context,
+      const attention::v1::FitBandwidthRequest* request,
+      attention::v1::FitBandwidthResponse* response) override;
+
+ private:
+  // The kernel step of one call, run on a worker: computes, fills the
+  // response and returns the name of the implementation that ran.
+  using Work = std::function<absl::StatusOr<std::string>()>;
+  // The decode step, run on the gRPC thread: checks the request and returns
+  // the Work. Views it makes may point into `storage`.
+  using Prepare =
+      std::function<absl::StatusOr<Work>(ElementBudget*, DecodeStorage*)>;
+
+  grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
+                                  attention::v1::ExecutionInfo* info,
+                                  const Prepare& prepare);
+
+  attn::Engine* const engine_;
+  WorkerPool* const pool_;
+  ServiceMetrics* const metrics_;
+  const ServiceLimits limits_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
