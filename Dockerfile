@@ -1,6 +1,6 @@
 # attnserve image.
 #   docker build -t attnserve .
-#   docker run --rm -p 8001:8001 attnserve [--grpc_port=8001 --grace_period_ms=5000]
+#   docker run --rm -p 8001:8001 -p 8002:8002 attnserve [--grpc_port=8001 --grace_period_ms=5000]
 # `docker stop` sends SIGTERM: the server reports NOT_SERVING, drains for
 # --grace_period_ms and exits 0 (keep docker's --time above the grace period).
 
@@ -10,11 +10,11 @@ WORKDIR /src
 COPY deploy/install_deps.sh deploy/install_deps.sh
 # Packages track bookworm's security updates rather than pinned versions.
 # hadolint ignore=DL3008
-RUN bash deploy/install_deps.sh && rm -rf /var/lib/apt/lists/*
+RUN bash deploy/install_deps.sh --build && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
       -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF \
- && cmake --build build -j"$(nproc)" --target attnserve
+ && cmake --build build -j"$(nproc)" --target attnserve attnctl
 
 FROM debian:bookworm-slim
 # Only the shared libraries the binary loads (deploy/install_deps.sh --runtime).
@@ -24,13 +24,14 @@ RUN bash /tmp/install_deps.sh --runtime \
  && useradd --uid 10001 --user-group --no-create-home \
       --shell /usr/sbin/nologin attnserve
 COPY --from=build /src/build/server/attnserve /usr/local/bin/attnserve
+COPY --from=build /src/build/client/attnctl /usr/local/bin/attnctl
 # The attnserve user, by number: Kubernetes' runAsNonRoot accepts only a
 # numeric USER.
 USER 10001:10001
-# 8001: gRPC (health, reflection). 8002: Prometheus metrics, once the
-# metrics endpoint lands.
+# 8001: gRPC (attention.v1, health, reflection). 8002: Prometheus /metrics.
 EXPOSE 8001 8002
-# No HEALTHCHECK yet: the image has no gRPC health client. One arrives with
-# attnctl in the gRPC API issue (e.g. `attnctl health`), and the HEALTHCHECK
-# line with it.
+# attnctl health exits 0 only while the server reports SERVING (it reports
+# NOT_SERVING while draining).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["/usr/local/bin/attnctl", "health", "--target", "localhost:8001", "--deadline", "2s"]
 ENTRYPOINT ["/usr/local/bin/attnserve"]

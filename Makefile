@@ -8,11 +8,14 @@ BUILD_TYPE ?= Release
 JOBS       ?= 2
 SERVER     := $(BUILD_DIR)/server/attnserve
 
-.PHONY: all deps build run test bench clean
+.PHONY: all deps test-deps build run test bench clean
 
 all: build
 
 deps:
+	bash deploy/install_deps.sh --build
+
+test-deps:
 	bash deploy/install_deps.sh
 
 build: deps
@@ -24,7 +27,7 @@ build: deps
 run: build
 	exec $(SERVER) $(ARGS)
 
-test: build
+test: test-deps build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 bench: build

@@ -3,9 +3,11 @@
 # ones that are missing: a second run with everything present makes no apt
 # call and finishes in well under a second.
 #
-#   deploy/install_deps.sh            toolchain and -dev packages to build and test
-#   deploy/install_deps.sh --runtime  shared libraries to run build/server/attnserve
-#                                     (the Docker runtime stage)
+#   deploy/install_deps.sh            everything to build and test (make test)
+#   deploy/install_deps.sh --build    toolchain and -dev packages to build
+#                                     (make run, the Docker build stage)
+#   deploy/install_deps.sh --runtime  shared libraries to run attnserve and
+#                                     attnctl (the Docker runtime stage)
 #
 # Runs as root, or through sudo when it is not root. Exits non-zero if apt
 # fails or an argument is unknown.
@@ -23,6 +25,13 @@ readonly BUILD_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
+# Test tools beyond the build: Debian's python3 and venv for the Python client
+# test (its grpcio and numpy come from PyPI into a cached venv), curl and
+# promtool (package prometheus) for the end-to-end test's metrics checks.
+readonly TEST_PACKAGES=(
+  python3 python3-venv curl prometheus
+)
+
 # Runtime: the shared libraries the attnserve binary loads directly (their own
 # dependencies come with them through apt). Keep in step with `ldd
 # build/server/attnserve`.
@@ -34,13 +43,14 @@ readonly RUNTIME_PACKAGES=(
 )
 
 usage() {
-  echo "usage: $0 [--runtime]" >&2
+  echo "usage: $0 [--build | --runtime]" >&2
   exit 2
 }
 
-packages=("${BUILD_PACKAGES[@]}")
+packages=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}")
 case "$#:${1:-}" in
   0:) ;;
+  1:--build) packages=("${BUILD_PACKAGES[@]}") ;;
   1:--runtime) packages=("${RUNTIME_PACKAGES[@]}") ;;
   *) usage ;;
 esac
