@@ -138,6 +138,11 @@ int main(int argc, char** argv) {
                   engine.status().ToString());
     return 1;
   }
+  if (absl::Status warm = (*engine)->WarmUp(); !warm.ok()) {
+    absl::FPrintF(stderr, "attnserve: warming up the kernels: %s\n",
+                  warm.ToString());
+    return 1;
+  }
   const std::vector<std::string> backends = engine.value()->backend_names();
   for (size_t i = 0; i < backends.size(); ++i) {
     absl::FPrintF(stderr, "attnserve: backend %d of %d: %s\n", i + 1,

@@ -244,6 +244,12 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
   }
 }
 
+TEST(EngineWarmUpTest, RunsEveryOperation) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  EXPECT_TRUE((*engine)->WarmUp().ok());
+}
+
 // Scores beyond float range from finite inputs (q.k = 64e38 here) must not
 // come back as NaN: the engine redoes such a call on the reference, which
 // computes in double, and says so.

@@ -201,6 +201,47 @@ absl::StatusOr<OpResult> Engine::NadarayaWatson(
   return result;
 }
 
+absl::Status Engine::WarmUp() {
+  // The textbook's toy shapes; values only need to be finite.
+  Tensor q = Tensor::Zeros({2, 1, 2}), k = Tensor::Zeros({2, 10, 2}),
+         v = Tensor::Zeros({2, 10, 4});
+  for (size_t i = 0; i < k.data.size(); ++i) k.data[i] = 0.1f * (i % 7);
+  const std::vector<int32_t> lengths = {2, 6};
+  AttentionRequest attention;
+  attention.queries = q.view();
+  attention.keys = k.view();
+  attention.values = v.view();
+  attention.valid_lens = LengthsView{lengths.data(), {2}};
+  for (bool weights : {false, true}) {
+    attention.return_weights = weights;
+    RETURN_IF_ERROR(Attention(attention).status());
+  }
+  MaskedSoftmaxRequest softmax;
+  softmax.x = TensorView{k.data.data(), {2, 2, 10}};
+  RETURN_IF_ERROR(MaskedSoftmax(softmax).status());
+  softmax.valid_lens = LengthsView{lengths.data(), {2}};
+  RETURN_IF_ERROR(MaskedSoftmax(softmax).status());
+  BatchMatmulRequest matmul;
+  matmul.a = k.view();
+  matmul.b = v.view();
+  matmul.b.shape = {2, 2, 20};
+  RETURN_IF_ERROR(BatchMatmul(matmul).status());
+  Tensor w = Tensor::Zeros({3, 2}), w_v = Tensor::Zeros({3});
+  AdditiveAttentionRequest additive;
+  additive.queries = q.view();
+  additive.keys = k.view();
+  additive.values = v.view();
+  additive.w_q = w.view();
+  additive.w_k = w.view();
+  additive.w_v = w_v.view();
+  RETURN_IF_ERROR(AdditiveAttention(additive).status());
+  NadarayaWatsonRequest regression;
+  regression.x_train = TensorView{k.data.data(), {20}};
+  regression.y_train = TensorView{k.data.data(), {20}};
+  regression.x_query = TensorView{v.data.data(), {10}};
+  return NadarayaWatson(regression).status();
+}
+
 absl::StatusOr<FitBandwidthResult> Engine::FitBandwidth(
     const FitBandwidthRequest& request) {
   ASSIGN_OR_RETURN(Plan<NadarayaWatsonParams> plan,

@@ -68,6 +68,12 @@ class Engine {
   absl::StatusOr<FitBandwidthResult> FitBandwidth(
       const FitBandwidthRequest& request);
 
+  // Runs every operation once on small inputs, so that one-time costs
+  // (oneDNN's JIT code generation, first-touch of its buffers; ~2 ms) are
+  // paid at start-up rather than by the first requests. Blocks; returns the
+  // first failure.
+  absl::Status WarmUp();
+
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
   std::vector<std::string> backend_names() const;
 
