@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -24,6 +25,23 @@ absl::Status CheckEnum(absl::string_view field, int value, bool valid) {
   if (valid) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": unknown enum value ", value));
+}
+
+absl::Status CheckEncoding(v1::TensorEncoding encoding) {
+  return CheckEnum("output_encoding", encoding,
+                   v1::TensorEncoding_IsValid(encoding));
+}
+
+// The library names the additive weights w_q, w_k, w_v; on the wire they
+// are fields of `weights`.
+absl::Status WithWireNames(absl::Status status) {
+  for (absl::string_view name : {"w_q:", "w_k:", "w_v:"}) {
+    if (absl::StartsWith(status.message(), name)) {
+      return absl::Status(status.code(),
+                          absl::StrCat("weights.", status.message()));
+    }
+  }
+  return status;
 }
 
 attn::RegressionKernel KernelOf(v1::RegressionKernel kernel) {
@@ -62,7 +80,8 @@ AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
 
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
-    v1::ExecutionInfo* info, const Prepare& prepare) {
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const Prepare& prepare) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
   metrics_->RequestStarted();
@@ -79,7 +98,7 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
     return reactor;
   }
   const absl::Status scheduled = pool_->Schedule(
-      [this, rpc, context, info, finish, received, storage,
+      [this, rpc, context, response, info, finish, received, storage,
        work = *std::move(work)] {
         const absl::Time started = absl::Now();
         metrics_->QueueWait(rpc, started - received);
@@ -96,13 +115,24 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
         }
         absl::StatusOr<std::string> implementation = work();
         const absl::Duration kernel = absl::Now() - started;
-        if (implementation.ok()) {
-          metrics_->KernelRun(rpc, *implementation, kernel);
-          info->set_implementation(*implementation);
-          info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
-          info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+        if (!implementation.ok()) {
+          finish(implementation.status());
+          return;
         }
-        finish(implementation.status());
+        metrics_->KernelRun(rpc, *implementation, kernel);
+        info->set_implementation(*implementation);
+        info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
+        info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+        const size_t bytes = response->ByteSizeLong();
+        if (static_cast<int64_t>(bytes) > limits_.max_response_bytes) {
+          response->Clear();
+          finish(absl::ResourceExhaustedError(absl::StrCat(
+              "the response would be ", bytes, " bytes, over the limit of ",
+              limits_.max_response_bytes,
+              " (--max_message_bytes); ask for less (e.g. no weights)")));
+          return;
+        }
+        finish(absl::OkStatus());
       });
   if (!scheduled.ok()) finish(scheduled);
   return reactor;
@@ -112,10 +142,11 @@ grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
     grpc::CallbackServerContext* context, const v1::MaskedSoftmaxRequest* request,
     v1::MaskedSoftmaxResponse* response) {
   return Serve(
-      Rpc::kMaskedSoftmax, context, response->mutable_info(),
+      Rpc::kMaskedSoftmax, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         attn::MaskedSoftmaxRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.x, DecodeTensor("x", request->x(), budget, storage));
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
@@ -131,10 +162,11 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
     grpc::CallbackServerContext* context, const v1::BatchMatmulRequest* request,
     v1::BatchMatmulResponse* response) {
   return Serve(
-      Rpc::kBatchMatmul, context, response->mutable_info(),
+      Rpc::kBatchMatmul, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         attn::BatchMatmulRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.a, DecodeTensor("a", request->a(), budget, storage));
         ASSIGN_OR_RETURN(op.b, DecodeTensor("b", request->b(), budget, storage));
         RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
@@ -152,10 +184,11 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
   return Serve(
-      Rpc::kScaledDotProductAttention, context, response->mutable_info(),
+      Rpc::kScaledDotProductAttention, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         attn::AttentionRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
                                                   budget, storage));
         ASSIGN_OR_RETURN(op.keys,
@@ -188,7 +221,7 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
     const v1::AdditiveAttentionRequest* request,
     v1::AdditiveAttentionResponse* response) {
   return Serve(
-      Rpc::kAdditiveAttention, context, response->mutable_info(),
+      Rpc::kAdditiveAttention, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         if (request->has_weights_name()) {
@@ -197,6 +230,7 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
               "send the weights inline");
         }
         attn::AdditiveAttentionRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
                                                   budget, storage));
         ASSIGN_OR_RETURN(op.keys,
@@ -214,7 +248,10 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
                          DecodeLengths("valid_lens", request->valid_lens()));
         op.return_weights = request->return_weights();
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
-          ASSIGN_OR_RETURN(attn::OpResult result, engine_->AdditiveAttention(op));
+          absl::StatusOr<attn::OpResult> computed =
+              engine_->AdditiveAttention(op);
+          if (!computed.ok()) return WithWireNames(computed.status());
+          const attn::OpResult& result = *computed;
           EncodeResult(result, request->output_encoding(), response);
           return result.implementation;
         });
@@ -226,10 +263,11 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
     const v1::NadarayaWatsonRequest* request,
     v1::NadarayaWatsonResponse* response) {
   return Serve(
-      Rpc::kNadarayaWatson, context, response->mutable_info(),
+      Rpc::kNadarayaWatson, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         attn::NadarayaWatsonRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
                                                   budget, storage));
         ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
@@ -255,8 +293,8 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
     const v1::FitBandwidthRequest* request,
     v1::FitBandwidthResponse* response) {
   return Serve(
-      Rpc::kFitBandwidth, context, response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
+      Rpc::kFitBandwidth, context, response, response->mutable_info(),
+      [this, context, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
         attn::FitBandwidthRequest op;
         ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
@@ -270,6 +308,9 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
           op.learning_rate = request->learning_rate();
         }
         if (request->has_epochs()) op.epochs = request->epochs();
+        // A cancelled call (client, deadline, shutdown) stops the fit at the
+        // next epoch instead of holding a worker.
+        op.stop_requested = [context] { return context->IsCancelled(); };
         return Work([this, op, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
                            engine_->FitBandwidth(op));

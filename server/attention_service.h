@@ -29,6 +29,9 @@ namespace attnserve {
 struct ServiceLimits {
   // Elements of all input tensors of one request together.
   int64_t max_request_elements = int64_t{1} << 26;
+  // The largest response message; a larger result is answered with
+  // RESOURCE_EXHAUSTED naming the limit (gRPC would fail the send anyway).
+  int64_t max_response_bytes = int64_t{256} << 20;
 };
 
 class AttentionService final
@@ -72,6 +75,7 @@ class AttentionService final
       std::function<absl::StatusOr<Work>(ElementBudget*, DecodeStorage*)>;
 
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
+                                  google::protobuf::Message* response,
                                   attention::v1::ExecutionInfo* info,
                                   const Prepare& prepare);
 

@@ -402,6 +402,14 @@ TEST_F(ServiceTest, QueueFullAndDeadlineInQueue) {
 
   late_done.WaitForNotification();
   EXPECT_EQ(late_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server's deadline is its receive time plus the remaining timeout,
+  // so it can trail the client's by the loopback latency: let it pass too
+  // before the worker is released.
+  const auto server_deadline_passed =
+      late_context.deadline() + std::chrono::milliseconds(50);
+  while (std::chrono::system_clock::now() < server_deadline_passed) {
+    std::this_thread::yield();
+  }
   release.Notify();
   // Let the worker reach the expired call, then check it was not computed.
   while (pool_->queue_depth() != 0) std::this_thread::yield();

@@ -33,6 +33,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "attn/engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -49,6 +52,10 @@ ABSL_FLAG(std::string, host, "0.0.0.0",
 ABSL_FLAG(int32_t, grace_period_ms, 5000,
           "On SIGTERM/SIGINT, how long in-flight calls may run before they "
           "are cancelled.");
+ABSL_FLAG(int32_t, drain_notice_ms, 1000,
+          "On SIGTERM/SIGINT, how long to keep serving while health reports "
+          "NOT_SERVING, so that load balancers polling health stop sending "
+          "before the listener closes. 0 stops accepting at once.");
 ABSL_FLAG(int32_t, metrics_port, 8002,
           "TCP port of the Prometheus /metrics endpoint; 0 picks a free one.");
 ABSL_FLAG(int32_t, worker_threads, 0,
@@ -110,9 +117,12 @@ int main(int argc, char** argv) {
                   port);
     return 1;
   }
-  if (grace_period_ms < 0) {
-    absl::FPrintF(stderr, "attnserve: --grace_period_ms=%d is negative\n",
-                  grace_period_ms);
+  const int32_t drain_notice_ms = absl::GetFlag(FLAGS_drain_notice_ms);
+  if (grace_period_ms < 0 || drain_notice_ms < 0) {
+    absl::FPrintF(stderr,
+                  "attnserve: --grace_period_ms=%d and --drain_notice_ms=%d "
+                  "must not be negative\n",
+                  grace_period_ms, drain_notice_ms);
     return 1;
   }
 
@@ -186,6 +196,7 @@ int main(int argc, char** argv) {
 
   attnserve::ServiceLimits limits;
   limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
+  limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
                                       metrics->get(), limits);
 
@@ -217,18 +228,34 @@ int main(int argc, char** argv) {
 
   const int signal_number = WaitForTerminationSignal(termination_signals);
   absl::FPrintF(stderr,
-                "attnserve: %s received; NOT_SERVING, draining for up to "
-                "%d ms\n",
+                "attnserve: %s received; NOT_SERVING for %d ms, then "
+                "draining for up to %d ms\n",
                 signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
-                grace_period_ms);
+                drain_notice_ms, grace_period_ms);
   health->SetServingStatus(false);
-  health->SetServingStatus("attention.v1.AttentionService", false);
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(grace_period_ms));
-  server->Wait();
-  // Every call has finished or been cancelled; the workers finish what they
-  // hold (cancelled calls only report their cancellation).
-  (*pool)->Shutdown();
-  absl::FPrintF(stderr, "attnserve: stopped\n");
-  return 0;
+  absl::SleepFor(absl::Milliseconds(drain_notice_ms));
+  const absl::Time drain_deadline =
+      absl::Now() + absl::Milliseconds(grace_period_ms);
+  // Server::Shutdown cancels the calls still running at the deadline, but
+  // then waits for each to finish, and a call finishes only when its kernel
+  // returns: a kernel cannot be interrupted, and its request message must
+  // outlive it. So the shutdown runs on a thread of its own, and when it
+  // overruns the grace period (plus a moment for cancelled calls to report)
+  // the process exits with the kernels still running.
+  absl::Notification drained;
+  std::thread shutdown([&] {
+    server->Shutdown(absl::ToChronoTime(drain_deadline));
+    server->Wait();
+    (*pool)->Shutdown();
+    drained.Notify();
+  });
+  const bool clean = drained.WaitForNotificationWithDeadline(
+      drain_deadline + absl::Milliseconds(500));
+  absl::FPrintF(stderr, "attnserve: stopped%s\n",
+                clean ? "" : " (abandoning kernels of cancelled calls)");
+  // Exit without destructors: an abandoned kernel may still be running, and
+  // the metrics exposer's web server takes ~2 s to stop; nothing is left to
+  // flush but stdio.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }

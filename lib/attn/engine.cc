@@ -247,7 +247,7 @@ absl::StatusOr<FitBandwidthResult> Engine::FitBandwidth(
   ASSIGN_OR_RETURN(Plan<NadarayaWatsonParams> plan,
                    ValidateFitBandwidth(request));
   return attn::FitBandwidth(plan.params, request.learning_rate,
-                            request.epochs);
+                            request.epochs, request.stop_requested);
 }
 
 }  // namespace attn

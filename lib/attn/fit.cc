@@ -5,6 +5,9 @@
 #include <limits>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace attn {
 
 LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
@@ -58,11 +61,16 @@ LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
   return result;
 }
 
-FitBandwidthResult FitBandwidth(const NadarayaWatsonParams& data,
-                                double learning_rate, int epochs) {
+absl::StatusOr<FitBandwidthResult> FitBandwidth(
+    const NadarayaWatsonParams& data, double learning_rate, int epochs,
+    const std::function<bool()>& stop_requested) {
   FitBandwidthResult result;
   double w = data.bandwidth;
   for (int epoch = 0; epoch < epochs; ++epoch) {
+    if (stop_requested && stop_requested()) {
+      return absl::CancelledError(absl::StrCat(
+          "the fit was stopped after ", epoch, " of ", epochs, " epochs"));
+    }
     const LossAndGradient step = LeaveOneOutLoss(data, w);
     result.loss_per_epoch.push_back(step.loss);
     w -= learning_rate * step.gradient;

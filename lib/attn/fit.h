@@ -12,6 +12,9 @@
 #ifndef ATTN_FIT_H_
 #define ATTN_FIT_H_
 
+#include <functional>
+
+#include "absl/status/statusor.h"
 #include "attn/ops.h"
 #include "attn/params.h"
 
@@ -26,9 +29,11 @@ struct LossAndGradient {
 LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
                                 double bandwidth);
 
-// Runs `epochs` full-batch gradient steps from data.bandwidth.
-FitBandwidthResult FitBandwidth(const NadarayaWatsonParams& data,
-                                double learning_rate, int epochs);
+// Runs `epochs` full-batch gradient steps from data.bandwidth. CANCELLED
+// when `stop_requested` (may be empty) returns true before an epoch.
+absl::StatusOr<FitBandwidthResult> FitBandwidth(
+    const NadarayaWatsonParams& data, double learning_rate, int epochs,
+    const std::function<bool()>& stop_requested = {});
 
 }  // namespace attn
 

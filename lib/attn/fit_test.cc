@@ -256,7 +256,7 @@ TEST(LeaveOneOutLossTest, TwoPointsHandDerived) {
   // And the fit leaves w where it started (a zero gradient).
   absl::StatusOr<FitBandwidthResult> fit = GetEngine().FitBandwidth(
       FitBandwidthRequest{TensorView{x.data(), {2}}, TensorView{y.data(), {2}},
-                          1.5f, 0.5f, 3});
+                          1.5f, 0.5f, 3, {}});
   ASSERT_TRUE(fit.ok()) << fit.status();
   EXPECT_EQ(fit->bandwidth, 1.5f);
   for (double loss : fit->loss_per_epoch) EXPECT_NEAR(loss, 18.0, 1e-12);
@@ -272,6 +272,21 @@ TEST(FitBandwidthVectorTest, LossDecreases) {
   ASSERT_EQ(fit->loss_per_epoch.size(), 10u);
   EXPECT_LT(fit->final_loss, fit->loss_per_epoch.front());
   EXPECT_LT(fit->loss_per_epoch.back(), fit->loss_per_epoch.front());
+}
+
+// A fit polls stop_requested once per epoch and stops with CANCELLED.
+TEST(FitStopTest, StopRequestedEndsTheFit) {
+  const std::vector<float> x = {0.1f, 0.5f, 1.0f, 2.0f};
+  const std::vector<float> y = {1.0f, 2.0f, 1.5f, 0.5f};
+  FitBandwidthRequest request;
+  request.x_train = TensorView{x.data(), {4}};
+  request.y_train = TensorView{y.data(), {4}};
+  request.epochs = 1000;
+  int polls = 0;
+  request.stop_requested = [&polls] { return ++polls > 3; };
+  absl::StatusOr<FitBandwidthResult> fit = GetEngine().FitBandwidth(request);
+  EXPECT_EQ(fit.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(polls, 4);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #ifndef ATTN_OPS_H_
 #define ATTN_OPS_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +89,9 @@ struct FitBandwidthRequest {
   float initial_bandwidth = 1.0f;  // finite, positive
   float learning_rate = 0.5f;      // the textbook's SGD step; finite, positive
   int epochs = 5;                  // in [1, 100000]
+  // Polled once per epoch (a fit can run for minutes); when it returns true
+  // the fit stops with CANCELLED. May be empty. Called on the fitting thread.
+  std::function<bool()> stop_requested;
 };
 
 // Every operation's result: the output, the weights when requested (else an
