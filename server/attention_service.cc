@@ -74,9 +74,47 @@ void EncodeResult(const attn::OpResult& result, v1::TensorEncoding encoding,
 }  // namespace
 
 AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
+                                   AttentionBatcher* batcher,
                                    ServiceMetrics* metrics,
                                    const ServiceLimits& limits)
-    : engine_(engine), pool_(pool), metrics_(metrics), limits_(limits) {}
+    : engine_(engine),
+      pool_(pool),
+      batcher_(batcher),
+      metrics_(metrics),
+      limits_(limits) {}
+
+AttentionService::Finish AttentionService::StartCall(
+    Rpc rpc, grpc::ServerUnaryReactor* reactor, absl::Time received) {
+  metrics_->RequestStarted();
+  return [this, rpc, reactor, received](const absl::Status& status) {
+    metrics_->RequestFinished(rpc, status.code(), absl::Now() - received);
+    reactor->Finish(ToGrpcStatus(status));
+  };
+}
+
+void AttentionService::Complete(
+    Rpc rpc, google::protobuf::Message* response, v1::ExecutionInfo* info,
+    absl::Time received, absl::Time started, absl::Duration kernel,
+    const absl::StatusOr<std::string>& implementation, const Finish& finish) {
+  if (!implementation.ok()) {
+    finish(implementation.status());
+    return;
+  }
+  metrics_->KernelRun(rpc, *implementation, kernel);
+  info->set_implementation(*implementation);
+  info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
+  info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+  const size_t bytes = response->ByteSizeLong();
+  if (static_cast<int64_t>(bytes) > limits_.max_response_bytes) {
+    response->Clear();
+    finish(absl::ResourceExhaustedError(absl::StrCat(
+        "the response would be ", bytes, " bytes, over the limit of ",
+        limits_.max_response_bytes,
+        " (--max_message_bytes); ask for less (e.g. no weights)")));
+    return;
+  }
+  finish(absl::OkStatus());
+}
 
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
@@ -84,12 +122,7 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
     const Prepare& prepare) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
-  metrics_->RequestStarted();
-  auto finish = [this, rpc, reactor, received](const absl::Status& status) {
-    metrics_->RequestFinished(rpc, status.code(), absl::Now() - received);
-    reactor->Finish(ToGrpcStatus(status));
-  };
-
+  const Finish finish = StartCall(rpc, reactor, received);
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<Work> work = prepare(&budget, storage.get());
@@ -113,26 +146,9 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
               " in the queue; the work was not started")));
           return;
         }
-        absl::StatusOr<std::string> implementation = work();
-        const absl::Duration kernel = absl::Now() - started;
-        if (!implementation.ok()) {
-          finish(implementation.status());
-          return;
-        }
-        metrics_->KernelRun(rpc, *implementation, kernel);
-        info->set_implementation(*implementation);
-        info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
-        info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
-        const size_t bytes = response->ByteSizeLong();
-        if (static_cast<int64_t>(bytes) > limits_.max_response_bytes) {
-          response->Clear();
-          finish(absl::ResourceExhaustedError(absl::StrCat(
-              "the response would be ", bytes, " bytes, over the limit of ",
-              limits_.max_response_bytes,
-              " (--max_message_bytes); ask for less (e.g. no weights)")));
-          return;
-        }
-        finish(absl::OkStatus());
+        const absl::StatusOr<std::string> implementation = work();
+        Complete(rpc, response, info, received, started,
+                 absl::Now() - started, implementation, finish);
       });
   if (!scheduled.ok()) finish(scheduled);
   return reactor;
@@ -180,40 +196,93 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
       });
 }
 
+namespace {
+
+absl::StatusOr<attn::AttentionRequest> DecodeAttention(
+    const v1::AttentionRequest& request, ElementBudget* budget,
+    DecodeStorage* storage) {
+  attn::AttentionRequest op;
+  RETURN_IF_ERROR(CheckEncoding(request.output_encoding()));
+  ASSIGN_OR_RETURN(op.queries,
+                   DecodeTensor("queries", request.queries(), budget, storage));
+  ASSIGN_OR_RETURN(op.keys,
+                   DecodeTensor("keys", request.keys(), budget, storage));
+  ASSIGN_OR_RETURN(op.values,
+                   DecodeTensor("values", request.values(), budget, storage));
+  ASSIGN_OR_RETURN(op.valid_lens,
+                   DecodeLengths("valid_lens", request.valid_lens()));
+  RETURN_IF_ERROR(CheckEnum("score", request.score(),
+                            v1::Score_IsValid(request.score())));
+  RETURN_IF_ERROR(CheckEnum("precision", request.precision(),
+                            v1::Precision_IsValid(request.precision())));
+  op.causal = request.causal();
+  if (request.has_scale()) op.scale = request.scale();
+  op.score = request.score() == v1::SCORE_GAUSSIAN
+                 ? attn::ScoreKind::kGaussian
+                 : attn::ScoreKind::kDotProduct;
+  op.return_weights = request.return_weights();
+  op.precision = PrecisionOf(request.precision());
+  return op;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
+  if (batcher_ != nullptr) {
+    return ServeBatchedAttention(context, request, response);
+  }
   return Serve(
-      Rpc::kScaledDotProductAttention, context, response, response->mutable_info(),
+      Rpc::kScaledDotProductAttention, context, response,
+      response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
-        attn::AttentionRequest op;
-        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
-        ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
-                                                  budget, storage));
-        ASSIGN_OR_RETURN(op.keys,
-                         DecodeTensor("keys", request->keys(), budget, storage));
-        ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
-                                                 budget, storage));
-        ASSIGN_OR_RETURN(op.valid_lens,
-                         DecodeLengths("valid_lens", request->valid_lens()));
-        RETURN_IF_ERROR(CheckEnum("score", request->score(),
-                                  v1::Score_IsValid(request->score())));
-        RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
-                                  v1::Precision_IsValid(request->precision())));
-        op.causal = request->causal();
-        if (request->has_scale()) op.scale = request->scale();
-        op.score = request->score() == v1::SCORE_GAUSSIAN
-                       ? attn::ScoreKind::kGaussian
-                       : attn::ScoreKind::kDotProduct;
-        op.return_weights = request->return_weights();
-        op.precision = PrecisionOf(request->precision());
+        ASSIGN_OR_RETURN(attn::AttentionRequest op,
+                         DecodeAttention(*request, budget, storage));
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::OpResult result, engine_->Attention(op));
           EncodeResult(result, request->output_encoding(), response);
           return result.implementation;
         });
       });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ServeBatchedAttention(
+    grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
+    v1::AttentionResponse* response) {
+  constexpr Rpc kRpc = Rpc::kScaledDotProductAttention;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  const Finish finish = StartCall(kRpc, reactor, received);
+  auto storage = std::make_shared<DecodeStorage>();
+  ElementBudget budget(limits_.max_request_elements);
+  absl::StatusOr<attn::AttentionRequest> op =
+      DecodeAttention(*request, &budget, storage.get());
+  if (!op.ok()) {
+    finish(op.status());
+    return reactor;
+  }
+  auto task = std::make_unique<AttentionBatcher::Task>();
+  task->request = *std::move(op);
+  task->deadline = absl::FromChrono(context->deadline());
+  task->cancelled = [context] { return context->IsCancelled(); };
+  task->done = [this, request, response, finish, received, storage](
+                   absl::StatusOr<attn::OpResult> result,
+                   const BatchTiming& timing) {
+    metrics_->QueueWait(kRpc, timing.started - received);
+    absl::StatusOr<std::string> implementation =
+        result.ok() ? absl::StatusOr<std::string>(result->implementation)
+                    : absl::StatusOr<std::string>(result.status());
+    if (result.ok()) {
+      EncodeResult(*result, request->output_encoding(), response);
+    }
+    Complete(kRpc, response, response->mutable_info(), received,
+             timing.started, timing.kernel, implementation, finish);
+  };
+  const absl::Status scheduled = batcher_->Schedule(std::move(task));
+  if (!scheduled.ok()) finish(scheduled);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "attn/engine.h"
+#include "server/attention_batcher.h"
 #include "server/metrics.h"
 #include "server/tensor_codec.h"
 #include "server/worker_pool.h"
@@ -37,8 +38,12 @@ struct ServiceLimits {
 class AttentionService final
     : public attention::v1::AttentionService::CallbackService {
  public:
+  // `batcher` may be null: every request then runs alone on the pool.
+  // ScaledDotProductAttention requests go through the batcher when given;
+  // the other RPCs always run alone.
   AttentionService(attn::Engine* engine, WorkerPool* pool,
-                   ServiceMetrics* metrics, const ServiceLimits& limits);
+                   AttentionBatcher* batcher, ServiceMetrics* metrics,
+                   const ServiceLimits& limits);
 
   grpc::ServerUnaryReactor* MaskedSoftmax(
       grpc::CallbackServerContext* context,
@@ -74,13 +79,30 @@ class AttentionService final
   using Prepare =
       std::function<absl::StatusOr<Work>(ElementBudget*, DecodeStorage*)>;
 
+  using Finish = std::function<void(const absl::Status&)>;
+
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,
                                   attention::v1::ExecutionInfo* info,
                                   const Prepare& prepare);
+  // Starts a call: counts it in flight and returns what finishes it.
+  Finish StartCall(Rpc rpc, grpc::ServerUnaryReactor* reactor,
+                   absl::Time received);
+  // Records a computed call (metrics, info, the response size limit) and
+  // finishes it.
+  void Complete(Rpc rpc, google::protobuf::Message* response,
+                attention::v1::ExecutionInfo* info, absl::Time received,
+                absl::Time started, absl::Duration kernel,
+                const absl::StatusOr<std::string>& implementation,
+                const Finish& finish);
+  grpc::ServerUnaryReactor* ServeBatchedAttention(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AttentionRequest* request,
+      attention::v1::AttentionResponse* response);
 
   attn::Engine* const engine_;
   WorkerPool* const pool_;
+  AttentionBatcher* const batcher_;
   ServiceMetrics* const metrics_;
   const ServiceLimits limits_;
 };

@@ -3,6 +3,9 @@
 // against the library's reference backend, and every class of bad input.
 #include "server/attention_service.h"
 
+#include "server/clock.h"
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -61,12 +64,16 @@ attn::Tensor ToTensor(const v1::Tensor& tensor) {
 
 attn::TensorView View(const attn::Tensor& tensor) { return tensor.view(); }
 
-class ServiceTest : public ::testing::Test {
+// Parameterized on server-side batching (on, off): every RPC must behave the
+// same either way.
+class ServiceTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { Start(/*threads=*/2, /*max_queue=*/64); }
+  void SetUp() override {
+    Start(/*threads=*/2, /*max_queue=*/64, /*batching=*/GetParam());
+  }
   void TearDown() override { Stop(); }
 
-  void Start(int threads, int max_queue) {
+  void Start(int threads, int max_queue, bool batching) {
     engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
     attn::EngineOptions reference_options;
     reference_options.use_onednn = false;
@@ -76,10 +83,29 @@ class ServiceTest : public ::testing::Test {
     pool_options.threads = threads;
     pool_options.max_queue = max_queue;
     pool_ = WorkerPool::Create(pool_options).value();
+    if (batching) {
+      BatchingOptions options;
+      options.max_batch_requests = 8;
+      options.max_queue_delay = absl::Microseconds(300);
+      options.max_queue_size = max_queue;
+      batcher_ = AttentionBatcher::Create(
+                     options, engine_.get(), &clock_,
+                     [pool = pool_.get()](std::function<void()> work) {
+                       return pool->Schedule(std::move(work));
+                     },
+                     [metrics = metrics_.get()](const BatchStats& stats) {
+                       metrics->BatchExecuted(Rpc::kScaledDotProductAttention,
+                                              stats.requests,
+                                              stats.computed_elements,
+                                              stats.useful_elements);
+                     })
+                     .value();
+      batcher_->StartScheduler();
+    }
     ServiceLimits limits;
     limits.max_request_elements = 100000;
-    service_ = std::make_unique<AttentionService>(engine_.get(), pool_.get(),
-                                                  metrics_.get(), limits);
+    service_ = std::make_unique<AttentionService>(
+        engine_.get(), pool_.get(), batcher_.get(), metrics_.get(), limits);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
@@ -99,6 +125,7 @@ class ServiceTest : public ::testing::Test {
       server_->Wait();
       server_.reset();
     }
+    if (batcher_ != nullptr) batcher_->Shutdown();
     if (pool_ != nullptr) pool_->Shutdown();
   }
 
@@ -127,12 +154,14 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<attn::Engine> reference_;
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<WorkerPool> pool_;
+  RealClock clock_;
+  std::unique_ptr<AttentionBatcher> batcher_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 
-TEST_F(ServiceTest, AttentionToyCaseMatchesReference) {
+TEST_P(ServiceTest, AttentionToyCaseMatchesReference) {
   std::mt19937 rng(0);
   v1::AttentionRequest request;
   *request.mutable_queries() = RandomTensor(rng, {2, 1, 2});
@@ -168,7 +197,7 @@ TEST_F(ServiceTest, AttentionToyCaseMatchesReference) {
   }
 }
 
-TEST_F(ServiceTest, EveryRpcMatchesReference) {
+TEST_P(ServiceTest, EveryRpcMatchesReference) {
   std::mt19937 rng(1);
   {
     v1::MaskedSoftmaxRequest request;
@@ -279,7 +308,7 @@ TEST_F(ServiceTest, EveryRpcMatchesReference) {
 }
 
 // Each malformed request gets INVALID_ARGUMENT naming the field.
-TEST_F(ServiceTest, BadInputNamesTheField) {
+TEST_P(ServiceTest, BadInputNamesTheField) {
   std::mt19937 rng(2);
   auto call = [&](const v1::AttentionRequest& request) {
     grpc::ClientContext context;
@@ -363,11 +392,86 @@ TEST_F(ServiceTest, BadInputNamesTheField) {
             grpc::StatusCode::UNIMPLEMENTED);
 }
 
-// A full queue answers RESOURCE_EXHAUSTED at once; a call whose deadline
-// passes while it waits is never computed.
-TEST_F(ServiceTest, QueueFullAndDeadlineInQueue) {
-  Stop();
-  Start(/*threads=*/1, /*max_queue=*/1);
+// Many clients at once, with ragged shapes: every response is its own
+// request's answer (the batcher never mixes up or loses a request).
+TEST_P(ServiceTest, ConcurrentClientsEachGetTheirOwnResult) {
+  constexpr int kClients = 12;
+  constexpr int kCallsEach = 15;
+  std::vector<std::thread> clients;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(100 + c);
+      std::uniform_int_distribution<int64_t> length(1, 48);
+      for (int i = 0; i < kCallsEach; ++i) {
+        const int64_t lq = length(rng), lk = length(rng);
+        v1::AttentionRequest request;
+        *request.mutable_queries() = RandomTensor(rng, {1, lq, 16});
+        *request.mutable_keys() = RandomTensor(rng, {1, lk, 16}, i % 2 == 0);
+        *request.mutable_values() = RandomTensor(rng, {1, lk, 8});
+        request.mutable_valid_lens()->add_shape(1);
+        request.mutable_valid_lens()->add_values(
+            static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, lk)(rng)));
+        request.set_return_weights(i % 3 == 0);
+        grpc::ClientContext context;
+        v1::AttentionResponse response;
+        if (!stub_->ScaledDotProductAttention(&context, request, &response).ok()) {
+          ++failures;
+          continue;
+        }
+        const attn::Tensor q = ToTensor(request.queries()),
+                           k = ToTensor(request.keys()),
+                           v = ToTensor(request.values());
+        attn::AttentionRequest op;
+        op.queries = View(q);
+        op.keys = View(k);
+        op.values = View(v);
+        op.valid_lens = {request.valid_lens().values().data(), {1}};
+        op.return_weights = request.return_weights();
+        const attn::OpResult expected = reference_->Attention(op).value();
+        if (!attn::testing::AllClose(ToTensor(response.output()),
+                                     expected.output, 1e-5, 1e-4) ||
+            (op.return_weights &&
+             !attn::testing::AllClose(ToTensor(response.weights()),
+                                      expected.weights, 1e-6))) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+  if (GetParam()) {
+    // Batching was on: some calls shared a batch (mean batch size > 1).
+    double batches = 0, requests = 0;
+    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+      if (f.name != "attnserve_batch_size") continue;
+      for (const prometheus::ClientMetric& metric : f.metric) {
+        batches += metric.histogram.sample_count;
+        requests += metric.histogram.sample_sum;
+      }
+    }
+    EXPECT_EQ(requests, kClients * kCallsEach);
+    EXPECT_GT(requests, batches);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Batching, ServiceTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "On" : "Off";
+                         });
+
+// The worker pool's own queue (batching off): a full queue answers
+// RESOURCE_EXHAUSTED at once; a call whose deadline passes while it waits is
+// never computed.
+class PoolQueueTest : public ServiceTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(PoolQueueTest, QueueFullAndDeadlineInQueue) {
+  Start(/*threads=*/1, /*max_queue=*/1, /*batching=*/false);
   absl::Notification release;
   ASSERT_TRUE(pool_->Schedule([&] { release.WaitForNotification(); }).ok());
   // The worker is busy: wait until it has taken the blocker off the queue.

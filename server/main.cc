@@ -31,6 +31,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -41,7 +42,9 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
+#include "server/attention_batcher.h"
 #include "server/attention_service.h"
+#include "server/clock.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -66,6 +69,19 @@ ABSL_FLAG(int32_t, kernel_threads, 1,
           "latency steady; raise it for few, large requests.");
 ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
+ABSL_FLAG(bool, batching, true,
+          "Batch concurrent ScaledDotProductAttention requests server-side "
+          "(ragged batching by padding); false runs every request alone.");
+ABSL_FLAG(int32_t, max_batch_size, 32,
+          "Most requests one batch may hold.");
+ABSL_FLAG(int64_t, max_batch_elements, int64_t{1} << 24,
+          "Most padded input elements (queries + keys + values) of one batch; "
+          "a larger single request runs alone.");
+ABSL_FLAG(int32_t, max_queue_delay_us, 500,
+          "How long the oldest queued request may wait for a batch to fill.");
+ABSL_FLAG(std::vector<std::string>, preferred_batch_sizes, {},
+          "Comma-separated batch sizes sent at once when reached, without "
+          "waiting out --max_queue_delay_us (e.g. 8,16).");
 ABSL_FLAG(int32_t, max_message_bytes, 256 << 20,
           "Largest request or response message in bytes (the default fits "
           "two 4096 x 4096 float32 tensors).");
@@ -177,9 +193,6 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: %s\n", pool.status().ToString());
     return 1;
   }
-  (*metrics)->SetQueueDepthSource(
-      [raw = pool->get()] { return raw->queue_depth(); });
-
   // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
   std::unique_ptr<prometheus::Exposer> exposer;
   const std::string metrics_address = absl::StrCat(host, ":", metrics_port);
@@ -194,11 +207,55 @@ int main(int argc, char** argv) {
   exposer->RegisterCollectable((*metrics)->sampled());
   const std::vector<int> metrics_ports = exposer->GetListeningPorts();
 
+  std::unique_ptr<attnserve::AttentionBatcher> batcher;
+  attnserve::RealClock clock;
+  if (absl::GetFlag(FLAGS_batching)) {
+    attnserve::BatchingOptions batching;
+    batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
+    batching.max_batch_elements = absl::GetFlag(FLAGS_max_batch_elements);
+    batching.max_queue_delay =
+        absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+    batching.max_queue_size = absl::GetFlag(FLAGS_max_queue);
+    for (const std::string& size : absl::GetFlag(FLAGS_preferred_batch_sizes)) {
+      int value = 0;
+      if (!absl::SimpleAtoi(size, &value)) {
+        absl::FPrintF(stderr,
+                      "attnserve: --preferred_batch_sizes: '%s' is not an "
+                      "integer\n",
+                      size);
+        return 1;
+      }
+      batching.preferred_batch_sizes.push_back(value);
+    }
+    absl::StatusOr<std::unique_ptr<attnserve::AttentionBatcher>> created =
+        attnserve::AttentionBatcher::Create(
+            batching, engine->get(), &clock,
+            [raw = pool->get()](std::function<void()> work) {
+              return raw->Schedule(std::move(work));
+            },
+            [raw = metrics->get()](const attnserve::BatchStats& stats) {
+              raw->BatchExecuted(attnserve::Rpc::kScaledDotProductAttention,
+                                 stats.requests, stats.computed_elements,
+                                 stats.useful_elements);
+            });
+    if (!created.ok()) {
+      absl::FPrintF(stderr, "attnserve: %s\n", created.status().ToString());
+      return 1;
+    }
+    batcher = *std::move(created);
+    batcher->StartScheduler();
+  }
+  (*metrics)->SetQueueDepthSource(
+      [raw_pool = pool->get(), raw_batcher = batcher.get()] {
+        return raw_pool->queue_depth() +
+               (raw_batcher != nullptr ? raw_batcher->queue_depth() : 0);
+      });
+
   attnserve::ServiceLimits limits;
   limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
-                                      metrics->get(), limits);
+                                      batcher.get(), metrics->get(), limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -246,6 +303,7 @@ int main(int argc, char** argv) {
   std::thread shutdown([&] {
     server->Shutdown(absl::ToChronoTime(drain_deadline));
     server->Wait();
+    if (batcher != nullptr) batcher->Shutdown();
     (*pool)->Shutdown();
     drained.Notify();
   });

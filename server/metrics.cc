@@ -172,6 +172,27 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
                      .Name("attnserve_kernel_runs_total")
                      .Help("Kernel calls by RPC and the implementation that ran.")
                      .Register(registry);
+    auto& batch_size = prometheus::BuildHistogram()
+                           .Name("attnserve_batch_size")
+                           .Help("Requests computed together in one batch.")
+                           .Register(registry);
+    auto& batch_computed =
+        prometheus::BuildCounter()
+            .Name("attnserve_batch_computed_elements_total")
+            .Help("Score-matrix elements of executed batches, padding "
+                  "included.")
+            .Register(registry);
+    auto& batch_padding =
+        prometheus::BuildCounter()
+            .Name("attnserve_batch_padding_elements_total")
+            .Help("Score-matrix elements of executed batches that were "
+                  "padding (waste = padding / computed).")
+            .Register(registry);
+    auto& rejected = prometheus::BuildCounter()
+                         .Name("attnserve_rejected_requests_total")
+                         .Help("Requests refused or dropped unserved, by "
+                               "reason.")
+                         .Register(registry);
     auto& inflight = prometheus::BuildGauge()
                          .Name("attnserve_inflight_requests")
                          .Help("Requests received and not yet finished.")
@@ -193,6 +214,19 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
       }
       per_rpc.runs_other =
           &runs.Add({{"rpc", rpc}, {"implementation", "other"}});
+      per_rpc.batch_size = &batch_size.Add(
+          {{"rpc", rpc}}, prometheus::Histogram::BucketBoundaries{
+                              1, 2, 4, 8, 16, 32, 64, 128});
+      per_rpc.batch_computed = &batch_computed.Add({{"rpc", rpc}});
+      per_rpc.batch_padding = &batch_padding.Add({{"rpc", rpc}});
+      per_rpc.rejected_resource_exhausted =
+          &rejected.Add({{"rpc", rpc}, {"reason", "resource_exhausted"}});
+      per_rpc.rejected_deadline =
+          &rejected.Add({{"rpc", rpc}, {"reason", "deadline"}});
+      per_rpc.rejected_cancelled =
+          &rejected.Add({{"rpc", rpc}, {"reason", "cancelled"}});
+      per_rpc.rejected_unavailable =
+          &rejected.Add({{"rpc", rpc}, {"reason", "shutting_down"}});
     }
   } catch (const std::exception& e) {
     return absl::InternalError(
@@ -220,6 +254,32 @@ void ServiceMetrics::RequestFinished(Rpc rpc, absl::StatusCode code,
   const int index = static_cast<int>(code);
   per_rpc.requests_by_code[index >= 0 && index < 17 ? index : 2]->Increment();
   per_rpc.duration->Observe(absl::ToDoubleSeconds(total));
+  switch (code) {
+    case absl::StatusCode::kResourceExhausted:
+      per_rpc.rejected_resource_exhausted->Increment();
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      per_rpc.rejected_deadline->Increment();
+      break;
+    case absl::StatusCode::kCancelled:
+      per_rpc.rejected_cancelled->Increment();
+      break;
+    case absl::StatusCode::kUnavailable:
+      per_rpc.rejected_unavailable->Increment();
+      break;
+    default:
+      break;
+  }
+}
+
+void ServiceMetrics::BatchExecuted(Rpc rpc, int requests,
+                                   int64_t computed_elements,
+                                   int64_t useful_elements) {
+  PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
+  per_rpc.batch_size->Observe(requests);
+  per_rpc.batch_computed->Increment(static_cast<double>(computed_elements));
+  per_rpc.batch_padding->Increment(
+      static_cast<double>(computed_elements - useful_elements));
 }
 
 void ServiceMetrics::QueueWait(Rpc rpc, absl::Duration wait) {

@@ -8,6 +8,12 @@
 //   attnserve_queue_wait_seconds{rpc}              waiting for a worker
 //   attnserve_kernel_duration_seconds{rpc}         the kernel alone
 //   attnserve_kernel_runs_total{rpc, implementation}  which backend ran
+//   attnserve_batch_size{rpc}                      requests per batch
+//   attnserve_batch_computed_elements_total{rpc}   score elements computed
+//   attnserve_batch_padding_elements_total{rpc}    ... of which padding
+//   attnserve_rejected_requests_total{rpc, reason} resource_exhausted,
+//                                                  deadline, cancelled,
+//                                                  shutting_down
 //   attnserve_inflight_requests                    gauge
 //   attnserve_queue_depth                          gauge (sampled at scrape)
 //   process_cpu_seconds_total, process_resident_memory_bytes,
@@ -67,6 +73,10 @@ class ServiceMetrics {
   void QueueWait(Rpc rpc, absl::Duration wait);
   void KernelRun(Rpc rpc, const std::string& implementation,
                  absl::Duration kernel);
+  // One executed batch: its size in requests, and its computed and useful
+  // score elements (the difference is padding).
+  void BatchExecuted(Rpc rpc, int requests, int64_t computed_elements,
+                     int64_t useful_elements);
 
  private:
   struct PerRpc {
@@ -76,6 +86,15 @@ class ServiceMetrics {
     prometheus::Histogram* kernel = nullptr;
     absl::flat_hash_map<std::string, prometheus::Counter*> runs;
     prometheus::Counter* runs_other = nullptr;
+    prometheus::Histogram* batch_size = nullptr;
+    prometheus::Counter* batch_computed = nullptr;
+    prometheus::Counter* batch_padding = nullptr;
+    // Rejections by reason: full queue or limits, deadline in the queue,
+    // cancelled, shutting down.
+    prometheus::Counter* rejected_resource_exhausted = nullptr;
+    prometheus::Counter* rejected_deadline = nullptr;
+    prometheus::Counter* rejected_cancelled = nullptr;
+    prometheus::Counter* rejected_unavailable = nullptr;
   };
 
   ServiceMetrics() = default;
