@@ -116,9 +116,21 @@ absl::Status AttentionBatcher::Schedule(std::unique_ptr<Task> task) {
         "the batching queue is full (", options_.max_queue_size,
         " requests waiting, --max_queue); retry later"));
   }
-  queues_[key].pending.push_back(Pending{std::move(task), now, elements});
+  Queue& queue = queues_[key];
+  queue.pending.push_back(Pending{std::move(task), now, elements});
+  queue.elements += elements;
   ++queued_;
-  new_work_ = true;
+  // Wake the scheduler only when this may change what is due: a class's
+  // first request sets a new deadline; a full (or preferred-size) class is
+  // due now. Waking it for every arrival would cost a context switch each.
+  const int count = static_cast<int>(queue.pending.size());
+  if (count == 1 || count >= options_.max_batch_requests ||
+      queue.elements >= options_.max_batch_elements ||
+      std::find(options_.preferred_batch_sizes.begin(),
+                options_.preferred_batch_sizes.end(),
+                count) != options_.preferred_batch_sizes.end()) {
+    new_work_ = true;
+  }
   return absl::OkStatus();
 }
 
@@ -156,6 +168,7 @@ std::vector<AttentionBatcher::Pending> AttentionBatcher::TakeDueBatch(
     }
   }
   for (int i = 0; i < take; ++i) {
+    queue.elements -= queue.pending.front().padded_elements_alone;
     batch.push_back(std::move(queue.pending.front()));
     queue.pending.pop_front();
   }

@@ -138,6 +138,7 @@ class AttentionBatcher {
   };
   struct Queue {
     std::deque<Pending> pending;
+    int64_t elements = 0;  // the pending requests' padded_elements_alone
   };
 
   AttentionBatcher(const BatchingOptions& options, attn::Engine* engine,
@@ -162,7 +163,8 @@ class AttentionBatcher {
   std::map<ClassKey, Queue> queues_ ABSL_GUARDED_BY(mu_);
   int queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Set by Schedule so the scheduler re-evaluates before its deadline.
+  // Set by Schedule when a class may have become due, so that the scheduler
+  // re-evaluates before its deadline.
   bool new_work_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;
 };
