@@ -8,10 +8,14 @@
 // tensors, then the request flags), calls the server with --deadline, and
 // prints the response as one line of JSON on stdout.
 //
+// `load` drives one of those RPCs at a loopback server for a while and
+// reports throughput and latency (client/load.h).
+//
 // Exit status: 0 on success; 1 for a usage error (unknown subcommand, bad
 // flag value, unreadable or invalid --input) and for `health` answering
 // anything but SERVING; 2 when the RPC fails, after printing
-// "attnctl: <CODE>: <message>" to stderr.
+// "attnctl: <CODE>: <message>" to stderr. `load` exits 0 when it ran, even
+// with failed calls, and 2 when no call succeeded.
 //
 // Flags live in this file only; the rest of client/ takes plain structs.
 
@@ -41,6 +45,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "client/load.h"
 #include "client/printer.h"
 #include "client/requests.h"
 #include "google/protobuf/util/json_util.h"
@@ -107,6 +112,48 @@ ABSL_FLAG(std::optional<float>, learning_rate, std::nullopt,
 ABSL_FLAG(std::optional<float>, initial_bandwidth, std::nullopt,
           "Bandwidth to start from (server default 1).");
 
+// --- load.
+ABSL_FLAG(std::string, rpc, "attention",
+          "load: the RPC to drive: attention | masked-softmax | batch-matmul | "
+          "additive-attention | nadaraya-watson | fit-bandwidth | health.");
+ABSL_FLAG(int32_t, concurrency, 1,
+          "load, closed loop: requests in flight at all times.");
+ABSL_FLAG(double, rate, 0,
+          "load, open loop: target requests/s, Poisson arrivals (instead of "
+          "--concurrency).");
+ABSL_FLAG(int32_t, max_in_flight, 4096,
+          "load, open loop: the most requests in flight; arrivals beyond it "
+          "are dropped and counted.");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
+          "load: how long to send after the warm-up (default 10s; with "
+          "--requests alone, until they are sent).");
+ABSL_FLAG(int64_t, requests, 0,
+          "load: stop after sending this many measured requests; 0: no "
+          "limit.");
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1),
+          "load: time before measuring; its requests are not counted.");
+ABSL_FLAG(std::string, mix, "",
+          "load: request shapes, variants separated by ';', each a --shape "
+          "list with an optional weight prefix W:, like "
+          "'3:keys=1x64x64,values=1x64x64;keys=1x128x64,values=1x128x64'.");
+ABSL_FLAG(std::string, lk_range, "",
+          "load: LO:HI, a key length Lk drawn uniformly per pooled request "
+          "(keys/values for attention and additive-attention, x's last "
+          "dimension for masked-softmax).");
+ABSL_FLAG(std::string, valid_lens_range, "",
+          "load: LO:HI, valid lengths (B,) drawn uniformly per pooled "
+          "request, clipped to its key length.");
+ABSL_FLAG(int32_t, pool_size, attnctl::kDefaultPoolSize,
+          "load: distinct requests built before the run and cycled through.");
+ABSL_FLAG(int32_t, client_threads, 1,
+          "load: client threads, each with its own connection and "
+          "completion queue.");
+ABSL_FLAG(std::string, output_format, "text", "load: text | json.");
+ABSL_FLAG(bool, allow_remote, false,
+          "load: allow a --target that is not loopback (127.0.0.0/8, "
+          "localhost, [::1]). Load against other machines is forbidden in "
+          "this workplace.");
+
 namespace {
 
 using attention::v1::AttentionService;
@@ -128,6 +175,8 @@ struct Invocation {
   std::string input_path;  // empty: generate the request
   attnctl::RequestOptions request;
   attnctl::PrintOptions print;
+  // The flags on the command line, for `load`'s own checks.
+  std::set<std::string> given;
 };
 
 int UsageError(absl::string_view message) {
@@ -278,6 +327,8 @@ int RunFitBandwidth(const Invocation& invocation) {
   return CallAndPrint(invocation, &AttentionService::Stub::FitBandwidth);
 }
 
+int RunLoad(const Invocation& invocation);
+
 // --- The subcommand table.
 
 struct Subcommand {
@@ -296,6 +347,28 @@ std::vector<absl::string_view> RpcFlags(
   std::vector<absl::string_view> flags = {"input",    "shape",     "seed",
                                           "encoding", "print_raw", "summary"};
   flags.insert(flags.end(), own_flags.begin(), own_flags.end());
+  return flags;
+}
+
+// The flags of `load` itself; it also takes the request flags of its --rpc.
+const std::vector<absl::string_view>& LoadOwnFlags() {
+  static const auto* const kFlags = new std::vector<absl::string_view>{
+      "rpc",       "concurrency",      "rate",          "max_in_flight",
+      "duration",  "requests",         "warmup",        "mix",
+      "lk_range",  "valid_lens_range", "pool_size",     "client_threads",
+      "output_format", "allow_remote", "seed"};
+  return *kFlags;
+}
+
+std::vector<absl::string_view> LoadFlags() {
+  std::vector<absl::string_view> flags = LoadOwnFlags();
+  for (absl::string_view flag :
+       {"input", "shape", "encoding", "valid_lens", "valid_lens_shape",
+        "causal", "scale", "score", "return_weights", "precision", "kernel",
+        "bandwidth", "initial_bandwidth", "learning_rate", "epochs",
+        "service"}) {
+    flags.push_back(flag);
+  }
   return flags;
 }
 
@@ -328,6 +401,10 @@ const std::vector<Subcommand>& Subcommands() {
       {"fit-bandwidth", "FitBandwidth; x_train 50, y_train 50 (textbook data)",
        RpcFlags({"initial_bandwidth", "learning_rate", "epochs"}),
        RunFitBandwidth},
+      {"load",
+       "drives --rpc at a loopback server and reports throughput and\n"
+       "latency; takes that RPC's request flags too (see Load below)",
+       LoadFlags(), RunLoad},
   };
   return *kSubcommands;
 }
@@ -353,7 +430,8 @@ Subcommands (RPC; generated tensors and their default shapes):
         absl::StrReplaceAll(subcommand.description,
                             {{"\n", "\n" + std::string(22, ' ')}}));
     std::vector<std::string> own;
-    for (absl::string_view flag : subcommand.flags) {
+    for (absl::string_view flag :
+         subcommand.run == RunLoad ? LoadOwnFlags() : subcommand.flags) {
       if (std::find(common.begin(), common.end(), flag) == common.end()) {
         own.push_back(absl::StrCat("--", flag));
       }
@@ -382,8 +460,37 @@ Deep Learning, section 11.2, so their output means something:
 The response is printed as one line of JSON (protobuf's JSON mapping with
 proto field names; raw tensors decoded into values unless --print_raw).
 
+Load: attnctl load [--rpc RPC] [RPC's request flags] [load flags]
+  Closed loop (default): --concurrency N requests in flight at all times.
+  Open loop: --rate R requests/s with Poisson arrivals (exponential gaps,
+  seeded by --seed), at most --max_in_flight in flight; arrivals beyond it
+  are dropped and reported. Runs --warmup (not measured), then --duration
+  and/or until --requests measured requests are sent; calls still in flight
+  are then waited for (each bounded by --deadline).
+  Requests: a pool of --pool_size requests (default 64; 1 for health) is
+  built before the run from the RPC's flags (--shape, --valid_lens,
+  --encoding, --input, ...) with seeds --seed, --seed+1, ..., and cycled
+  through. --mix 'W:NAME=DIMS,...;NAME=DIMS,...' shares the pool among
+  shape variants by weight (default 1); each variant overrides --shape.
+  --lk_range LO:HI draws the key length Lk of each pooled request uniformly;
+  --valid_lens_range LO:HI draws its valid lengths (B,), clipped to Lk.
+  --rpc health (grpc.health.v1 Check, --service) is the per-call overhead
+  baseline: quote RPC figures beside it.
+  Each of --client_threads threads has its own connection and completion
+  queue and its share of the concurrency, cap and rate.
+  Reports completed requests, successful requests/s over the measured
+  window, latency p50/p90/p99/p99.9/max of successful calls (closed loop:
+  from sending; open loop: from the scheduled arrival), errors by status
+  code, dropped arrivals and the achieved rate; --output_format json prints
+  one JSON object.
+  Only loopback targets (127.0.0.0/8, localhost, [::1], unix:): load against
+  other machines is forbidden in this workplace, and --allow_remote is
+  needed to override it.
+
 Exit status: 0 success; 1 usage error, or health not SERVING; 2 the RPC
-failed, with "attnctl: <CODE>: <message>" on stderr.
+failed, with "attnctl: <CODE>: <message>" on stderr. load: 0 when it ran
+(even with failed calls), 1 usage error, 2 when no call succeeded or it could
+not connect.
 
 Examples:
   attnctl health --target localhost:8001
@@ -392,7 +499,11 @@ Examples:
   attnctl masked-softmax --valid_lens 2,3
   attnctl nadaraya-watson --kernel gaussian --return_weights --summary
   attnctl fit-bandwidth --epochs 20
-  attnctl batch-matmul --input request.json --precision bf16)";
+  attnctl batch-matmul --input request.json --precision bf16
+  attnctl load --target 127.0.0.1:8001 --rpc health --concurrency 64
+  attnctl load --target 127.0.0.1:8001 --rpc attention \
+      --shape queries=1x1x64,keys=1x128x64,values=1x128x64 \
+      --lk_range 16:128 --valid_lens_range 1:128 --rate 2000 --duration 30s)";
   return usage;
 }
 
@@ -514,6 +625,7 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
   }
   invocation.health_service = absl::GetFlag(FLAGS_service);
   invocation.input_path = absl::GetFlag(FLAGS_input);
+  invocation.given = given;
   invocation.print.keep_raw = absl::GetFlag(FLAGS_print_raw);
   invocation.print.summary = absl::GetFlag(FLAGS_summary);
 
@@ -567,6 +679,151 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
     if (!status.ok()) return status;
   }
   return invocation;
+}
+
+// --- load.
+
+// A usage error unless every flag given is one `load --rpc RPC` reads:
+// load's own and that RPC's request flags.
+absl::Status CheckLoadFlagsApply(attnctl::LoadRpc rpc,
+                                 const std::set<std::string>& given) {
+  const Subcommand* rpc_subcommand = FindSubcommand(attnctl::LoadRpcName(rpc));
+  const std::string name =
+      absl::StrCat("load --rpc ", attnctl::LoadRpcName(rpc));
+  Subcommand load = *rpc_subcommand;
+  load.name = name;
+  load.flags.erase(std::remove_if(load.flags.begin(), load.flags.end(),
+                                  [](absl::string_view flag) {
+                                    return flag == "print_raw" ||
+                                           flag == "summary";
+                                  }),
+                   load.flags.end());
+  for (absl::string_view flag : LoadOwnFlags()) {
+    if (std::find(load.flags.begin(), load.flags.end(), flag) ==
+        load.flags.end()) {
+      load.flags.push_back(flag);
+    }
+  }
+  return CheckFlagsApply(load, given);
+}
+
+// The load flags, checked, as the run's options and the pool's.
+absl::Status ReadLoadFlags(const Invocation& invocation,
+                           attnctl::LoadOptions* load,
+                           attnctl::PoolOptions* pool, bool* json) {
+  const std::set<std::string>& given = invocation.given;
+  absl::StatusOr<attnctl::LoadRpc> rpc =
+      attnctl::ParseLoadRpc(absl::GetFlag(FLAGS_rpc));
+  if (!rpc.ok()) return FlagError("rpc", rpc.status());
+  if (absl::Status status = CheckLoadFlagsApply(*rpc, given); !status.ok()) {
+    return status;
+  }
+
+  load->target = invocation.target;
+  load->allow_remote = absl::GetFlag(FLAGS_allow_remote);
+  load->max_receive_bytes = invocation.max_receive_bytes;
+  load->deadline = invocation.deadline;
+  load->target_rate = absl::GetFlag(FLAGS_rate);
+  if (given.count("rate") && given.count("concurrency")) {
+    return absl::InvalidArgumentError(
+        "--rate (open loop) and --concurrency (closed loop) exclude each "
+        "other");
+  }
+  if (given.count("max_in_flight") && load->target_rate <= 0) {
+    return absl::InvalidArgumentError(
+        "--max_in_flight: applies to the open loop (--rate) only");
+  }
+  load->concurrency = absl::GetFlag(FLAGS_concurrency);
+  load->max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  load->requests = absl::GetFlag(FLAGS_requests);
+  // --requests alone runs until they are sent.
+  load->duration = given.count("requests") && !given.count("duration")
+                       ? absl::InfiniteDuration()
+                       : absl::GetFlag(FLAGS_duration);
+  load->warmup = absl::GetFlag(FLAGS_warmup);
+  load->client_threads = absl::GetFlag(FLAGS_client_threads);
+  load->seed = absl::GetFlag(FLAGS_seed);
+  const std::string format = absl::GetFlag(FLAGS_output_format);
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--output_format: expected one of text, json, got '%s'", format));
+  }
+  *json = format == "json";
+  if (absl::Status status = attnctl::CheckLoadOptions(*load); !status.ok()) {
+    return status;
+  }
+
+  pool->rpc = *rpc;
+  pool->request = invocation.request;
+  pool->health_service = invocation.health_service;
+  pool->pool_size = absl::GetFlag(FLAGS_pool_size);
+  if (!invocation.input_path.empty()) {
+    absl::StatusOr<std::string> json_text = ReadInput(invocation.input_path);
+    if (!json_text.ok()) return json_text.status();
+    pool->input_json = *std::move(json_text);
+  }
+  if (const std::string mix = absl::GetFlag(FLAGS_mix); !mix.empty()) {
+    absl::StatusOr<std::vector<attnctl::MixVariant>> variants =
+        attnctl::ParseMix(mix);
+    if (!variants.ok()) return FlagError("mix", variants.status());
+    pool->mix = *std::move(variants);
+  }
+  if (const std::string range = absl::GetFlag(FLAGS_lk_range);
+      !range.empty()) {
+    absl::StatusOr<attnctl::IntRange> parsed =
+        attnctl::ParseRange(range, /*min_lo=*/1);
+    if (!parsed.ok()) return FlagError("lk_range", parsed.status());
+    pool->lk_range = *parsed;
+  }
+  if (const std::string range = absl::GetFlag(FLAGS_valid_lens_range);
+      !range.empty()) {
+    absl::StatusOr<attnctl::IntRange> parsed =
+        attnctl::ParseRange(range, /*min_lo=*/0);
+    if (!parsed.ok()) return FlagError("valid_lens_range", parsed.status());
+    pool->valid_lens_range = *parsed;
+  }
+  return absl::OkStatus();
+}
+
+int RunLoad(const Invocation& invocation) {
+  attnctl::LoadOptions load;
+  attnctl::PoolOptions pool_options;
+  bool json = false;
+  if (absl::Status status =
+          ReadLoadFlags(invocation, &load, &pool_options, &json);
+      !status.ok()) {
+    return UsageError(status.message());
+  }
+  absl::StatusOr<attnctl::RequestPool> pool =
+      attnctl::BuildRequestPool(pool_options);
+  if (!pool.ok()) return UsageError(pool.status().message());
+  if (!json) {
+    absl::FPrintF(stderr, "attnctl: load %s at %s: %s warm-up, then %s...\n",
+                  attnctl::LoadRpcName(pool->rpc), load.target,
+                  absl::FormatDuration(load.warmup),
+                  load.duration == absl::InfiniteDuration()
+                      ? absl::StrCat(load.requests, " requests")
+                      : absl::FormatDuration(load.duration));
+  }
+  absl::StatusOr<attnctl::Report> report = attnctl::RunLoad(load, *pool);
+  if (!report.ok()) {
+    if (report.status().code() == absl::StatusCode::kUnavailable) {
+      absl::FPrintF(stderr, "attnctl: UNAVAILABLE: %s\n",
+                    report.status().message());
+      return kExitRpcFailed;
+    }
+    return UsageError(report.status().message());
+  }
+  if (json) {
+    absl::PrintF("%s\n", attnctl::FormatReportJson(*report));
+  } else {
+    absl::PrintF("%s", attnctl::FormatReportText(*report));
+  }
+  if (report->ok == 0) {
+    absl::FPrintF(stderr, "attnctl: load: no request succeeded\n");
+    return kExitRpcFailed;
+  }
+  return kExitOk;
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The numbers that say whether server-side batching pays: starts attnserve
+# (batching off, then on) on free loopback ports, drives it with
+# `attnctl load` at 64 requests in flight, and prints one table. Not part of
+# the test suite (it takes a few minutes).
+#
+# Usage: bench/batching_bench.sh [DURATION]    (default 10s per row; build first)
+# Extra server flags for both runs: ATTNSERVE_FLAGS='--max_queue_delay_us=300'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+server=build/server/attnserve
+ctl=build/client/attnctl
+duration="${1:-10s}"
+[[ -x "$server" && -x "$ctl" ]] || { echo "build first: make build" >&2; exit 1; }
+out=$(mktemp -d -t attnserve-batching.XXXXXX)
+pid=""
+cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; rm -rf "$out"; }
+trap cleanup EXIT
+
+free_port() {
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start_server() {  # flags...
+  grpc_port=$(free_port)
+  metrics_port=$(free_port)
+  # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
+  "$server" --host=127.0.0.1 --grpc_port="$grpc_port" \
+    --metrics_port="$metrics_port" --drain_notice_ms=0 ${ATTNSERVE_FLAGS:-} \
+    "$@" >"$out/server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    "$ctl" --target="127.0.0.1:$grpc_port" health >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  echo "attnserve did not start:" >&2
+  cat "$out/server.log" >&2
+  exit 1
+}
+
+stop_server() {
+  kill -TERM "$pid"
+  wait "$pid" || true
+  pid=""
+}
+
+scrape() { curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$out/$1.prom"; }
+
+load() {  # name, attnctl load flags...
+  local name=$1
+  shift
+  echo "  $name" >&2
+  scrape "$name.before"
+  "$ctl" --target="127.0.0.1:$grpc_port" --deadline=10s load \
+    --concurrency=64 --duration="$duration" --warmup=2s \
+    --output_format=json "$@" >"$out/$name.json"
+  scrape "$name.after"
+}
+
+toy="--rpc=attention --shape=queries=1x1x2,keys=1x10x2,values=1x10x4"
+medium="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --valid_lens_range=1:64"
+ragged="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --lk_range=16:128"
+for mode in off on; do
+  echo "batching $mode:" >&2
+  start_server --batching=$([[ $mode == on ]] && echo true || echo false)
+  # shellcheck disable=SC2086
+  {
+    load "health_$mode" --rpc=health
+    load "toy_$mode" $toy
+    load "medium_$mode" $medium
+    load "ragged_$mode" $ragged
+  }
+  stop_server
+done
+max_delay_us=$(grep -o -- '--max_queue_delay_us=[0-9]*' <<<"${ATTNSERVE_FLAGS:-}" | cut -d= -f2)
+/usr/bin/python3 bench/batching_table.py "$out" "${max_delay_us:-500}"

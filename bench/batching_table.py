@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Prints bench/batching_bench.sh's table from the load reports (JSON) and
+the metrics scraped before and after each row."""
+import json
+import os
+import sys
+
+
+def metrics(path):
+    values = {}
+    for line in open(path):
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        values[name] = float(value)
+    return values
+
+
+def delta(out, row, name):
+    before = metrics(os.path.join(out, row + ".before.prom"))
+    after = metrics(os.path.join(out, row + ".after.prom"))
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def main():
+    out, max_delay_us = sys.argv[1], float(sys.argv[2])
+    report = {}
+    for name in os.listdir(out):
+        if name.endswith(".json"):
+            report[name[:-5]] = json.load(open(os.path.join(out, name)))
+    rpc = 'rpc="ScaledDotProductAttention"'
+
+    def kernel_ms(row):
+        total = delta(out, row, "attnserve_kernel_duration_seconds_sum{%s}" % rpc)
+        count = delta(out, row, "attnserve_kernel_duration_seconds_count{%s}" % rpc)
+        return 1e3 * total / count if count else float("nan")
+
+    def batch_mean(row):
+        total = delta(out, row, "attnserve_batch_size_sum{%s}" % rpc)
+        count = delta(out, row, "attnserve_batch_size_count{%s}" % rpc)
+        return total / count if count else float("nan")
+
+    def waste(row):
+        computed = delta(out, row, "attnserve_batch_computed_elements_total{%s}" % rpc)
+        padding = delta(out, row, "attnserve_batch_padding_elements_total{%s}" % rpc)
+        return padding / computed if computed else float("nan")
+
+    print("| case (64 in flight) | batching | req/s | p50 ms | p99 ms | mean batch | padding waste | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for case in ["health", "toy", "medium", "ragged"]:
+        for mode in ["off", "on"]:
+            r = report.get(f"{case}_{mode}")
+            if r is None:
+                continue
+            lat = r["latency_ms"]
+            errors = sum(r.get("errors", {}).values())
+            batch = f"{batch_mean(f'{case}_{mode}'):.1f}" if mode == "on" and case != "health" else ""
+            pad = f"{100 * waste(f'{case}_{mode}'):.1f}%" if mode == "on" and case != "health" else ""
+            print(f"| {case} | {mode} | {r['throughput_rps']:.0f} | {lat['p50']:.2f} | "
+                  f"{lat['p99']:.2f} | {batch} | {pad} | {errors} |")
+
+    def rps(row):
+        return report[row]["throughput_rps"]
+
+    print()
+    checks = [
+        ("toy: batching on / off >= 2", rps("toy_on") / rps("toy_off"), 2.0),
+        ("medium: batching on / off >= 1.5", rps("medium_on") / rps("medium_off"), 1.5),
+        ("ragged: batching on / off > 1", rps("ragged_on") / rps("ragged_off"), 1.0),
+        ("overhead: toy / health (batching on) >= 0.6", rps("toy_on") / rps("health_on"), 0.6),
+    ]
+    for label, value, bar in checks:
+        verdict = "meets" if value >= bar else "MISSES"
+        print(f"- {label}: {value:.2f} ({verdict})")
+    bound = max_delay_us / 1e3 + 3 * kernel_ms("medium_on")
+    p99 = report["medium_on"]["latency_ms"]["p99"]
+    print(f"- medium p99 {p99:.2f} ms vs max delay + 3 batch compute times "
+          f"{bound:.2f} ms ({'meets' if p99 < bound else 'MISSES'})")
+
+
+if __name__ == "__main__":
+    main()
