@@ -14,7 +14,7 @@ duration="${1:-10s}"
 [[ -x "$server" && -x "$ctl" ]] || { echo "build first: make build" >&2; exit 1; }
 out=$(mktemp -d -t attnserve-batching.XXXXXX)
 pid=""
-cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; rm -rf "$out"; }
+cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" ]] || rm -rf "$out"; }
 trap cleanup EXIT
 
 free_port() {
@@ -72,5 +72,5 @@ for mode in off on; do
   }
   stop_server
 done
-max_delay_us=$(grep -o -- '--max_queue_delay_us=[0-9]*' <<<"${ATTNSERVE_FLAGS:-}" | cut -d= -f2)
+max_delay_us=$(grep -o -- "--max_queue_delay_us=[0-9]*" <<<"${ATTNSERVE_FLAGS:-}" | cut -d= -f2 || true)
 /usr/bin/python3 bench/batching_table.py "$out" "${max_delay_us:-500}"

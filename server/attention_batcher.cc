@@ -65,7 +65,8 @@ attn::OpResult Slice(const attn::OpResult& all, const Member& m, int64_t lq,
 
 absl::StatusOr<std::unique_ptr<AttentionBatcher>> AttentionBatcher::Create(
     const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
-    Executor executor, BatchObserver observer) {
+    Executor executor, BatchObserver observer,
+    ExecutorAvailable executor_available) {
   if (options.max_batch_requests < 1 || options.max_batch_elements < 1 ||
       options.max_queue_size < 1 || options.max_queue_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -84,17 +85,20 @@ absl::StatusOr<std::unique_ptr<AttentionBatcher>> AttentionBatcher::Create(
         "batching: engine, clock and executor are required");
   }
   return std::unique_ptr<AttentionBatcher>(new AttentionBatcher(
-      options, engine, clock, std::move(executor), std::move(observer)));
+      options, engine, clock, std::move(executor), std::move(observer),
+      std::move(executor_available)));
 }
 
 AttentionBatcher::AttentionBatcher(const BatchingOptions& options,
                                    attn::Engine* engine, const Clock* clock,
-                                   Executor executor, BatchObserver observer)
+                                   Executor executor, BatchObserver observer,
+                                   ExecutorAvailable executor_available)
     : options_(options),
       engine_(engine),
       clock_(clock),
       executor_(std::move(executor)),
-      observer_(std::move(observer)) {}
+      observer_(std::move(observer)),
+      executor_available_(std::move(executor_available)) {}
 
 AttentionBatcher::~AttentionBatcher() { Shutdown(); }
 
@@ -109,28 +113,34 @@ absl::Status AttentionBatcher::Schedule(std::unique_ptr<Task> task) {
   const int64_t elements =
       p.batch * p.heads * (p.lq * p.d + p.lk * (p.d + p.dv));
   const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (queued_ >= options_.max_queue_size) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the batching queue is full (", options_.max_queue_size,
-        " requests waiting, --max_queue); retry later"));
+  bool due_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError("the server is shutting down");
+    }
+    if (queued_ >= options_.max_queue_size) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the batching queue is full (", options_.max_queue_size,
+          " requests waiting, --max_queue); retry later"));
+    }
+    Queue& queue = queues_[key];
+    queue.pending.push_back(Pending{std::move(task), now, elements});
+    queue.elements += elements;
+    ++queued_;
+    const int count = static_cast<int>(queue.pending.size());
+    due_now = count >= options_.max_batch_requests ||
+              queue.elements >= options_.max_batch_elements ||
+              std::find(options_.preferred_batch_sizes.begin(),
+                        options_.preferred_batch_sizes.end(),
+                        count) != options_.preferred_batch_sizes.end() ||
+              (executor_available_ && executor_available_());
+    // Otherwise wake the scheduler only for a class's first request (a new
+    // deadline); waking it on every arrival would cost a context switch each.
+    if (!due_now && count == 1) new_work_ = true;
   }
-  Queue& queue = queues_[key];
-  queue.pending.push_back(Pending{std::move(task), now, elements});
-  queue.elements += elements;
-  ++queued_;
-  // Wake the scheduler only when this may change what is due: a class's
-  // first request sets a new deadline; a full (or preferred-size) class is
-  // due now. Waking it for every arrival would cost a context switch each.
-  const int count = static_cast<int>(queue.pending.size());
-  if (count == 1 || count >= options_.max_batch_requests ||
-      queue.elements >= options_.max_batch_elements ||
-      std::find(options_.preferred_batch_sizes.begin(),
-                options_.preferred_batch_sizes.end(),
-                count) != options_.preferred_batch_sizes.end()) {
-    new_work_ = true;
-  }
+  // A due batch is formed here rather than after a hop to the scheduler.
+  if (due_now) FormDueBatches();
   return absl::OkStatus();
 }
 
@@ -160,8 +170,9 @@ std::vector<AttentionBatcher::Pending> AttentionBatcher::TakeDueBatch(
   if (fit < count || count >= options_.max_batch_requests) {
     take = fit;  // full
   } else if (stopping_ ||
-             now - queue.pending.front().enqueued >= options_.max_queue_delay) {
-    take = fit;  // the oldest has waited long enough
+             now - queue.pending.front().enqueued >= options_.max_queue_delay ||
+             (executor_available_ && executor_available_())) {
+    take = fit;  // waited long enough, or a thread is free to run it now
   } else {
     for (int size : options_.preferred_batch_sizes) {
       if (size <= count && size > take) take = size;

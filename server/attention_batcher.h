@@ -10,10 +10,13 @@
 // never computed by the kernel), and padded query rows are dropped from the
 // results. Each request's result equals its result alone, to float rounding.
 //
-// A class's batch is handed to the executor as soon as it is full
-// (max_batch_requests, or max_batch_elements of padded input), or when its
-// pending count reaches a preferred batch size, or when its oldest request
-// has waited max_queue_delay. At run time, requests that were cancelled or
+// The batcher is work-conserving: while an executor thread is free, queued
+// requests are handed on at once (holding them would only add latency), and
+// batches grow while every thread is busy. Otherwise a class's batch is
+// handed to the executor as soon as it is full (max_batch_requests, or
+// max_batch_elements of padded input), or when its pending count reaches a
+// preferred batch size, or when its oldest request has waited
+// max_queue_delay. Call OnExecutorIdle whenever an executor thread frees up. At run time, requests that were cancelled or
 // whose deadline passed while queued are answered CANCELLED or
 // DEADLINE_EXCEEDED and not computed. Shutdown hands every queued request on
 // at once (the queues drain; no accepted request is lost).
@@ -97,11 +100,15 @@ class AttentionBatcher {
   using Executor = std::function<absl::Status(std::function<void()>)>;
   // Called once per executed batch (on the executor's thread); may be empty.
   using BatchObserver = std::function<void(const BatchStats&)>;
+  // Whether a closure handed to the executor now would start at once; may
+  // be empty (never: batches wait for size or delay only).
+  using ExecutorAvailable = std::function<bool()>;
 
   // INVALID_ARGUMENT for options out of range.
   static absl::StatusOr<std::unique_ptr<AttentionBatcher>> Create(
       const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
-      Executor executor, BatchObserver observer = {});
+      Executor executor, BatchObserver observer = {},
+      ExecutorAvailable executor_available = {});
 
   AttentionBatcher(const AttentionBatcher&) = delete;
   AttentionBatcher& operator=(const AttentionBatcher&) = delete;
@@ -115,6 +122,9 @@ class AttentionBatcher {
   // Hands every batch that is due at the clock's now to the executor;
   // returns when the next class falls due (InfiniteFuture if none waits).
   absl::Time FormDueBatches();
+
+  // An executor thread has freed up: hands on what is queued. Never blocks.
+  void OnExecutorIdle() { FormDueBatches(); }
 
   // Starts the thread that calls FormDueBatches whenever a class may be due.
   void StartScheduler();
@@ -143,7 +153,7 @@ class AttentionBatcher {
 
   AttentionBatcher(const BatchingOptions& options, attn::Engine* engine,
                    const Clock* clock, Executor executor,
-                   BatchObserver observer);
+                   BatchObserver observer, ExecutorAvailable executor_available);
 
   // Takes the tasks of the next batch off `queue` if one is due at `now`.
   std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now)
@@ -158,6 +168,7 @@ class AttentionBatcher {
   const Clock* const clock_;
   const Executor executor_;
   const BatchObserver observer_;
+  const ExecutorAvailable executor_available_;
 
   mutable absl::Mutex mu_;
   std::map<ClassKey, Queue> queues_ ABSL_GUARDED_BY(mu_);

@@ -134,7 +134,7 @@ TEST_F(BatcherTest, PartialBatchIsSentWhenTheOldestHasWaitedTheDelay) {
 TEST_F(BatcherTest, PreferredSizeIsSentWithoutWaiting) {
   BatchingOptions options;
   options.max_batch_requests = 8;
-  options.preferred_batch_sizes = {2, 4};
+  options.preferred_batch_sizes = {4};
   options.max_queue_delay = absl::Milliseconds(1);
   Make(options);
   std::mt19937 rng(2);
@@ -143,9 +143,10 @@ TEST_F(BatcherTest, PreferredSizeIsSentWithoutWaiting) {
     calls.push_back(MakeCall(rng, 1, 2, 2));
     ASSERT_TRUE(Schedule(calls.back().get()).ok());
   }
-  batcher_->FormDueBatches();
+  // The fourth request made the class reach its preferred size: its batch
+  // was handed on right then, without waiting for the delay.
   ASSERT_EQ(RunExecuted(), 1);
-  EXPECT_EQ(stats_.at(0).requests, 4);  // the largest preferred size
+  EXPECT_EQ(stats_.at(0).requests, 4);
   EXPECT_EQ(batcher_->queue_depth(), 1);
   clock_.Advance(absl::Milliseconds(1));
   batcher_->FormDueBatches();
@@ -286,6 +287,36 @@ INSTANTIATE_TEST_SUITE_P(
                       RaggedCase{true, false, attn::ScoreKind::kGaussian, 0},
                       RaggedCase{true, true, attn::ScoreKind::kDotProduct, 3},
                       RaggedCase{false, false, attn::ScoreKind::kGaussian, 2}));
+
+// Work-conserving: while the executor has a free thread, a request is handed
+// on at once, without waiting for company or the delay.
+TEST_F(BatcherTest, FreeExecutorThreadTakesRequestsAtOnce) {
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  bool available = true;
+  BatchingOptions options;
+  options.max_queue_delay = absl::Hours(1);
+  batcher_ = AttentionBatcher::Create(
+                 options, engine_.get(), &clock_,
+                 [this](std::function<void()> work) {
+                   executed_.push_back(std::move(work));
+                   return absl::OkStatus();
+                 },
+                 {}, [&available] { return available; })
+                 .value();
+  std::mt19937 rng(8);
+  auto a = MakeCall(rng, 1, 2, 3), b = MakeCall(rng, 1, 2, 3),
+       c = MakeCall(rng, 1, 2, 3);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  EXPECT_EQ(RunExecuted(), 1);  // a thread was free: sent alone, at once
+  available = false;
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  ASSERT_TRUE(Schedule(c.get()).ok());
+  EXPECT_EQ(RunExecuted(), 0);  // every thread busy: they wait together
+  available = true;
+  batcher_->OnExecutorIdle();
+  EXPECT_EQ(RunExecuted(), 1);  // b and c in one batch
+  EXPECT_TRUE(b->result.has_value() && c->result.has_value());
+}
 
 TEST_F(BatcherTest, ElementBudgetSplitsBatches) {
   BatchingOptions options;

@@ -237,12 +237,15 @@ int main(int argc, char** argv) {
               raw->BatchExecuted(attnserve::Rpc::kScaledDotProductAttention,
                                  stats.requests, stats.computed_elements,
                                  stats.useful_elements);
-            });
+            },
+            [raw = pool->get()] { return raw->available_threads() > 0; });
     if (!created.ok()) {
       absl::FPrintF(stderr, "attnserve: %s\n", created.status().ToString());
       return 1;
     }
     batcher = *std::move(created);
+    (*pool)->SetIdleCallback(
+        [raw = batcher.get()] { raw->OnExecutorIdle(); });
     batcher->StartScheduler();
   }
   (*metrics)->SetQueueDepthSource(

@@ -44,6 +44,15 @@ int WorkerPool::queue_depth() const {
   return static_cast<int>(queue_.size());
 }
 
+int WorkerPool::available_threads() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_ - static_cast<int>(queue_.size());
+}
+
+void WorkerPool::SetIdleCallback(std::function<void()> on_idle) {
+  on_idle_ = std::move(on_idle);
+}
+
 void WorkerPool::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
@@ -63,12 +72,15 @@ void WorkerPool::Work() {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
+      ++waiting_;
       mu_.Await(absl::Condition(this, &WorkerPool::HasWorkOrStopping));
+      --waiting_;
       if (queue_.empty()) return;  // stopping, and nothing left to run
       task = std::move(queue_.front());
       queue_.pop_front();
     }
     task();
+    if (on_idle_ && queue_depth() == 0) on_idle_();
   }
 }
 

@@ -42,6 +42,15 @@ class WorkerPool {
   // Tasks waiting for a thread now.
   int queue_depth() const;
 
+  // Threads waiting for work beyond the tasks already queued for them: a
+  // task scheduled now would start at once when this is positive.
+  int available_threads() const;
+
+  // Called on a worker thread, with no lock held, each time it finishes a
+  // task and finds the queue empty: a batcher forms its next batch then.
+  // Set before scheduling anything; not thread-safe against Schedule.
+  void SetIdleCallback(std::function<void()> on_idle);
+
   // Refuses new tasks, runs the queued ones, joins the threads. Idempotent.
   void Shutdown();
 
@@ -54,6 +63,8 @@ class WorkerPool {
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads blocked in Await
+  std::function<void()> on_idle_;
   std::vector<std::thread> threads_;  // written only in Create and Shutdown
 };
 
