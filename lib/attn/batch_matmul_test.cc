@@ -39,6 +39,7 @@
 #include "attn/ops.h"
 #include "attn/reference.h"
 #include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
 #include "attn/testing/random.h"
 #include "attn/validate.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,8 @@ namespace attn {
 namespace {
 
 using ::attn::testing::AllClose;
+using ::attn::testing::OptimizedEngine;
+using ::attn::testing::Threads;
 using ::attn::testing::RandomNormal;
 
 constexpr double kU32 = 1.0 / (1 << 24);  // 2^-24
@@ -54,30 +57,6 @@ constexpr double kU16 = 1.0 / (1 << 8);   // 2^-8
 constexpr double kAccumulationLambda = 4.0;
 constexpr double kBf16Lambda = 4.0;
 
-enum class Threads { kDefault, kAlwaysParallel };
-
-void PrintTo(Threads threads, std::ostream* os) {
-  *os << (threads == Threads::kDefault ? "Default" : "AlwaysParallel");
-}
-
-Engine& OptimizedEngine(Threads threads) {
-  static Engine* const engines[2] = {
-      [] {
-        auto engine = Engine::Create(EngineOptions{});
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-      [] {
-        EngineOptions options;
-        options.max_threads = 2;
-        options.single_thread_below_flops = 0.0;
-        auto engine = Engine::Create(options);
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-  };
-  Engine* engine = engines[threads == Threads::kDefault ? 0 : 1];
-  if (engine == nullptr) std::abort();
-  return *engine;
-}
 
 Tensor Reference(const BatchMatmulRequest& request) {
   absl::StatusOr<Plan<BatchMatmulParams>> plan = ValidateBatchMatmul(request);

@@ -16,6 +16,7 @@
 #include "attn/ops.h"
 #include "attn/reference.h"
 #include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
 #include "attn/testing/random.h"
 #include "attn/validate.h"
 #include "gtest/gtest.h"
@@ -24,6 +25,8 @@ namespace attn {
 namespace {
 
 using ::attn::testing::AllClose;
+using ::attn::testing::OptimizedEngine;
+using ::attn::testing::Threads;
 using ::attn::testing::AllExactly;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
@@ -44,30 +47,6 @@ constexpr double kRowSumTol = 1e-5;
 // Which engine runs the optimized kernel: the default options (small calls
 // run on the calling thread) or one that always uses its OpenMP threads, so
 // the parallel paths are exercised on test-sized inputs too.
-enum class Threads { kDefault, kAlwaysParallel };
-
-void PrintTo(Threads threads, std::ostream* os) {
-  *os << (threads == Threads::kDefault ? "Default" : "AlwaysParallel");
-}
-
-Engine& OptimizedEngine(Threads threads) {
-  static Engine* const engines[2] = {
-      [] {
-        auto engine = Engine::Create(EngineOptions{});
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-      [] {
-        EngineOptions options;
-        options.max_threads = 2;
-        options.single_thread_below_flops = 0.0;
-        auto engine = Engine::Create(options);
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-  };
-  Engine* engine = engines[threads == Threads::kDefault ? 0 : 1];
-  if (engine == nullptr) std::abort();
-  return *engine;
-}
 
 // The reference backend run directly on the validated request.
 Tensor Reference(const MaskedSoftmaxRequest& request) {

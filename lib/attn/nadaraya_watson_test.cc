@@ -34,6 +34,7 @@
 #include "attn/ops.h"
 #include "attn/reference.h"
 #include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
 #include "attn/testing/random.h"
 #include "attn/validate.h"
 #include "gtest/gtest.h"
@@ -42,6 +43,8 @@ namespace attn {
 namespace {
 
 using ::attn::testing::AllClose;
+using ::attn::testing::OptimizedEngine;
+using ::attn::testing::Threads;
 using ::attn::testing::AllExactly;
 
 constexpr double kU32 = 1.0 / (1 << 24);
@@ -49,30 +52,6 @@ constexpr double kSoftmaxRelTol = 2e-5;
 constexpr double kAbsTol = 1e-6;
 constexpr double kRowSumTol = 1e-5;
 
-enum class Threads { kDefault, kAlwaysParallel };
-
-void PrintTo(Threads threads, std::ostream* os) {
-  *os << (threads == Threads::kDefault ? "Default" : "AlwaysParallel");
-}
-
-Engine& OptimizedEngine(Threads threads) {
-  static Engine* const engines[2] = {
-      [] {
-        auto engine = Engine::Create(EngineOptions{});
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-      [] {
-        EngineOptions options;
-        options.max_threads = 2;
-        options.single_thread_below_flops = 0.0;
-        auto engine = Engine::Create(options);
-        return engine.ok() ? engine->release() : nullptr;
-      }(),
-  };
-  Engine* engine = engines[threads == Threads::kDefault ? 0 : 1];
-  if (engine == nullptr) std::abort();
-  return *engine;
-}
 
 OpResult Reference(const NadarayaWatsonRequest& request) {
   OpResult result;
