@@ -27,9 +27,10 @@ readonly BUILD_PACKAGES=(
 
 # Test tools beyond the build: Debian's python3 and venv for the Python client
 # test (its grpcio and numpy come from PyPI into a cached venv), curl and
-# promtool (package prometheus) for the end-to-end test's metrics checks.
+# promtool (package prometheus) for the end-to-end test's metrics checks,
+# clang for the thread-safety analysis test.
 readonly TEST_PACKAGES=(
-  python3 python3-venv curl prometheus
+  python3 python3-venv curl prometheus clang
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own
