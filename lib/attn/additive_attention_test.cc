@@ -42,6 +42,7 @@ namespace {
 
 using ::attn::testing::AllClose;
 using ::attn::testing::OptimizedEngine;
+using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::AllExactly;
 using ::attn::testing::RandomLengths;
@@ -57,21 +58,9 @@ constexpr double kRowSumTol = 1e-5;
 // The reference backend on the validated request; weights filled when the
 // request asks for them.
 OpResult Reference(const AdditiveAttentionRequest& request) {
-  OpResult result;
-  absl::StatusOr<Plan<AdditiveAttentionParams>> plan =
-      ValidateAdditiveAttention(request);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return result;
-  result.output = Tensor::Zeros(plan->output_shape);
-  plan->params.out = result.output.data.data();
-  if (!plan->weights_shape.empty()) {
-    result.weights = Tensor::Zeros(plan->weights_shape);
-    plan->params.weights = result.weights.data.data();
-  }
-  ReferenceBackend reference;
-  EXPECT_TRUE(reference.AdditiveAttention(plan->params).ok());
-  result.implementation = reference.name();
-  return result;
+  absl::StatusOr<OpResult> result = ReferenceEngine().AdditiveAttention(request);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *std::move(result) : OpResult{};
 }
 
 OpResult Optimized(const AdditiveAttentionRequest& request, Threads threads) {

@@ -49,6 +49,7 @@ namespace {
 
 using ::attn::testing::AllClose;
 using ::attn::testing::OptimizedEngine;
+using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::RandomNormal;
 
@@ -59,14 +60,9 @@ constexpr double kBf16Lambda = 4.0;
 
 
 Tensor Reference(const BatchMatmulRequest& request) {
-  absl::StatusOr<Plan<BatchMatmulParams>> plan = ValidateBatchMatmul(request);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return Tensor{};
-  Tensor out = Tensor::Zeros(plan->output_shape);
-  plan->params.out = out.data.data();
-  ReferenceBackend reference;
-  EXPECT_TRUE(reference.BatchMatmul(plan->params).ok());
-  return out;
+  absl::StatusOr<OpResult> result = ReferenceEngine().BatchMatmul(request);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? std::move(result->output) : Tensor{};
 }
 
 Tensor Optimized(const BatchMatmulRequest& request, Threads threads) {

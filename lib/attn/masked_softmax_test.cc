@@ -26,6 +26,7 @@ namespace {
 
 using ::attn::testing::AllClose;
 using ::attn::testing::OptimizedEngine;
+using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::AllExactly;
 using ::attn::testing::RandomLengths;
@@ -44,21 +45,11 @@ constexpr double kWeightRelTol = 2e-5;
 // |sum of a row - 1| for a row with at least one valid position.
 constexpr double kRowSumTol = 1e-5;
 
-// Which engine runs the optimized kernel: the default options (small calls
-// run on the calling thread) or one that always uses its OpenMP threads, so
-// the parallel paths are exercised on test-sized inputs too.
-
-// The reference backend run directly on the validated request.
+// The reference engine (double accumulation) on the same request.
 Tensor Reference(const MaskedSoftmaxRequest& request) {
-  absl::StatusOr<Plan<MaskedSoftmaxParams>> plan =
-      ValidateMaskedSoftmax(request);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return Tensor{};
-  Tensor out = Tensor::Zeros(plan->output_shape);
-  plan->params.out = out.data.data();
-  ReferenceBackend reference;
-  EXPECT_TRUE(reference.MaskedSoftmax(plan->params).ok());
-  return out;
+  absl::StatusOr<OpResult> result = ReferenceEngine().MaskedSoftmax(request);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? std::move(result->output) : Tensor{};
 }
 
 // Runs the optimized engine, asserting it really was the optimized backend.

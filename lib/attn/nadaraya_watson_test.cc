@@ -44,6 +44,7 @@ namespace {
 
 using ::attn::testing::AllClose;
 using ::attn::testing::OptimizedEngine;
+using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::AllExactly;
 
@@ -54,21 +55,9 @@ constexpr double kRowSumTol = 1e-5;
 
 
 OpResult Reference(const NadarayaWatsonRequest& request) {
-  OpResult result;
-  absl::StatusOr<Plan<NadarayaWatsonParams>> plan =
-      ValidateNadarayaWatson(request);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return result;
-  result.output = Tensor::Zeros(plan->output_shape);
-  plan->params.out = result.output.data.data();
-  if (!plan->weights_shape.empty()) {
-    result.weights = Tensor::Zeros(plan->weights_shape);
-    plan->params.weights = result.weights.data.data();
-  }
-  ReferenceBackend reference;
-  EXPECT_TRUE(reference.NadarayaWatson(plan->params).ok());
-  result.implementation = reference.name();
-  return result;
+  absl::StatusOr<OpResult> result = ReferenceEngine().NadarayaWatson(request);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *std::move(result) : OpResult{};
 }
 
 OpResult Optimized(const NadarayaWatsonRequest& request, Threads threads) {
