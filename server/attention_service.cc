@@ -101,9 +101,11 @@ void AttentionService::Complete(
     return;
   }
   metrics_->KernelRun(rpc, *implementation, kernel);
-  info->set_implementation(*implementation);
-  info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
-  info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+  if (info != nullptr) {
+    info->set_implementation(*implementation);
+    info->set_kernel_seconds(absl::ToDoubleSeconds(kernel));
+    info->set_queue_seconds(absl::ToDoubleSeconds(started - received));
+  }
   const size_t bytes = response->ByteSizeLong();
   if (static_cast<int64_t>(bytes) > limits_.max_response_bytes) {
     response->Clear();
@@ -198,7 +200,7 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
 
 namespace {
 
-absl::StatusOr<attn::AttentionRequest> DecodeAttention(
+absl::StatusOr<attn::AttentionRequest> DecodeAttentionRequest(
     const v1::AttentionRequest& request, ElementBudget* budget,
     DecodeStorage* storage) {
   attn::AttentionRequest op;
@@ -230,35 +232,42 @@ absl::StatusOr<attn::AttentionRequest> DecodeAttention(
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
-  if (batcher_ != nullptr) {
-    return ServeBatchedAttention(context, request, response);
-  }
-  return Serve(
+  return ServeAttention(
       Rpc::kScaledDotProductAttention, context, response,
       response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
-                                DecodeStorage* storage) -> absl::StatusOr<Work> {
-        ASSIGN_OR_RETURN(attn::AttentionRequest op,
-                         DecodeAttention(*request, budget, storage));
-        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
-          ASSIGN_OR_RETURN(attn::OpResult result, engine_->Attention(op));
-          EncodeResult(result, request->output_encoding(), response);
-          return result.implementation;
-        });
+      [request](ElementBudget* budget, DecodeStorage* storage) {
+        return DecodeAttentionRequest(*request, budget, storage);
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
       });
 }
 
-grpc::ServerUnaryReactor* AttentionService::ServeBatchedAttention(
-    grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
-    v1::AttentionResponse* response) {
-  constexpr Rpc kRpc = Rpc::kScaledDotProductAttention;
+grpc::ServerUnaryReactor* AttentionService::ServeAttention(
+    Rpc rpc, grpc::CallbackServerContext* context,
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const DecodeAttention& decode, EncodeAttention encode) {
+  if (batcher_ == nullptr) {
+    return Serve(rpc, context, response, info,
+                 [this, &decode, encode](ElementBudget* budget,
+                                         DecodeStorage* storage)
+                     -> absl::StatusOr<Work> {
+                   ASSIGN_OR_RETURN(attn::AttentionRequest op,
+                                    decode(budget, storage));
+                   return Work([this, op, encode]() -> absl::StatusOr<std::string> {
+                     ASSIGN_OR_RETURN(attn::OpResult result,
+                                      engine_->Attention(op));
+                     encode(result);
+                     return result.implementation;
+                   });
+                 });
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
-  const Finish finish = StartCall(kRpc, reactor, received);
+  const Finish finish = StartCall(rpc, reactor, received);
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
-  absl::StatusOr<attn::AttentionRequest> op =
-      DecodeAttention(*request, &budget, storage.get());
+  absl::StatusOr<attn::AttentionRequest> op = decode(&budget, storage.get());
   if (!op.ok()) {
     finish(op.status());
     return reactor;
@@ -267,18 +276,16 @@ grpc::ServerUnaryReactor* AttentionService::ServeBatchedAttention(
   task->request = *std::move(op);
   task->deadline = absl::FromChrono(context->deadline());
   task->cancelled = [context] { return context->IsCancelled(); };
-  task->done = [this, request, response, finish, received, storage](
-                   absl::StatusOr<attn::OpResult> result,
-                   const BatchTiming& timing) {
-    metrics_->QueueWait(kRpc, timing.started - received);
+  task->done = [this, rpc, response, info, encode = std::move(encode), finish,
+                received, storage](absl::StatusOr<attn::OpResult> result,
+                                   const BatchTiming& timing) {
+    metrics_->QueueWait(rpc, timing.started - received);
     absl::StatusOr<std::string> implementation =
         result.ok() ? absl::StatusOr<std::string>(result->implementation)
                     : absl::StatusOr<std::string>(result.status());
-    if (result.ok()) {
-      EncodeResult(*result, request->output_encoding(), response);
-    }
-    Complete(kRpc, response, response->mutable_info(), received,
-             timing.started, timing.kernel, implementation, finish);
+    if (result.ok()) encode(*result);
+    Complete(rpc, response, info, received, timing.started, timing.kernel,
+             implementation, finish);
   };
   const absl::Status scheduled = batcher_->Schedule(std::move(task));
   if (!scheduled.ok()) finish(scheduled);

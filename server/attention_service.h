@@ -70,7 +70,11 @@ class AttentionService final
       const attention::v1::FitBandwidthRequest* request,
       attention::v1::FitBandwidthResponse* response) override;
 
- private:
+ 
+  // The building blocks the KServe service (server/inference_service.h)
+  // shares, so that both APIs go through the same pool, batcher, limits and
+  // metrics.
+
   // The kernel step of one call, run on a worker: computes, fills the
   // response and returns the name of the implementation that ran.
   using Work = std::function<absl::StatusOr<std::string>()>;
@@ -78,13 +82,28 @@ class AttentionService final
   // the Work. Views it makes may point into `storage`.
   using Prepare =
       std::function<absl::StatusOr<Work>(ElementBudget*, DecodeStorage*)>;
+  // Decodes an attention request on the gRPC thread (views may point into
+  // `storage`), and encodes a computed result into the response.
+  using DecodeAttention = std::function<absl::StatusOr<attn::AttentionRequest>(
+      ElementBudget*, DecodeStorage*)>;
+  using EncodeAttention = std::function<void(const attn::OpResult&)>;
 
-  using Finish = std::function<void(const absl::Status&)>;
-
+  // Serves one call: decode (here), compute (on the pool), finish. `info`
+  // may be null (a response without ExecutionInfo).
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,
                                   attention::v1::ExecutionInfo* info,
                                   const Prepare& prepare);
+  // Serves one attention call through the batcher when there is one, else
+  // like Serve.
+  grpc::ServerUnaryReactor* ServeAttention(
+      Rpc rpc, grpc::CallbackServerContext* context,
+      google::protobuf::Message* response, attention::v1::ExecutionInfo* info,
+      const DecodeAttention& decode, EncodeAttention encode);
+
+ private:
+  using Finish = std::function<void(const absl::Status&)>;
+
   // Starts a call: counts it in flight and returns what finishes it.
   Finish StartCall(Rpc rpc, grpc::ServerUnaryReactor* reactor,
                    absl::Time received);
@@ -95,10 +114,6 @@ class AttentionService final
                 absl::Time started, absl::Duration kernel,
                 const absl::StatusOr<std::string>& implementation,
                 const Finish& finish);
-  grpc::ServerUnaryReactor* ServeBatchedAttention(
-      grpc::CallbackServerContext* context,
-      const attention::v1::AttentionRequest* request,
-      attention::v1::AttentionResponse* response);
 
   attn::Engine* const engine_;
   WorkerPool* const pool_;
