@@ -88,6 +88,8 @@ class AttentionService final
       ElementBudget*, DecodeStorage*)>;
   using EncodeAttention = std::function<void(const attn::OpResult&)>;
 
+  attn::Engine* engine() const { return engine_; }
+
   // Serves one call: decode (here), compute (on the pool), finish. `info`
   // may be null (a response without ExecutionInfo).
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,

@@ -1,6 +1,7 @@
 // attnserve: the gRPC front of the attention kernel library.
 //
-// Serves attention.v1.AttentionService, the standard grpc.health.v1.Health
+// Serves attention.v1.AttentionService, the KServe v2 / Triton-compatible
+// inference.GRPCInferenceService, the standard grpc.health.v1.Health
 // service (SERVING once ready, NOT_SERVING while draining) and server
 // reflection on --grpc_port, and Prometheus metrics at
 // http://--host:--metrics_port/metrics. Everything that can fail (engine,
@@ -45,6 +46,7 @@
 #include "server/attention_batcher.h"
 #include "server/attention_service.h"
 #include "server/clock.h"
+#include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -260,6 +262,8 @@ int main(int argc, char** argv) {
   limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
                                       batcher.get(), metrics->get(), limits);
+  attnserve::InferenceService inference(&service, batcher != nullptr,
+                                        absl::GetFlag(FLAGS_max_batch_size));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -273,6 +277,7 @@ int main(int argc, char** argv) {
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &bound_port);
   builder.RegisterService(&service);
+  builder.RegisterService(&inference);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -283,6 +288,7 @@ int main(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus("attention.v1.AttentionService", true);
+  health->SetServingStatus("inference.GRPCInferenceService", true);
   absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n", host,
                 metrics_ports.empty() ? 0 : metrics_ports.front());
   absl::FPrintF(stderr, "attnserve listening on %s:%d\n", host, bound_port);
@@ -294,6 +300,7 @@ int main(int argc, char** argv) {
                 signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
                 drain_notice_ms, grace_period_ms);
   health->SetServingStatus(false);
+  inference.SetReady(false);
   absl::SleepFor(absl::Milliseconds(drain_notice_ms));
   const absl::Time drain_deadline =
       absl::Now() + absl::Milliseconds(grace_period_ms);

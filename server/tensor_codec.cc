@@ -41,50 +41,74 @@ absl::Status ElementBudget::Take(absl::string_view field, int64_t elements) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<attn::TensorView> DecodeFloatValues(
+    absl::string_view field, attn::Shape shape, const float* values,
+    int64_t count, ElementBudget* budget) {
+  attn::TensorView view;
+  view.shape = std::move(shape);
+  ASSIGN_OR_RETURN(const int64_t expected,
+                   attn::CheckedNumElements(field, view.shape));
+  RETURN_IF_ERROR(budget->Take(field, expected));
+  if (count != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": shape ", attn::ShapeToString(view.shape), " needs ",
+        expected, " values, got ", count));
+  }
+  view.data = values;
+  RETURN_IF_ERROR(CheckFinite(field, view.data, expected));
+  return view;
+}
+
+absl::StatusOr<attn::TensorView> DecodeRawFloats(absl::string_view field,
+                                                 attn::Shape shape,
+                                                 const std::string& raw,
+                                                 ElementBudget* budget,
+                                                 DecodeStorage* storage) {
+  attn::TensorView view;
+  view.shape = std::move(shape);
+  ASSIGN_OR_RETURN(const int64_t count,
+                   attn::CheckedNumElements(field, view.shape));
+  RETURN_IF_ERROR(budget->Take(field, count));
+  if (static_cast<int64_t>(raw.size()) != 4 * count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": shape ", attn::ShapeToString(view.shape), " needs ",
+        4 * count, " raw bytes (little-endian float32), got ", raw.size()));
+  }
+  if (reinterpret_cast<uintptr_t>(raw.data()) % alignof(float) == 0) {
+    view.data = reinterpret_cast<const float*>(raw.data());
+  } else {
+    attn::FloatBuffer& copy = storage->emplace_back(count);
+    std::memcpy(copy.data(), raw.data(), raw.size());
+    view.data = copy.data();
+  }
+  RETURN_IF_ERROR(CheckFinite(field, view.data, count));
+  return view;
+}
+
 absl::StatusOr<attn::TensorView> DecodeTensor(
     absl::string_view field, const attention::v1::Tensor& tensor,
     ElementBudget* budget, DecodeStorage* storage) {
-  attn::TensorView view;
-  view.shape = ShapeOf(tensor.shape());
+  attn::Shape shape = ShapeOf(tensor.shape());
   const bool has_values = !tensor.values().empty();
   const bool has_raw = !tensor.raw().empty();
-  if (view.shape.empty() && !has_values && !has_raw) return view;
+  if (shape.empty() && !has_values && !has_raw) return attn::TensorView{};
   if (has_values && has_raw) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": set exactly one of values and raw, not both"));
   }
-  ASSIGN_OR_RETURN(const int64_t count,
-                   attn::CheckedNumElements(field, view.shape));
-  RETURN_IF_ERROR(budget->Take(field, count));
-  if (has_values) {
-    if (tensor.values_size() != count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": shape ", attn::ShapeToString(view.shape), " needs ", count,
-          " values, got ", tensor.values_size()));
-    }
-    view.data = tensor.values().data();
-  } else {
-    const std::string& raw = tensor.raw();
-    if (static_cast<int64_t>(raw.size()) != 4 * count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": shape ", attn::ShapeToString(view.shape), " needs ",
-          4 * count, " raw bytes (little-endian float32), got ", raw.size()));
-    }
-    if (reinterpret_cast<uintptr_t>(raw.data()) % alignof(float) == 0) {
-      view.data = reinterpret_cast<const float*>(raw.data());
-    } else {
-      attn::FloatBuffer& copy = storage->emplace_back(count);
-      std::memcpy(copy.data(), raw.data(), raw.size());
-      view.data = copy.data();
-    }
+  if (has_raw) {
+    return DecodeRawFloats(field, std::move(shape), tensor.raw(), budget,
+                           storage);
   }
-  if (view.data == nullptr) {
+  if (!has_values) {
+    // Checked first so that an empty tensor's error names its shape.
+    RETURN_IF_ERROR(attn::CheckedNumElements(field, shape).status());
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape ", attn::ShapeToString(view.shape),
+        field, ": shape ", attn::ShapeToString(shape),
         " given without data (set values or raw)"));
   }
-  RETURN_IF_ERROR(CheckFinite(field, view.data, count));
-  return view;
+  return DecodeFloatValues(field, std::move(shape), tensor.values().data(),
+                           tensor.values_size(), budget);
 }
 
 absl::StatusOr<attn::LengthsView> DecodeLengths(

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -44,6 +45,18 @@ using DecodeStorage = std::deque<attn::FloatBuffer>;
 absl::StatusOr<attn::TensorView> DecodeTensor(
     absl::string_view field, const attention::v1::Tensor& tensor,
     ElementBudget* budget, DecodeStorage* storage);
+
+// The two encodings on their own (the KServe service carries them in other
+// messages): float32 `values`, or little-endian float32 `raw` bytes, for a
+// tensor of `shape`; the same checks as DecodeTensor.
+absl::StatusOr<attn::TensorView> DecodeFloatValues(
+    absl::string_view field, attn::Shape shape, const float* values,
+    int64_t count, ElementBudget* budget);
+absl::StatusOr<attn::TensorView> DecodeRawFloats(absl::string_view field,
+                                                 attn::Shape shape,
+                                                 const std::string& raw,
+                                                 ElementBudget* budget,
+                                                 DecodeStorage* storage);
 
 // An unset Lengths (no shape, no values) decodes to "no valid lengths".
 absl::StatusOr<attn::LengthsView> DecodeLengths(

@@ -1,0 +1,96 @@
+// The KServe v2 / Open Inference Protocol gRPC service
+// (inference.GRPCInferenceService), with the Triton extensions its tools
+// need (ModelConfig, RepositoryIndex), on the same port as attention.v1.
+//
+// Each operation is a model with fixed tensor names (see README, "KServe v2"):
+// masked_softmax, batch_matmul, dot_product_attention, nadaraya_watson.
+// Inputs come as raw_input_contents or typed contents (FP32; INT32 or INT64
+// for valid_lens); outputs always go back as raw_output_contents, one per
+// output in order. attention_weights are computed only when requested by
+// name. Inference goes through the AttentionService's building blocks, so the
+// pool, the batcher, the limits and the metrics are the same as the typed
+// API's. ModelStatistics answers UNIMPLEMENTED and "statistics" is not
+// listed among the extensions, so tools do not ask for it.
+//
+// Thread-safe; borrows `calls`, which must outlive it.
+#ifndef ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
+#define ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/attention_service.h"
+
+namespace attnserve {
+
+class InferenceService final
+    : public inference::GRPCInferenceService::CallbackService {
+ public:
+  // `batching`: whether dot_product_attention goes through a batcher (its
+  // ModelConfig then reports dynamic_batching and a max_batch_size).
+  InferenceService(AttentionService* calls, bool batching, int max_batch_size);
+
+  // ServerReady and ModelReady report this; false while draining.
+  void SetReady(bool ready) { ready_.store(ready); }
+
+  grpc::ServerUnaryReactor* ServerLive(
+      grpc::CallbackServerContext* context,
+      const inference::ServerLiveRequest* request,
+      inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(
+      grpc::CallbackServerContext* context,
+      const inference::ServerReadyRequest* request,
+      inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(
+      grpc::CallbackServerContext* context,
+      const inference::ModelReadyRequest* request,
+      inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(
+      grpc::CallbackServerContext* context,
+      const inference::ServerMetadataRequest* request,
+      inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(
+      grpc::CallbackServerContext* context,
+      const inference::ModelMetadataRequest* request,
+      inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelConfig(
+      grpc::CallbackServerContext* context,
+      const inference::ModelConfigRequest* request,
+      inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryIndexRequest* request,
+      inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(
+      grpc::CallbackServerContext* context,
+      const inference::ModelInferRequest* request,
+      inference::ModelInferResponse* response) override;
+
+  // The tensors of a served model, as ModelMetadata reports them.
+  struct TensorSpec {
+    std::string name;
+    std::string datatype;
+    std::vector<int64_t> shape;  // -1: variable; batch dim first if batched
+    bool optional = false;
+  };
+  struct ModelSpec {
+    std::string name;
+    Rpc rpc;  // whose metrics and limits it shares
+    std::vector<TensorSpec> inputs;
+    std::vector<TensorSpec> outputs;
+    std::vector<std::string> default_outputs;  // when none are requested
+  };
+  static const std::vector<ModelSpec>& Models();
+
+ private:
+  AttentionService* const calls_;
+  const bool batching_;
+  const int max_batch_size_;
+  std::atomic<bool> ready_{true};
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
