@@ -25,7 +25,7 @@ build: deps
 # Runs in the foreground with the default flags; pass more with
 # `make run ARGS='--grpc_port=9001'`. Ctrl-C drains and exits 0.
 run: build
-	exec $(SERVER) $(ARGS)
+	exec $(SERVER) --model_repository=deploy/models $(ARGS)
 
 test: test-deps build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)

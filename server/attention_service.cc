@@ -76,12 +76,14 @@ void EncodeResult(const attn::OpResult& result, v1::TensorEncoding encoding,
 AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
                                    AttentionBatcher* batcher,
                                    ServiceMetrics* metrics,
-                                   const ServiceLimits& limits)
+                                   const ServiceLimits& limits,
+                                   ModelRepository* repository)
     : engine_(engine),
       pool_(pool),
       batcher_(batcher),
       metrics_(metrics),
-      limits_(limits) {}
+      limits_(limits),
+      repository_(repository) {}
 
 AttentionService::Finish AttentionService::StartCall(
     Rpc rpc, grpc::ServerUnaryReactor* reactor, absl::Time received) {
@@ -300,12 +302,21 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
       Rpc::kAdditiveAttention, context, response, response->mutable_info(),
       [this, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<Work> {
-        if (request->has_weights_name()) {
-          return absl::UnimplementedError(
-              "weights_name: named server-held weights are not served yet; "
-              "send the weights inline");
-        }
         attn::AdditiveAttentionRequest op;
+        std::shared_ptr<const RepositoryModel> held;
+        if (request->has_weights_name()) {
+          held = repository_ == nullptr
+                     ? nullptr
+                     : repository_->Find(request->weights_name());
+          if (held == nullptr || held->config.backend() != "additive_attention") {
+            return absl::NotFoundError(absl::StrCat(
+                "weights_name: no additive_attention model '",
+                request->weights_name(), "' in the model repository"));
+          }
+          op.w_q = held->tensors.at("W_q").view();
+          op.w_k = held->tensors.at("W_k").view();
+          op.w_v = held->tensors.at("w_v").view();
+        }
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
                                                   budget, storage));
@@ -313,17 +324,20 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
                          DecodeTensor("keys", request->keys(), budget, storage));
         ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
                                                  budget, storage));
-        const v1::AdditiveWeights& weights = request->weights();
-        ASSIGN_OR_RETURN(op.w_q, DecodeTensor("weights.w_q", weights.w_q(),
-                                              budget, storage));
-        ASSIGN_OR_RETURN(op.w_k, DecodeTensor("weights.w_k", weights.w_k(),
-                                              budget, storage));
-        ASSIGN_OR_RETURN(op.w_v, DecodeTensor("weights.w_v", weights.w_v(),
-                                              budget, storage));
+        if (held == nullptr) {
+          const v1::AdditiveWeights& weights = request->weights();
+          ASSIGN_OR_RETURN(op.w_q, DecodeTensor("weights.w_q", weights.w_q(),
+                                                budget, storage));
+          ASSIGN_OR_RETURN(op.w_k, DecodeTensor("weights.w_k", weights.w_k(),
+                                                budget, storage));
+          ASSIGN_OR_RETURN(op.w_v, DecodeTensor("weights.w_v", weights.w_v(),
+                                                budget, storage));
+        }
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
         op.return_weights = request->return_weights();
-        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+        // `held` keeps repository weights alive while the kernel reads them.
+        return Work([this, op, held, request, response]() -> absl::StatusOr<std::string> {
           absl::StatusOr<attn::OpResult> computed =
               engine_->AdditiveAttention(op);
           if (!computed.ok()) return WithWireNames(computed.status());
@@ -387,9 +401,17 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
         // A cancelled call (client, deadline, shutdown) stops the fit at the
         // next epoch instead of holding a worker.
         op.stop_requested = [context] { return context->IsCancelled(); };
-        return Work([this, op, response]() -> absl::StatusOr<std::string> {
+        if (!request->save_as().empty() && repository_ == nullptr) {
+          return absl::FailedPreconditionError(
+              "save_as: the server runs without --model_repository");
+        }
+        return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
                            engine_->FitBandwidth(op));
+          if (!request->save_as().empty()) {
+            RETURN_IF_ERROR(
+                repository_->SaveBandwidth(request->save_as(), result.bandwidth));
+          }
           response->set_bandwidth(result.bandwidth);
           response->mutable_loss_per_epoch()->Assign(
               result.loss_per_epoch.begin(), result.loss_per_epoch.end());

@@ -22,6 +22,7 @@
 #include "attn/engine.h"
 #include "server/attention_batcher.h"
 #include "server/metrics.h"
+#include "server/model_repository.h"
 #include "server/tensor_codec.h"
 #include "server/worker_pool.h"
 
@@ -41,9 +42,12 @@ class AttentionService final
   // `batcher` may be null: every request then runs alone on the pool.
   // ScaledDotProductAttention requests go through the batcher when given;
   // the other RPCs always run alone.
+  // `repository` may be null: weights_name and save_as then fail with
+  // FAILED_PRECONDITION.
   AttentionService(attn::Engine* engine, WorkerPool* pool,
                    AttentionBatcher* batcher, ServiceMetrics* metrics,
-                   const ServiceLimits& limits);
+                   const ServiceLimits& limits,
+                   ModelRepository* repository = nullptr);
 
   grpc::ServerUnaryReactor* MaskedSoftmax(
       grpc::CallbackServerContext* context,
@@ -89,6 +93,7 @@ class AttentionService final
   using EncodeAttention = std::function<void(const attn::OpResult&)>;
 
   attn::Engine* engine() const { return engine_; }
+  ModelRepository* repository() const { return repository_; }
 
   // Serves one call: decode (here), compute (on the pool), finish. `info`
   // may be null (a response without ExecutionInfo).
@@ -122,6 +127,7 @@ class AttentionService final
   AttentionBatcher* const batcher_;
   ServiceMetrics* const metrics_;
   const ServiceLimits limits_;
+  ModelRepository* const repository_;
 };
 
 }  // namespace attnserve

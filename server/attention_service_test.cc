@@ -388,8 +388,9 @@ TEST_P(ServiceTest, BadInputNamesTheField) {
   named.set_weights_name("mlp-1");
   grpc::ClientContext context;
   v1::AdditiveAttentionResponse response;
+  // No repository in this server: named weights cannot be found.
   EXPECT_EQ(stub_->AdditiveAttention(&context, named, &response).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+            grpc::StatusCode::NOT_FOUND);
 }
 
 // Many clients at once, with ragged shapes: every response is its own

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attn/status_macros.h"
@@ -25,24 +26,16 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-const InferenceService::ModelSpec* FindModel(const std::string& name) {
-  for (const InferenceService::ModelSpec& model : InferenceService::Models()) {
-    if (model.name == name) return &model;
-  }
-  return nullptr;
-}
-
-absl::Status UnknownModel(const std::string& name) {
-  std::vector<std::string> names;
-  for (const auto& model : InferenceService::Models()) names.push_back(model.name);
-  return absl::NotFoundError(absl::StrCat("model '", name, "' is not served; ",
-                                          "served: ", absl::StrJoin(names, ", ")));
-}
-
-absl::Status CheckVersion(const std::string& version) {
-  if (version.empty() || version == kVersion) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model version '", version,
-                                          "' is not served; served: 1"));
+InferenceService::ModelSpec AdditiveSpec(const std::string& name) {
+  return {name,
+          Rpc::kAdditiveAttention,
+          {{"queries", "FP32", {-1, -1, -1}},
+           {"keys", "FP32", {-1, -1, -1}},
+           {"values", "FP32", {-1, -1, -1}},
+           {"valid_lens", "INT32", {-1}, true}},
+          {{"output", "FP32", {-1, -1, -1}},
+           {"attention_weights", "FP32", {-1, -1, -1}}},
+          {"output"}};
 }
 
 // The decoded inputs of one ModelInfer call, by name.
@@ -198,6 +191,27 @@ void Respond(const inference::ModelInferRequest& request,
   for (const std::string& name : names) AddOutput(name, *tensors.at(name), response);
 }
 
+// The library names some arguments differently from the models' inputs
+// (masked_softmax's x is X; batch_matmul's a and b are X and Y): say the
+// input's name in errors.
+absl::Status WithInputNames(const std::string& model, absl::Status status) {
+  static const auto* const renames =
+      new std::map<std::string, std::vector<std::pair<std::string, std::string>>>{
+          {"masked_softmax", {{"x:", "X"}}},
+          {"batch_matmul", {{"a:", "X"}, {"b:", "Y"}}}};
+  auto it = renames->find(model);
+  if (status.ok() || it == renames->end()) return status;
+  for (const auto& [prefix, input] : it->second) {
+    if (absl::StartsWith(status.message(), prefix)) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat("input '", input, "'",
+                       status.message().substr(prefix.size() - 1)));
+    }
+  }
+  return status;
+}
+
 absl::StatusOr<attn::RegressionKernel> KernelParameter(
     const inference::ModelInferRequest& request) {
   auto it = request.parameters().find("kernel");
@@ -265,6 +279,51 @@ InferenceService::InferenceService(AttentionService* calls, bool batching,
                                    int max_batch_size)
     : calls_(calls), batching_(batching), max_batch_size_(max_batch_size) {}
 
+std::vector<std::string> InferenceService::ModelNames() const {
+  std::vector<std::string> names;
+  for (const ModelSpec& model : Models()) names.push_back(model.name);
+  if (calls_->repository() != nullptr) {
+    for (const std::string& name : calls_->repository()->Names()) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+absl::StatusOr<InferenceService::Resolved> InferenceService::Resolve(
+    const std::string& name, const std::string& version) const {
+  Resolved resolved;
+  bool found = false;
+  for (const ModelSpec& model : Models()) {
+    if (model.name == name) {
+      resolved.spec = model;
+      found = true;
+    }
+  }
+  if (!found && calls_->repository() != nullptr) {
+    resolved.held = calls_->repository()->Find(name);
+    if (resolved.held != nullptr) {
+      found = true;
+      if (resolved.held->config.backend() == "additive_attention") {
+        resolved.spec = AdditiveSpec(name);
+      } else {
+        resolved.spec = Models().back();  // nadaraya_watson's tensors
+        resolved.spec.name = name;
+      }
+    }
+  }
+  if (!found) {
+    return absl::NotFoundError(absl::StrCat("model '", name,
+                                            "' is not served; served: ",
+                                            absl::StrJoin(ModelNames(), ", ")));
+  }
+  if (!version.empty() && version != kVersion) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' version '",
+                                            version, "' is not served; served: 1"));
+  }
+  return resolved;
+}
+
 grpc::ServerUnaryReactor* InferenceService::ServerLive(
     grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
     inference::ServerLiveResponse* response) {
@@ -283,8 +342,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(
     grpc::CallbackServerContext* context,
     const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
-  response->set_ready(ready_.load() && FindModel(request->name()) != nullptr &&
-                      CheckVersion(request->version()).ok());
+  response->set_ready(ready_.load() &&
+                      Resolve(request->name(), request->version()).ok());
   return Answer(context, absl::OkStatus());
 }
 
@@ -301,11 +360,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
     grpc::CallbackServerContext* context,
     const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  const ModelSpec* model = FindModel(request->name());
-  if (model == nullptr) return Answer(context, UnknownModel(request->name()));
-  if (absl::Status v = CheckVersion(request->version()); !v.ok()) {
-    return Answer(context, v);
-  }
+  absl::StatusOr<Resolved> resolved = Resolve(request->name(), request->version());
+  if (!resolved.ok()) return Answer(context, resolved.status());
+  const ModelSpec* model = &resolved->spec;
   response->set_name(model->name);
   response->add_versions(kVersion);
   response->set_platform("attnserve");
@@ -328,19 +385,20 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     grpc::CallbackServerContext* context,
     const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  const ModelSpec* model = FindModel(request->name());
-  if (model == nullptr) return Answer(context, UnknownModel(request->name()));
-  if (absl::Status v = CheckVersion(request->version()); !v.ok()) {
-    return Answer(context, v);
-  }
+  absl::StatusOr<Resolved> resolved = Resolve(request->name(), request->version());
+  if (!resolved.ok()) return Answer(context, resolved.status());
+  const ModelSpec* model = &resolved->spec;
   inference::ModelConfig* config = response->mutable_config();
+  if (resolved->held != nullptr) *config = resolved->held->config;
   config->set_name(model->name);
   config->set_platform("attnserve");
-  config->set_backend("attnserve");
-  // Only dot_product_attention goes through the batcher; its first
-  // dimension is then the batch dimension, left out of the config's dims.
-  const bool batched =
-      batching_ && model->rpc == Rpc::kScaledDotProductAttention;
+  if (resolved->held == nullptr) config->set_backend("attnserve");
+  config->clear_input();
+  config->clear_output();
+  // dot_product_attention's first dimension is a batch dimension (left out
+  // of the config's dims); it goes through the dynamic batcher when the
+  // server batches.
+  const bool batched = model->rpc == Rpc::kScaledDotProductAttention;
   config->set_max_batch_size(batched ? max_batch_size_ : 0);
   auto dims = [batched](const TensorSpec& spec) {
     return std::vector<int64_t>(spec.shape.begin() + (batched ? 1 : 0),
@@ -363,7 +421,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     const std::vector<int64_t> d = dims(spec);
     output->mutable_dims()->Assign(d.begin(), d.end());
   }
-  if (batched) config->mutable_dynamic_batching();
+  if (batched && batching_) config->mutable_dynamic_batching();
   return Answer(context, absl::OkStatus());
 }
 
@@ -371,9 +429,9 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
     grpc::CallbackServerContext* context,
     const inference::RepositoryIndexRequest*,
     inference::RepositoryIndexResponse* response) {
-  for (const ModelSpec& model : Models()) {
+  for (const std::string& name : ModelNames()) {
     auto* index = response->add_models();
-    index->set_name(model.name);
+    index->set_name(name);
     index->set_version(kVersion);
     index->set_state(ready_.load() ? "READY" : "UNAVAILABLE");
   }
@@ -384,11 +442,13 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
     grpc::CallbackServerContext* context,
     const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
-  const ModelSpec* model = FindModel(request->model_name());
-  if (model == nullptr) return Answer(context, UnknownModel(request->model_name()));
-  if (absl::Status v = CheckVersion(request->model_version()); !v.ok()) {
-    return Answer(context, v);
-  }
+  absl::StatusOr<Resolved> resolved =
+      Resolve(request->model_name(), request->model_version());
+  if (!resolved.ok()) return Answer(context, resolved.status());
+  // Shared with the closures below: the spec and any repository weights must
+  // outlive the kernel.
+  auto held = std::make_shared<Resolved>(*std::move(resolved));
+  const ModelSpec* model = &held->spec;
   absl::StatusOr<std::vector<std::string>> names =
       RequestedOutputs(*request, *model);
   if (!names.ok()) return Answer(context, names.status());
@@ -430,7 +490,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
   }
   return calls_->Serve(
       model->rpc, context, response, nullptr,
-      [this, model, request, response, decode, inputs, lengths,
+      [this, held, model, request, response, decode, inputs, lengths,
        names = *names](ElementBudget* budget, DecodeStorage* storage)
           -> absl::StatusOr<AttentionService::Work> {
         RETURN_IF_ERROR(decode(budget, storage));
@@ -442,9 +502,10 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             op.valid_lens = lengths();
             return AttentionService::Work(
                 [engine, op, inputs, request, response, names]() -> absl::StatusOr<std::string> {
-                  ASSIGN_OR_RETURN(attn::OpResult r, engine->MaskedSoftmax(op));
-                  Respond(*request, names, {{"Y", &r.output}}, response);
-                  return r.implementation;
+                  absl::StatusOr<attn::OpResult> r = engine->MaskedSoftmax(op);
+                  if (!r.ok()) return WithInputNames("masked_softmax", r.status());
+                  Respond(*request, names, {{"Y", &r->output}}, response);
+                  return r->implementation;
                 });
           }
           case Rpc::kBatchMatmul: {
@@ -453,8 +514,31 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             op.b = inputs->floats["Y"];
             return AttentionService::Work(
                 [engine, op, request, response, names]() -> absl::StatusOr<std::string> {
-                  ASSIGN_OR_RETURN(attn::OpResult r, engine->BatchMatmul(op));
-                  Respond(*request, names, {{"Z", &r.output}}, response);
+                  absl::StatusOr<attn::OpResult> r = engine->BatchMatmul(op);
+                  if (!r.ok()) return WithInputNames("batch_matmul", r.status());
+                  Respond(*request, names, {{"Z", &r->output}}, response);
+                  return r->implementation;
+                });
+          }
+          case Rpc::kAdditiveAttention: {
+            const auto& tensors = held->held->tensors;
+            attn::AdditiveAttentionRequest op;
+            op.queries = inputs->floats["queries"];
+            op.keys = inputs->floats["keys"];
+            op.values = inputs->floats["values"];
+            op.valid_lens = lengths();
+            op.w_q = tensors.at("W_q").view();
+            op.w_k = tensors.at("W_k").view();
+            op.w_v = tensors.at("w_v").view();
+            op.return_weights = Wants(names, "attention_weights");
+            return AttentionService::Work(
+                [engine, op, held, inputs, request, response, names]()
+                    -> absl::StatusOr<std::string> {
+                  ASSIGN_OR_RETURN(attn::OpResult r,
+                                   engine->AdditiveAttention(op));
+                  Respond(*request, names,
+                          {{"output", &r.output}, {"attention_weights", &r.weights}},
+                          response);
                   return r.implementation;
                 });
           }
@@ -464,7 +548,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             op.y_train = inputs->floats["y_train"];
             op.x_query = inputs->floats["x_query"];
             ASSIGN_OR_RETURN(op.kernel, KernelParameter(*request));
-            ASSIGN_OR_RETURN(op.bandwidth, BandwidthParameter(*request));
+            if (held->held != nullptr) {
+              if (request->parameters().count("bandwidth")) {
+                return absl::InvalidArgumentError(absl::StrCat(
+                    "parameter 'bandwidth': model '", model->name,
+                    "' serves its fitted bandwidth"));
+              }
+              op.bandwidth = held->held->tensors.at("bandwidth").data[0];
+            } else {
+              ASSIGN_OR_RETURN(op.bandwidth, BandwidthParameter(*request));
+            }
             op.return_weights = Wants(names, "attention_weights");
             return AttentionService::Work(
                 [engine, op, request, response, names]() -> absl::StatusOr<std::string> {

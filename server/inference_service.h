@@ -3,7 +3,10 @@
 // need (ModelConfig, RepositoryIndex), on the same port as attention.v1.
 //
 // Each operation is a model with fixed tensor names (see README, "KServe v2"):
-// masked_softmax, batch_matmul, dot_product_attention, nadaraya_watson.
+// masked_softmax, batch_matmul, dot_product_attention, nadaraya_watson; and
+// every model of the repository: additive attention with its weights
+// (backend additive_attention, the tensors of dot_product_attention) and
+// fitted Nadaraya-Watson bandwidths (backend nadaraya_watson).
 // Inputs come as raw_input_contents or typed contents (FP32; INT32 or INT64
 // for valid_lens); outputs always go back as raw_output_contents, one per
 // output in order. attention_weights are computed only when requested by
@@ -17,11 +20,15 @@
 #define ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/attention_service.h"
+#include "server/model_repository.h"
 
 namespace attnserve {
 
@@ -82,9 +89,19 @@ class InferenceService final
     std::vector<TensorSpec> outputs;
     std::vector<std::string> default_outputs;  // when none are requested
   };
+  // The built-in models.
   static const std::vector<ModelSpec>& Models();
 
  private:
+  struct Resolved {
+    ModelSpec spec;
+    std::shared_ptr<const RepositoryModel> held;  // null for built-ins
+  };
+  // NOT_FOUND naming the served models.
+  absl::StatusOr<Resolved> Resolve(const std::string& name,
+                                   const std::string& version) const;
+  std::vector<std::string> ModelNames() const;
+
   AttentionService* const calls_;
   const bool batching_;
   const int max_batch_size_;

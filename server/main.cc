@@ -47,6 +47,7 @@
 #include "server/attention_service.h"
 #include "server/clock.h"
 #include "server/inference_service.h"
+#include "server/model_repository.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -71,6 +72,11 @@ ABSL_FLAG(int32_t, kernel_threads, 1,
           "latency steady; raise it for few, large requests.");
 ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, model_repository, "",
+          "Folder of named models (config.pbtxt + weights.safetensors each): "
+          "additive-attention weights and fitted Nadaraya-Watson bandwidths, "
+          "served over KServe and by name in the typed API. `make run` "
+          "points it at deploy/models.");
 ABSL_FLAG(bool, batching, false,
           "Batch concurrent ScaledDotProductAttention requests server-side "
           "(ragged batching by padding). Off by default: on the CPU backend "
@@ -257,11 +263,22 @@ int main(int argc, char** argv) {
                (raw_batcher != nullptr ? raw_batcher->queue_depth() : 0);
       });
 
+  absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
+      attnserve::ModelRepository::Load(absl::GetFlag(FLAGS_model_repository));
+  if (!repository.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", repository.status().ToString());
+    return 1;
+  }
+  for (const std::string& name : (*repository)->Names()) {
+    absl::FPrintF(stderr, "attnserve: model repository: %s\n", name);
+  }
+
   attnserve::ServiceLimits limits;
   limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
-                                      batcher.get(), metrics->get(), limits);
+                                      batcher.get(), metrics->get(), limits,
+                                      repository->get());
   attnserve::InferenceService inference(&service, batcher != nullptr,
                                         absl::GetFlag(FLAGS_max_batch_size));
 

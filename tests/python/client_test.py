@@ -466,14 +466,15 @@ class AdditiveAttentionTest(ServerTestCase):
     def test_no_lengths(self):
         self.run_case(3, 4, 5, 6, 6, 16, 2, None)
 
-    def test_weights_name_is_unimplemented(self):
+    def test_unknown_weights_name_is_not_found(self):
         request = pb.AdditiveAttentionRequest(
             queries=to_tensor(self.randn(1, 1, 2)),
             keys=to_tensor(self.randn(1, 2, 2)),
-            values=to_tensor(self.randn(1, 2, 2)), weights_name="default")
+            values=to_tensor(self.randn(1, 2, 2)), weights_name="no-such-model")
         with self.assertRaises(grpc.RpcError) as caught:
             self.stub.AdditiveAttention(request, timeout=DEADLINE_S)
-        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("weights_name", caught.exception.details())
 
 
 class NadarayaWatsonTest(ServerTestCase):

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The KServe v2 / Triton test: NVIDIA's own Python client (tritonclient[grpc]
+# from PyPI) against the real attnserve binary's inference.GRPCInferenceService.
+#
+#   tests/kserve/run_tritonclient_test.sh ATTNSERVE VENV_DIR
+#
+# ATTNSERVE: the server binary (build/server/attnserve).
+# VENV_DIR:  where to keep the test's virtual environment
+#            (build/tests/tritonvenv). It is made once with Debian's
+#            /usr/bin/python3 -m venv and the pins of tests/kserve/
+#            requirements.txt from PyPI, and made again when that file
+#            changes.
+#
+# Runs tritonclient_test.py twice, each time against a fresh server on free
+# loopback ports: once with the plain flags and once with --batching (so
+# dot_product_attention goes through the dynamic batcher). The typed API's
+# Python stubs are generated from proto/attention/v1/attention.proto into a
+# temporary folder for the test's cross-check of both APIs. The server is
+# always stopped. Exit 0 when every test of both runs passed; the last line
+# is "N passed, M failed" over both runs.
+# Run from anywhere; paths in the repository are found from this file.
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 ATTNSERVE VENV_DIR" >&2
+  exit 64
+fi
+server_bin=$(realpath "$1")
+venv=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+requirements=$here/requirements.txt
+
+source "$repo/tests/lib/server.sh"
+
+workdir=$(mktemp -d -t attnserve-kserve.XXXXXX)
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  stop_server
+  rm -rf "$workdir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [[ ! -x "$server_bin" ]]; then
+  echo "run_tritonclient_test.sh: no server binary at $server_bin" >&2
+  exit 1
+fi
+
+# --- The virtual environment, made once (under a lock) and cached. ---------
+mkdir -p "$(dirname "$venv")"
+(
+  flock 9
+  stamp=$venv/.requirements
+  if [[ ! -x "$venv/bin/python" ]] || ! cmp -s "$requirements" "$stamp"; then
+    echo "run_tritonclient_test.sh: making $venv"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install \
+      --quiet --only-binary=:all: -r "$requirements"
+    cp "$requirements" "$stamp"
+  fi
+) 9>"$venv.lock"
+python=$venv/bin/python
+
+# --- The typed API's stubs, for the cross-check. ----------------------------
+"$python" -m grpc_tools.protoc --proto_path="$repo/proto" \
+  --python_out="$workdir" --grpc_python_out="$workdir" \
+  "$repo/proto/attention/v1/attention.proto"
+
+# --- Both server configurations. --------------------------------------------
+total_passed=0
+total_failed=0
+status=0
+for mode in plain batching; do
+  flags=(--drain_notice_ms=0)
+  [[ $mode == batching ]] && flags+=(--batching)
+  log=$workdir/server-$mode.log
+  echo "run_tritonclient_test.sh: [$mode] attnserve ${flags[*]}"
+  if ! start_server "$server_bin" "$log" "${flags[@]}"; then
+    echo "run_tritonclient_test.sh: [$mode] the server did not start" >&2
+    status=1
+    total_failed=$((total_failed + 1))
+    continue
+  fi
+  echo "run_tritonclient_test.sh: [$mode] attnserve pid $SERVER_PID on" \
+    "127.0.0.1:$GRPC_PORT"
+
+  run_status=0
+  PYTHONPATH=$workdir ATTNSERVE_TARGET=127.0.0.1:$GRPC_PORT \
+    ATTNSERVE_MODE=$mode \
+    "$python" "$here/tritonclient_test.py" 2>&1 | tee "$workdir/out-$mode.txt" \
+    || run_status=$?
+  summary=$(tail -n 1 "$workdir/out-$mode.txt")
+  if [[ $summary =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    total_passed=$((total_passed + BASH_REMATCH[1]))
+    total_failed=$((total_failed + BASH_REMATCH[2]))
+  else
+    total_failed=$((total_failed + 1))  # the test itself broke
+    run_status=1
+  fi
+
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "run_tritonclient_test.sh: [$mode] attnserve died during the test;" \
+      "its log:" >&2
+    sed 's/^/  | /' "$log" >&2
+    run_status=1
+  elif [[ $run_status -ne 0 ]]; then
+    echo "run_tritonclient_test.sh: [$mode] server log:" >&2
+    sed 's/^/  | /' "$log" >&2
+  fi
+  stop_server
+  [[ $run_status -eq 0 ]] || status=1
+done
+
+if [[ $status -ne 0 && $total_failed -eq 0 ]]; then total_failed=1; fi
+echo "$total_passed passed, $total_failed failed"
+exit "$status"

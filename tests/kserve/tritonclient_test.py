@@ -1,0 +1,827 @@
+"""attnserve's KServe v2 / Triton gRPC API, driven by the real tritonclient.
+
+Calls every RPC the server implements through tritonclient.grpc's
+InferenceServerClient (health, server/model metadata, model config,
+repository index, inference) and checks every inference against the small
+float64 numpy reference below (obvious loops and formulas, nothing shared
+with the C++ code). Data goes in with InferInput.set_data_from_numpy and comes
+back with InferResult.as_numpy, as any Triton user would do it.
+
+The models (version "1", row-major, FP32 unless noted):
+  masked_softmax         X [B,Q,K], valid_lens INT32 [B] or [B,Q] (optional)
+                         -> Y [B,Q,K]
+  batch_matmul           X [n,m,k], Y [n,k,p] -> Z [n,m,p]
+  dot_product_attention  queries [B,Lq,d], keys [B,Lk,d], values [B,Lk,v],
+                         valid_lens (optional) -> output [B,Lq,v],
+                         attention_weights [B,Lq,Lk] (only when requested)
+  nadaraya_watson        x_train [N], y_train [N], x_query [M]; parameters
+                         kernel (string), bandwidth (double)
+                         -> y_pred [M], attention_weights [M,N] (on request)
+
+Environment: ATTNSERVE_TARGET (host:port, required), ATTNSERVE_MODE (a label
+for the server's flags; "batching" also checks that ModelConfig reports the
+dynamic batcher), ATTNSERVE_TEST_SEED (replays), and optionally the typed
+API's generated stubs (attention/v1/attention_pb2*.py) on PYTHONPATH for the
+cross-check of both APIs; run_tritonclient_test.sh sets all of them up.
+Plain unittest; the last line printed is "N passed, M failed".
+"""
+
+import math
+import os
+import re
+import sys
+import threading
+import unittest
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+try:  # The typed API's stubs, for the cross-check (optional).
+    import grpc
+    from attention.v1 import attention_pb2 as typed_pb
+    from attention.v1 import attention_pb2_grpc as typed_pb_grpc
+except ImportError:  # pragma: no cover - only when run by hand
+    typed_pb = None
+
+TARGET = os.environ.get("ATTNSERVE_TARGET", "127.0.0.1:8001")
+MODE = os.environ.get("ATTNSERVE_MODE", "plain")
+SEED = int(os.environ.get("ATTNSERVE_TEST_SEED", "20240611"))
+DEADLINE_S = 20.0
+
+# Tolerances against the float64 reference.
+WEIGHT_ATOL = 1e-5   # softmax / attention weights (absolute)
+OUT_ATOL = 1e-5      # attention outputs, predictions
+OUT_RTOL = 1e-4      # matmul-like results (relative)
+
+MODELS = ("masked_softmax", "batch_matmul", "dot_product_attention",
+          "nadaraya_watson")
+
+
+# --------------------------------------------------------------------------
+# The float64 reference.
+
+
+def f64(array):
+    """What the server sees: the input as float32, back in float64."""
+    return np.asarray(array, dtype=np.float32).astype(np.float64)
+
+
+def row_mask(B, Q, K, valid_lens=None):
+    """Boolean (B, Q, K): True where position k of row (b, q) takes part."""
+    mask = np.ones((B, Q, K), dtype=bool)
+    if valid_lens is not None:
+        lens = np.asarray(valid_lens)
+        if lens.ndim == 1:
+            lens = np.repeat(lens[:, None], Q, axis=1)
+        for b in range(B):
+            for q in range(Q):
+                mask[b, q, lens[b, q]:] = False
+    return mask
+
+
+def masked_softmax_ref(x, valid_lens=None):
+    """Softmax over the last axis of the first valid_len entries of a row;
+    the rest exactly 0; a row of valid length 0 is all zero. `x` is used as
+    given (float64); returns (softmax, mask)."""
+    x = np.asarray(x, dtype=np.float64)
+    B, Q, K = x.shape
+    mask = row_mask(B, Q, K, valid_lens)
+    out = np.zeros_like(x)
+    for b in range(B):
+        for q in range(Q):
+            keep = mask[b, q]
+            if not keep.any():
+                continue
+            s = x[b, q, keep]
+            e = np.exp(s - s.max())
+            out[b, q, keep] = e / e.sum()
+    return out, mask
+
+
+def batch_matmul_ref(x, y):
+    x, y = f64(x), f64(y)
+    n, m, _ = x.shape
+    p = y.shape[2]
+    z = np.zeros((n, m, p))
+    for i in range(n):
+        z[i] = x[i] @ y[i]
+    return z
+
+
+def attention_ref(q, k, v, valid_lens=None):
+    """(output, weights, mask) of scaled dot-product attention, 1/sqrt(d)."""
+    q, k, v = f64(q), f64(k), f64(v)
+    d = q.shape[-1]
+    scores = np.einsum("bqd,bkd->bqk", q, k) / math.sqrt(d)
+    weights, mask = masked_softmax_ref(scores, valid_lens)
+    return weights @ v, weights, mask
+
+
+def nadaraya_watson_ref(x_train, y_train, x_query, kernel="gaussian",
+                        bandwidth=1.0):
+    """(y_pred, weights): weights = K(w |x - x_i|) normalised over i; a query
+    without kernel mass gets zero weights and prediction 0."""
+    xt, yt, xq = f64(x_train), f64(y_train), f64(x_query)
+    u = bandwidth * np.abs(xq[:, None] - xt[None, :])  # (M, N)
+    if kernel == "gaussian":
+        logits = -u ** 2 / 2  # normalised as a softmax: never zero mass
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        w = e / e.sum(axis=1, keepdims=True)
+        return w @ yt, w
+    if kernel == "boxcar":
+        mass = (u < 1).astype(np.float64)
+    elif kernel == "constant":
+        mass = np.ones_like(u)
+    elif kernel == "epanechnikov":
+        mass = np.maximum(0.0, 1.0 - u)
+    else:
+        raise ValueError(kernel)
+    total = mass.sum(axis=1, keepdims=True)
+    w = np.divide(mass, total, out=np.zeros_like(mass), where=total > 0)
+    return w @ yt, w
+
+
+# --------------------------------------------------------------------------
+# The tests.
+
+
+def make_input(name, array):
+    array = np.ascontiguousarray(array)
+    tensor = grpcclient.InferInput(name, list(array.shape),
+                                   np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+class KServeTestCase(unittest.TestCase):
+    client = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = grpcclient.InferenceServerClient(url=TARGET)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def setUp(self):
+        self.rng = np.random.default_rng(SEED)
+
+    def randn(self, *shape):
+        return self.rng.standard_normal(shape).astype(np.float32)
+
+    def infer(self, model, inputs, outputs=None, parameters=None,
+              version=""):
+        """Runs `model` on `inputs` ([(name, array)]) and returns the result.
+
+        `outputs`: names to request (None requests none).
+        """
+        requested = None
+        if outputs is not None:
+            requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
+        return self.client.infer(
+            model, [make_input(n, a) for n, a in inputs],
+            model_version=version, outputs=requested, parameters=parameters,
+            client_timeout=DEADLINE_S)
+
+    def assertResponse(self, result, model, names, shapes):
+        """The response carries exactly `names` in this order, FP32, with
+        these shapes, one raw_output_contents entry each of the right size."""
+        response = result.get_response()
+        self.assertEqual(response.model_name, model)
+        self.assertEqual(response.model_version, "1")
+        self.assertEqual([o.name for o in response.outputs], list(names),
+                         f"{model}: output names/order")
+        self.assertEqual(len(response.raw_output_contents), len(names),
+                         f"{model}: one raw_output_contents per output")
+        for output, raw, shape in zip(response.outputs,
+                                      response.raw_output_contents, shapes):
+            self.assertEqual(output.datatype, "FP32", output.name)
+            self.assertEqual(list(output.shape), list(shape),
+                             f"{model}: {output.name} shape")
+            self.assertEqual(len(raw), 4 * int(np.prod(shape)),
+                             f"{model}: {output.name} raw byte count")
+
+    def get(self, result, name):
+        array = result.as_numpy(name)
+        self.assertIsNotNone(array, f"no output {name!r}")
+        self.assertEqual(array.dtype, np.float32, name)
+        return array.astype(np.float64)
+
+    def assertClose(self, got, want, atol=OUT_ATOL, rtol=0.0, what=""):
+        self.assertEqual(got.shape, want.shape, f"{what}: shape")
+        err = np.abs(got - want) - rtol * np.abs(want)
+        worst = np.unravel_index(np.argmax(err), err.shape) if err.size else ()
+        self.assertTrue(
+            np.all(err <= atol),
+            f"{what}: max |got - want| = {np.abs(got - want).max():.3g} at "
+            f"{worst}: got {got[worst] if err.size else None!r}, "
+            f"want {want[worst] if err.size else None!r}")
+
+    def assertWeights(self, got, want, mask, what="weights"):
+        """Close to the reference, exactly 0 where masked, rows summing to 1
+        (or all zero when nothing is valid)."""
+        self.assertClose(got, want, atol=WEIGHT_ATOL, what=what)
+        masked = got[~mask]
+        self.assertTrue(np.all(masked == 0.0),
+                        f"{what}: masked positions are not exactly 0: "
+                        f"{masked[masked != 0][:5]}")
+        sums = got.sum(-1)
+        live = mask.any(-1)
+        self.assertTrue(np.allclose(sums[live], 1.0, atol=1e-5),
+                        f"{what}: live rows do not sum to 1: {sums[live]}")
+        self.assertTrue(np.all(sums[~live] == 0.0),
+                        f"{what}: empty rows are not all zero")
+
+
+# --- Server and model RPCs. -------------------------------------------------
+
+# name -> (inputs [(name, datatype, rank)], outputs [...], max_batch_size);
+# rank None: valid_lens, [B] or [B,Q].
+MODEL_SIGNATURES = {
+    "masked_softmax": (
+        [("X", "FP32", 3), ("valid_lens", "INT32", None)],
+        [("Y", "FP32", 3)], 0),
+    "batch_matmul": (
+        [("X", "FP32", 3), ("Y", "FP32", 3)],
+        [("Z", "FP32", 3)], 0),
+    "dot_product_attention": (
+        [("queries", "FP32", 3), ("keys", "FP32", 3), ("values", "FP32", 3),
+         ("valid_lens", "INT32", None)],
+        [("output", "FP32", 3), ("attention_weights", "FP32", 3)], 32),
+    "nadaraya_watson": (
+        [("x_train", "FP32", 1), ("y_train", "FP32", 1),
+         ("x_query", "FP32", 1)],
+        [("y_pred", "FP32", 1), ("attention_weights", "FP32", 2)], 0),
+}
+
+
+class ServerRpcTest(KServeTestCase):
+
+    def test_server_live_and_ready(self):
+        self.assertTrue(self.client.is_server_live())
+        self.assertTrue(self.client.is_server_ready())
+
+    def test_model_ready(self):
+        for model in MODELS:
+            self.assertTrue(self.client.is_model_ready(model), model)
+            self.assertTrue(self.client.is_model_ready(model, "1"), model)
+
+    def test_unknown_model_or_version_is_not_ready(self):
+        # Triton answers ready=false here; an error is fine too.
+        for model, version in (("no_such_model", ""), ("masked_softmax", "2")):
+            try:
+                ready = self.client.is_model_ready(model, version)
+            except InferenceServerException:
+                continue
+            self.assertFalse(ready, f"{model} version {version!r}")
+
+    def test_server_metadata(self):
+        metadata = self.client.get_server_metadata()
+        self.assertEqual(metadata.name, "attnserve")
+        self.assertIn("model_configuration", list(metadata.extensions))
+
+    def test_model_metadata(self):
+        for model, (inputs, outputs, _) in MODEL_SIGNATURES.items():
+            with self.subTest(model=model):
+                metadata = self.client.get_model_metadata(model)
+                self.assertEqual(metadata.name, model)
+                self.assertIn("1", list(metadata.versions))
+                self.assertEqual(
+                    self.client.get_model_metadata(model, "1").name, model)
+                for got, want, kind in ((metadata.inputs, inputs, "input"),
+                                        (metadata.outputs, outputs, "output")):
+                    self.assertEqual(sorted(t.name for t in got),
+                                     sorted(n for n, _, _ in want), f"{kind}s")
+                    by_name = {t.name: t for t in got}
+                    for name, datatype, rank in want:
+                        tensor = by_name[name]
+                        self.assertEqual(tensor.datatype, datatype, name)
+                        shape = list(tensor.shape)
+                        if rank is None:  # valid_lens: [B] or [B,Q]
+                            self.assertIn(len(shape), (1, 2),
+                                          f"{name} shape {shape}")
+                        else:
+                            self.assertEqual(len(shape), rank,
+                                             f"{name} shape {shape}")
+                        self.assertEqual(shape, [-1] * len(shape),
+                                         f"{name}: variable dims are -1")
+
+    def test_model_config(self):
+        for model, (inputs, outputs, max_batch) in MODEL_SIGNATURES.items():
+            with self.subTest(model=model):
+                config = self.client.get_model_config(model).config
+                self.assertEqual(config.name, model)
+                self.assertEqual(config.max_batch_size, max_batch)
+                self.assertEqual(sorted(t.name for t in config.input),
+                                 sorted(n for n, _, _ in inputs))
+                self.assertEqual(sorted(t.name for t in config.output),
+                                 sorted(n for n, _, _ in outputs))
+        # The batcher shows in dot_product_attention's config exactly when
+        # the server runs with --batching.
+        config = self.client.get_model_config("dot_product_attention").config
+        self.assertEqual(config.HasField("dynamic_batching"),
+                         MODE == "batching",
+                         f"mode {MODE}: dynamic_batching in config")
+
+    def test_repository_index(self):
+        index = self.client.get_model_repository_index()
+        self.assertEqual(sorted(m.name for m in index.models), sorted(MODELS))
+        for model in index.models:
+            self.assertEqual(model.state, "READY", model.name)
+            self.assertIn(model.version, ("1", ""), model.name)
+
+    def test_unknown_model_metadata_and_config(self):
+        for call in (self.client.get_model_metadata,
+                     self.client.get_model_config):
+            with self.assertRaises(InferenceServerException) as caught:
+                call("no_such_model")
+            self.assertIn("no_such_model", caught.exception.message())
+
+
+# --- masked_softmax. --------------------------------------------------------
+
+
+class MaskedSoftmaxTest(KServeTestCase):
+
+    def run_case(self, x, valid_lens=None):
+        inputs = [("X", x)]
+        if valid_lens is not None:
+            inputs.append(("valid_lens", np.asarray(valid_lens, np.int32)))
+        result = self.infer("masked_softmax", inputs)
+        self.assertResponse(result, "masked_softmax", ["Y"], [x.shape])
+        want, mask = masked_softmax_ref(f64(x), valid_lens)
+        self.assertWeights(self.get(result, "Y"), want, mask, "Y")
+
+    def test_textbook_lengths_per_batch(self):
+        # d2l 11.3: masked_softmax(torch.rand(2, 2, 4), torch.tensor([2, 3])).
+        self.run_case(self.rng.random((2, 2, 4), dtype=np.float32), [2, 3])
+
+    def test_textbook_lengths_per_row(self):
+        self.run_case(self.rng.random((2, 2, 4), dtype=np.float32),
+                      [[1, 3], [2, 4]])
+
+    def test_no_lengths(self):
+        self.run_case(3 * self.randn(3, 4, 7))
+
+    def test_lengths_per_batch_with_zero(self):
+        self.run_case(self.randn(3, 2, 5), [0, 5, 2])
+
+    def test_lengths_per_row_with_zero(self):
+        self.run_case(self.randn(2, 3, 5), [[1, 0, 5], [3, 2, 0]])
+
+    def test_outputs_requested_by_name(self):
+        x = self.randn(1, 2, 3)
+        result = self.infer("masked_softmax", [("X", x)], outputs=["Y"])
+        self.assertResponse(result, "masked_softmax", ["Y"], [x.shape])
+        want, mask = masked_softmax_ref(f64(x))
+        self.assertWeights(self.get(result, "Y"), want, mask, "Y")
+
+
+# --- batch_matmul. ----------------------------------------------------------
+
+
+class BatchMatmulTest(KServeTestCase):
+
+    def test_textbook_ones(self):
+        # d2l 11.3: bmm(ones(2, 1, 4), ones(2, 4, 6)) is all 4.
+        x, y = np.ones((2, 1, 4), np.float32), np.ones((2, 4, 6), np.float32)
+        result = self.infer("batch_matmul", [("X", x), ("Y", y)])
+        self.assertResponse(result, "batch_matmul", ["Z"], [(2, 1, 6)])
+        np.testing.assert_array_equal(result.as_numpy("Z"),
+                                      np.full((2, 1, 6), 4.0, np.float32))
+
+    def test_random(self):
+        for n, m, k, p in ((3, 5, 7, 4), (1, 1, 1, 1), (4, 16, 33, 9)):
+            with self.subTest(shape=(n, m, k, p)):
+                x, y = self.randn(n, m, k), self.randn(n, k, p)
+                result = self.infer("batch_matmul", [("X", x), ("Y", y)],
+                                    outputs=["Z"])
+                self.assertResponse(result, "batch_matmul", ["Z"], [(n, m, p)])
+                self.assertClose(self.get(result, "Z"),
+                                 batch_matmul_ref(x, y), atol=1e-5,
+                                 rtol=OUT_RTOL, what="Z")
+
+    def test_explicit_version(self):
+        x, y = self.randn(2, 3, 4), self.randn(2, 4, 2)
+        result = self.infer("batch_matmul", [("X", x), ("Y", y)], version="1")
+        self.assertClose(self.get(result, "Z"), batch_matmul_ref(x, y),
+                         atol=1e-5, rtol=OUT_RTOL, what="Z")
+
+
+# --- dot_product_attention. -------------------------------------------------
+
+
+class DotProductAttentionTest(KServeTestCase):
+    MODEL = "dot_product_attention"
+
+    def inputs(self, q, k, v, valid_lens=None, lens_dtype=np.int32):
+        inputs = [("queries", q), ("keys", k), ("values", v)]
+        if valid_lens is not None:
+            inputs.append(("valid_lens", np.asarray(valid_lens, lens_dtype)))
+        return inputs
+
+    def check(self, q, k, v, valid_lens=None, outputs=("output",
+                                                        "attention_weights")):
+        """Requests `outputs` (None: none named) and checks what comes back."""
+        result = self.infer(self.MODEL, self.inputs(q, k, v, valid_lens),
+                            outputs=None if outputs is None else list(outputs))
+        B, Lq, _ = q.shape
+        Lk, dv = v.shape[1], v.shape[2]
+        names = ["output"] if outputs is None else list(outputs)
+        shapes = {"output": (B, Lq, dv), "attention_weights": (B, Lq, Lk)}
+        self.assertResponse(result, self.MODEL, names,
+                            [shapes[n] for n in names])
+        want_out, want_w, mask = attention_ref(q, k, v, valid_lens)
+        got = {}
+        if "output" in names:
+            got["output"] = self.get(result, "output")
+            self.assertClose(got["output"], want_out, atol=OUT_ATOL,
+                             rtol=OUT_RTOL, what="output")
+            empty = ~mask.any(-1)  # rows with valid length 0: exactly 0
+            self.assertTrue(np.all(got["output"][empty] == 0.0),
+                            "output rows of valid length 0 are not 0")
+        if "attention_weights" in names:
+            got["attention_weights"] = self.get(result, "attention_weights")
+            self.assertWeights(got["attention_weights"], want_w, mask,
+                               "attention_weights")
+        return got
+
+    def test_textbook_toy(self):
+        # d2l 11.3.2.2: queries (2,1,2), keys (2,10,2), values (2,10,4),
+        # valid_lens [2, 6].
+        q, k, v = self.randn(2, 1, 2), self.randn(2, 10, 2), self.randn(2, 10, 4)
+        got = self.check(q, k, v, [2, 6])
+        w = got["attention_weights"]
+        self.assertTrue(np.all(w[0, 0, 2:] == 0.0), w[0, 0])
+        self.assertTrue(np.all(w[1, 0, 6:] == 0.0), w[1, 0])
+        self.assertTrue(np.all(w[0, 0, :2] > 0.0), w[0, 0])
+        self.assertTrue(np.all(w[1, 0, :6] > 0.0), w[1, 0])
+
+    def test_lengths_per_batch_with_zero(self):
+        self.check(self.randn(3, 2, 4), self.randn(3, 7, 4),
+                   self.randn(3, 7, 3), [0, 3, 7])
+
+    def test_lengths_per_row_with_zero(self):
+        self.check(self.randn(3, 4, 3), self.randn(3, 5, 3),
+                   self.randn(3, 5, 2),
+                   [[5, 0, 2, 1], [3, 3, 0, 5], [0, 0, 0, 0]])
+
+    def test_int64_lengths(self):
+        # The server takes INT64 valid_lens too (inference_service.h).
+        q, k, v = self.randn(2, 1, 2), self.randn(2, 10, 2), self.randn(2, 10, 4)
+        result = self.infer(self.MODEL, self.inputs(q, k, v, [2, 6], np.int64),
+                            outputs=["attention_weights"])
+        _, want_w, mask = attention_ref(q, k, v, [2, 6])
+        self.assertWeights(self.get(result, "attention_weights"), want_w, mask)
+
+    def test_no_outputs_requested_gives_just_output(self):
+        self.check(self.randn(4, 6, 8), self.randn(4, 9, 8),
+                   self.randn(4, 9, 5), outputs=None)
+
+    def test_requested_outputs_order(self):
+        q, k, v = self.randn(2, 3, 4), self.randn(2, 5, 4), self.randn(2, 5, 6)
+        for outputs in (("attention_weights", "output"),
+                        ("output", "attention_weights"),
+                        ("output",), ("attention_weights",)):
+            with self.subTest(outputs=outputs):
+                self.check(q, k, v, [[1, 5, 3], [0, 2, 4]], outputs=outputs)
+
+    def test_square_and_single(self):
+        self.check(self.randn(1, 1, 1), self.randn(1, 1, 1),
+                   self.randn(1, 1, 1))
+        self.check(self.randn(5, 8, 16), self.randn(5, 8, 16),
+                   self.randn(5, 8, 16), [8, 1, 4, 7, 2])
+
+    def test_concurrent_requests(self):
+        # Many requests in flight at once (with --batching they meet in the
+        # dynamic batcher): same feature sizes, batch 1..3, every form of
+        # valid_lens, weights for some. Each answer must be its own.
+        Lq, Lk, d, dv = 3, 6, 4, 5
+        cases, done = [], threading.Semaphore(0)
+        for i in range(24):
+            B = 1 + i % 3
+            q, k, v = self.randn(B, Lq, d), self.randn(B, Lk, d), self.randn(B, Lk, dv)
+            lens = (None if i % 3 == 0 else
+                    self.rng.integers(0, Lk + 1, size=B) if i % 3 == 1 else
+                    self.rng.integers(0, Lk + 1, size=(B, Lq)))
+            outputs = (["output", "attention_weights"] if i % 2 else ["output"])
+            case = {"args": (q, k, v, lens), "outputs": outputs}
+
+            def callback(result, error, case=case):
+                case["result"], case["error"] = result, error
+                done.release()
+
+            self.client.async_infer(
+                self.MODEL,
+                [make_input(n, a) for n, a in self.inputs(q, k, v, lens)],
+                callback,
+                outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+                client_timeout=DEADLINE_S)
+            cases.append(case)
+        for _ in cases:
+            self.assertTrue(done.acquire(timeout=DEADLINE_S + 5),
+                            "an async_infer never called back")
+        for i, case in enumerate(cases):
+            with self.subTest(request=i):
+                self.assertIsNone(case["error"], f"request {i}")
+                q, k, v, lens = case["args"]
+                want_out, want_w, mask = attention_ref(q, k, v, lens)
+                result = case["result"]
+                B = q.shape[0]
+                self.assertResponse(
+                    result, self.MODEL, case["outputs"],
+                    [(B, Lq, dv), (B, Lq, Lk)][:len(case["outputs"])])
+                self.assertClose(self.get(result, "output"), want_out,
+                                 rtol=OUT_RTOL, what=f"request {i} output")
+                if "attention_weights" in case["outputs"]:
+                    self.assertWeights(self.get(result, "attention_weights"),
+                                       want_w, mask,
+                                       f"request {i} attention_weights")
+
+    @unittest.skipIf(typed_pb is None, "typed API stubs not on PYTHONPATH")
+    def test_same_numbers_as_typed_api(self):
+        # The same toy case through attention.v1.AttentionService on the same
+        # port: both APIs run the same kernels, so the floats are identical.
+        q, k, v = self.randn(2, 1, 2), self.randn(2, 10, 2), self.randn(2, 10, 4)
+        lens = np.array([2, 6], np.int32)
+        result = self.infer(self.MODEL, self.inputs(q, k, v, lens),
+                            outputs=["output", "attention_weights"])
+
+        def tensor(a):
+            return typed_pb.Tensor(shape=list(a.shape),
+                                   raw=a.astype("<f4").tobytes())
+
+        def array(t):
+            return np.frombuffer(t.raw, "<f4").reshape(tuple(t.shape))
+
+        with grpc.insecure_channel(TARGET) as channel:
+            stub = typed_pb_grpc.AttentionServiceStub(channel)
+            typed = stub.ScaledDotProductAttention(
+                typed_pb.AttentionRequest(
+                    queries=tensor(q), keys=tensor(k), values=tensor(v),
+                    valid_lens=typed_pb.Lengths(shape=[2],
+                                                values=lens.tolist()),
+                    return_weights=True,
+                    output_encoding=typed_pb.TENSOR_ENCODING_RAW),
+                timeout=DEADLINE_S)
+        for name, typed_array in (("output", array(typed.output)),
+                                  ("attention_weights", array(typed.weights))):
+            kserve_array = result.as_numpy(name)
+            self.assertTrue(
+                np.array_equal(kserve_array, typed_array),
+                f"{name}: KServe {kserve_array.ravel()[:6]} vs typed "
+                f"{typed_array.ravel()[:6]}, max diff "
+                f"{np.abs(kserve_array - typed_array).max():.3g}")
+
+
+# --- nadaraya_watson. -------------------------------------------------------
+
+
+class NadarayaWatsonTest(KServeTestCase):
+    MODEL = "nadaraya_watson"
+
+    def textbook_data(self):
+        # d2l 11.2: 50 sorted points on [0, 5), y = 2 sin x + x^0.8 + noise,
+        # queries on arange(0, 5, 0.1).
+        x_train = np.sort(self.rng.random(50) * 5).astype(np.float32)
+        y_train = (2 * np.sin(x_train) + x_train ** 0.8
+                   + self.rng.normal(0.0, 0.5, 50)).astype(np.float32)
+        x_query = np.arange(0, 5, 0.1, dtype=np.float32)
+        return x_train, y_train, x_query
+
+    def check(self, x_train, y_train, x_query, kernel=None, bandwidth=None,
+              outputs=("y_pred", "attention_weights")):
+        parameters = {}
+        if kernel is not None:
+            parameters["kernel"] = kernel
+        if bandwidth is not None:
+            parameters["bandwidth"] = float(bandwidth)
+        result = self.infer(
+            self.MODEL,
+            [("x_train", x_train), ("y_train", y_train), ("x_query", x_query)],
+            outputs=None if outputs is None else list(outputs),
+            parameters=parameters or None)
+        M, N = len(x_query), len(x_train)
+        names = ["y_pred"] if outputs is None else list(outputs)
+        shapes = {"y_pred": (M,), "attention_weights": (M, N)}
+        self.assertResponse(result, self.MODEL, names,
+                            [shapes[n] for n in names])
+        want_pred, want_w = nadaraya_watson_ref(
+            x_train, y_train, x_query, kernel or "gaussian",
+            1.0 if bandwidth is None else bandwidth)
+        got = {}
+        what = f"{kernel or 'default'} kernel, bandwidth {bandwidth}"
+        if "y_pred" in names:
+            got["y_pred"] = self.get(result, "y_pred")
+            self.assertClose(got["y_pred"], want_pred, atol=OUT_ATOL,
+                             rtol=OUT_RTOL, what=f"y_pred ({what})")
+        if "attention_weights" in names:
+            got["attention_weights"] = self.get(result, "attention_weights")
+            self.assertWeights(got["attention_weights"], want_w, want_w > 0,
+                               f"attention_weights ({what})")
+        return got
+
+    def test_textbook_default_gaussian(self):
+        self.check(*self.textbook_data())
+
+    def test_no_outputs_requested_gives_just_prediction(self):
+        self.check(*self.textbook_data(), outputs=None)
+
+    def test_requested_outputs_order(self):
+        data = self.textbook_data()
+        for outputs in (("attention_weights", "y_pred"), ("y_pred",),
+                        ("attention_weights",)):
+            with self.subTest(outputs=outputs):
+                self.check(*data, kernel="boxcar", bandwidth=2.0,
+                           outputs=outputs)
+
+    def test_every_kernel_and_bandwidth(self):
+        data = self.textbook_data()
+        for kernel in ("gaussian", "boxcar", "constant", "epanechnikov"):
+            for bandwidth in (None, 0.5, 3.0):
+                with self.subTest(kernel=kernel, bandwidth=bandwidth):
+                    self.check(*data, kernel=kernel, bandwidth=bandwidth)
+
+    def test_zero_kernel_mass(self):
+        # Query 10 is beyond every training point's reach for boxcar and
+        # epanechnikov: zero weights and prediction exactly 0.
+        x_train = np.array([0.0, 1.0, 2.0, 3.0], np.float32)
+        y_train = np.array([1.0, -2.0, 3.0, 5.0], np.float32)
+        x_query = np.array([0.5, 10.0, 2.25], np.float32)
+        for kernel in ("boxcar", "epanechnikov"):
+            with self.subTest(kernel=kernel):
+                got = self.check(x_train, y_train, x_query, kernel=kernel)
+                self.assertEqual(got["y_pred"][1], 0.0)
+                self.assertTrue(np.all(got["attention_weights"][1] == 0.0))
+
+    def test_constant_kernel_is_the_mean(self):
+        x_train, y_train, x_query = self.textbook_data()
+        got = self.check(x_train, y_train, x_query, kernel="constant")
+        self.assertClose(got["y_pred"],
+                         np.full(len(x_query), f64(y_train).mean()),
+                         atol=OUT_ATOL, what="constant kernel prediction")
+
+
+# --- Errors. ----------------------------------------------------------------
+
+
+class ErrorTest(KServeTestCase):
+
+    def assertInvalid(self, model, inputs, names, outputs=None,
+                      parameters=None):
+        """The call fails with INVALID_ARGUMENT and a message naming `names`
+        (a name, or a tuple of names of which the message names at least one:
+        when two inputs disagree, either is to blame).
+
+        `inputs`: [(name, array)] or InferInput objects."""
+        if isinstance(names, str):
+            names = (names,)
+        tensors = [t if isinstance(t, grpcclient.InferInput)
+                   else make_input(*t) for t in inputs]
+        requested = (None if outputs is None else
+                     [grpcclient.InferRequestedOutput(n) for n in outputs])
+        with self.assertRaises(InferenceServerException) as caught:
+            self.client.infer(model, tensors, outputs=requested,
+                              parameters=parameters,
+                              client_timeout=DEADLINE_S)
+        error = caught.exception
+        self.assertEqual(error.status(), "StatusCode.INVALID_ARGUMENT",
+                         f"{model}: {error.status()}: {error.message()}")
+        pattern = "|".join(rf"\b{re.escape(n)}\b" for n in names)
+        self.assertRegex(error.message(), pattern,
+                         f"{model}: message does not name {' or '.join(names)}")
+        return error.message()
+
+    def attention_inputs(self, d_keys=2):
+        return [("queries", self.randn(2, 1, 2)),
+                ("keys", self.randn(2, 10, d_keys)),
+                ("values", self.randn(2, 10, 4))]
+
+    def test_unknown_model(self):
+        with self.assertRaises(InferenceServerException) as caught:
+            self.client.infer("no_such_model", [make_input("X", self.randn(1))],
+                              client_timeout=DEADLINE_S)
+        self.assertIn("no_such_model", caught.exception.message())
+
+    def test_unknown_version(self):
+        with self.assertRaises(InferenceServerException):
+            self.client.infer(
+                "batch_matmul",
+                [make_input("X", self.randn(1, 2, 2)),
+                 make_input("Y", self.randn(1, 2, 2))],
+                model_version="2", client_timeout=DEADLINE_S)
+
+    def test_shape_and_data_disagree(self):
+        # 24 floats sent, shape says 30.
+        x = make_input("X", self.randn(2, 3, 4))
+        x.set_shape([2, 3, 5])
+        self.assertInvalid("masked_softmax", [x], "X")
+
+    def test_shape_and_data_disagree_in_batch_matmul(self):
+        y = make_input("Y", self.randn(2, 4, 6))
+        y.set_shape([2, 4, 5])
+        self.assertInvalid("batch_matmul", [("X", self.randn(2, 3, 4)), y],
+                           "Y")
+
+    def test_wrong_rank(self):
+        self.assertInvalid("masked_softmax", [("X", self.randn(3, 4))], "X")
+
+    def test_wrong_rank_in_batch_matmul(self):
+        self.assertInvalid("batch_matmul", [("X", self.randn(3, 4)),
+                                            ("Y", self.randn(2, 4, 5))], "X")
+
+    def test_wrong_datatype(self):
+        self.assertInvalid("masked_softmax",
+                           [("X", self.randn(1, 2, 3).astype(np.float64))],
+                           "X")
+
+    def test_nan_input(self):
+        x = self.randn(2, 2, 4)
+        x[1, 0, 2] = np.nan
+        self.assertInvalid("masked_softmax", [("X", x)], "X")
+
+    def test_nan_in_attention_values(self):
+        inputs = self.attention_inputs()
+        inputs[2][1][0, 3, 1] = np.nan
+        self.assertInvalid("dot_product_attention", inputs, "values")
+
+    def test_inf_in_nadaraya_watson(self):
+        self.assertInvalid(
+            "nadaraya_watson",
+            [("x_train", np.array([0.0, 1.0, np.inf], np.float32)),
+             ("y_train", np.array([0.0, 1.0, 2.0], np.float32)),
+             ("x_query", np.array([0.5], np.float32))], "x_train")
+
+    def test_keys_depth_differs_from_queries(self):
+        self.assertInvalid("dot_product_attention",
+                           self.attention_inputs(d_keys=3), "keys")
+
+    def test_inner_dims_differ_in_batch_matmul(self):
+        self.assertInvalid("batch_matmul", [("X", self.randn(2, 3, 4)),
+                                            ("Y", self.randn(2, 5, 6))],
+                           ("X", "Y"))
+
+    def test_missing_input(self):
+        self.assertInvalid("batch_matmul", [("X", self.randn(2, 3, 4))], "Y")
+
+    def test_unknown_input(self):
+        self.assertInvalid("masked_softmax", [("X", self.randn(1, 2, 3)),
+                                              ("W", self.randn(1, 2, 3))], "W")
+
+    def test_unknown_output_requested(self):
+        self.assertInvalid("masked_softmax", [("X", self.randn(1, 2, 3))],
+                           "Z", outputs=["Z"])
+
+    def test_length_above_keys(self):
+        self.assertInvalid(
+            "dot_product_attention",
+            self.attention_inputs() + [("valid_lens",
+                                        np.array([2, 11], np.int32))],
+            "valid_lens")
+
+    def test_lengths_of_wrong_shape(self):
+        self.assertInvalid(
+            "masked_softmax",
+            [("X", self.randn(2, 3, 4)),
+             ("valid_lens", np.array([1, 2, 3], np.int32))], "valid_lens")
+
+    def test_lengths_of_wrong_datatype(self):
+        self.assertInvalid(
+            "masked_softmax",
+            [("X", self.randn(2, 3, 4)),
+             ("valid_lens", np.array([1, 2], np.float32))], "valid_lens")
+
+    def test_train_lengths_differ(self):
+        self.assertInvalid(
+            "nadaraya_watson",
+            [("x_train", np.array([0.0, 1.0, 2.0], np.float32)),
+             ("y_train", np.array([0.0, 1.0], np.float32)),
+             ("x_query", np.array([0.5], np.float32))], ("y_train", "x_train"))
+
+    def test_unknown_kernel(self):
+        self.assertInvalid(
+            "nadaraya_watson",
+            [("x_train", np.array([0.0, 1.0], np.float32)),
+             ("y_train", np.array([0.0, 1.0], np.float32)),
+             ("x_query", np.array([0.5], np.float32))], "kernel",
+            parameters={"kernel": "triangle"})
+
+
+def main():
+    suite = unittest.defaultTestLoader.loadTestsFromModule(
+        sys.modules[__name__])
+    print(f"tritonclient_test.py: target {TARGET}, mode {MODE}, seed {SEED} "
+          f"(ATTNSERVE_TEST_SEED)")
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    # Tests, not subtests: a test with three failing subtests is one failure.
+    failed = len({getattr(test, "test_case", test).id()
+                  for test, _ in result.failures + result.errors})
+    passed = result.testsRun - failed - len(result.skipped)
+    print(f"{passed} passed, {failed} failed")
+    return 0 if result.wasSuccessful() and result.testsRun > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
