@@ -32,7 +32,7 @@ InferenceService::ModelSpec AdditiveSpec(const std::string& name) {
           {{"queries", "FP32", {-1, -1, -1}},
            {"keys", "FP32", {-1, -1, -1}},
            {"values", "FP32", {-1, -1, -1}},
-           {"valid_lens", "INT32", {-1}, true}},
+           {"valid_lens", "INT32", {-1, -1}, true}},
           {{"output", "FP32", {-1, -1, -1}},
            {"attention_weights", "FP32", {-1, -1, -1}}},
           {"output"}};
@@ -134,7 +134,14 @@ absl::Status DecodeInputs(const inference::ModelInferRequest& request,
           field, ": shape ", attn::ShapeToString(shape), " needs ", count,
           " values, got ", values.size()));
     }
-    inputs.lengths[input.name()] = attn::LengthsView{values.data(), shape};
+    attn::Shape lengths_shape = shape;
+    // Triton's per-batch-item scalars arrive as [B, 1]: one length per
+    // batch entry, whatever Lq is.
+    if (lengths_shape.size() == 2 && lengths_shape[1] == 1) {
+      lengths_shape.pop_back();
+    }
+    inputs.lengths[input.name()] =
+        attn::LengthsView{values.data(), std::move(lengths_shape)};
   }
   for (const auto& spec : model.inputs) {
     if (!spec.optional && !inputs.floats.count(spec.name)) {
@@ -260,7 +267,8 @@ const std::vector<InferenceService::ModelSpec>& InferenceService::Models() {
        {{"queries", "FP32", {-1, -1, -1}},
         {"keys", "FP32", {-1, -1, -1}},
         {"values", "FP32", {-1, -1, -1}},
-        {"valid_lens", "INT32", {-1}, true}},
+        // [B], [B, Lq], or Triton's per-item form [B, 1] (batch dim first).
+        {"valid_lens", "INT32", {-1, -1}, true}},
        {{"output", "FP32", {-1, -1, -1}},
         {"attention_weights", "FP32", {-1, -1, -1}}},
        {"output"}},

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Triton's own load tester, perf_analyzer, against attnserve's KServe API:
+# dot_product_attention at the textbook's toy shape and at the medium shape,
+# batching off and on, over a concurrency range. Prints perf_analyzer's CSV
+# rows as one markdown table. Not part of the test suite.
+#
+# PyPI's perf-analyzer wheels need glibc 2.38 and Debian 12 has 2.36, so the
+# script runs the binary in a Debian 13 (trixie) chroot made with
+# debootstrap from Debian's mirror (root; once, cached in $CHROOT).
+#
+# Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE]   (default 16:64:16)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+range="${1:-16:64:16}"
+chroot_dir="${CHROOT:-/var/tmp/attnserve-trixie}"
+server=build/server/attnserve
+[[ -x "$server" ]] || { echo "build first: make build" >&2; exit 1; }
+if [[ ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
+  command -v debootstrap >/dev/null || apt-get install -y debootstrap
+  [[ -d "$chroot_dir/usr" ]] ||
+    debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian
+  wheels=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --platform manylinux_2_38_x86_64 --python-version 3.11 -d "$wheels" \
+    perf-analyzer==2.60.0
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+    "$wheels"/perf_analyzer-*.whl "$chroot_dir/opt"
+  chmod +x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer"
+  rm -rf "$wheels"
+fi
+
+# Input data: per batch item, without the batch dimension.
+python3 - "$chroot_dir/tmp" <<'PY'
+import json, random, sys
+random.seed(0)
+r = lambda n: [round(random.gauss(0, 1), 4) for _ in range(n)]
+def case(lq, lk, d, v, lengths):
+    return {"data": [{"queries": {"content": r(lq * d), "shape": [lq, d]},
+                      "keys": {"content": r(lk * d), "shape": [lk, d]},
+                      "values": {"content": r(lk * v), "shape": [lk, v]},
+                      "valid_lens": {"content": [random.randint(*lengths)], "shape": [1]}}
+                     for _ in range(32)]}
+json.dump(case(1, 10, 2, 4, (1, 10)), open(sys.argv[1] + "/toy.json", "w"))
+json.dump(case(64, 64, 64, 64, (1, 64)), open(sys.argv[1] + "/medium.json", "w"))
+PY
+
+port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+pid=""
+trap '[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null' EXIT
+echo "| case | batching | concurrency | infer/s | p50 ms | p99 ms |"
+echo "|---|---|---:|---:|---:|---:|"
+for mode in off on; do
+  grpc_port=$(port)
+  metrics_port=$(port)
+  "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port="$metrics_port" \
+    --drain_notice_ms=0 "--batching=$([[ $mode == on ]] && echo true || echo false)" \
+    >/dev/null 2>&1 &
+  pid=$!
+  sleep 2
+  for case in toy medium; do
+    chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
+      -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
+      --concurrency-range "$range" --measurement-interval 4000 -f "/tmp/$case.csv" \
+      >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($mode)" >&2; continue; }
+    python3 - "$chroot_dir/tmp/$case.csv" "$case" "$mode" <<'PY'
+import csv, sys
+for row in csv.DictReader(open(sys.argv[1])):
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {row['Concurrency']} | "
+          f"{float(row['Inferences/Second']):.0f} | {int(row['p50 latency']) / 1e3:.2f} | "
+          f"{int(row['p99 latency']) / 1e3:.2f} |")
+PY
+  done
+  kill -TERM "$pid"
+  wait "$pid" || true
+  pid=""
+done
