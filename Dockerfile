@@ -25,6 +25,10 @@ RUN bash /tmp/install_deps.sh --runtime \
       --shell /usr/sbin/nologin attnserve
 COPY --from=build /src/build/server/attnserve /usr/local/bin/attnserve
 COPY --from=build /src/build/client/attnctl /usr/local/bin/attnctl
+# The example model repository (additive-attention weights, a fitted
+# Nadaraya-Watson bandwidth), writable by the server so FitBandwidth can
+# save into it; mount your own over /models.
+COPY --chown=10001:10001 deploy/models /models
 # The attnserve user, by number: Kubernetes' runAsNonRoot accepts only a
 # numeric USER.
 USER 10001:10001
@@ -34,4 +38,4 @@ EXPOSE 8001 8002
 # NOT_SERVING while draining).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
   CMD ["/usr/local/bin/attnctl", "health", "--target", "localhost:8001", "--deadline", "2s"]
-ENTRYPOINT ["/usr/local/bin/attnserve"]
+ENTRYPOINT ["/usr/local/bin/attnserve", "--model_repository=/models"]
