@@ -72,9 +72,13 @@ python=$venv/bin/python
 total_passed=0
 total_failed=0
 status=0
-for mode in plain batching; do
+# A writable copy of the example repository: the test saves a fit into it.
+repository=$workdir/models
+cp -r "$repo/deploy/models" "$repository"
+for mode in plain batching repository; do
   flags=(--drain_notice_ms=0)
   [[ $mode == batching ]] && flags+=(--batching)
+  [[ $mode == repository ]] && flags+=(--model_repository="$repository")
   log=$workdir/server-$mode.log
   echo "run_tritonclient_test.sh: [$mode] attnserve ${flags[*]}"
   if ! start_server "$server_bin" "$log" "${flags[@]}"; then
@@ -89,6 +93,7 @@ for mode in plain batching; do
   run_status=0
   PYTHONPATH=$workdir ATTNSERVE_TARGET=127.0.0.1:$GRPC_PORT \
     ATTNSERVE_MODE=$mode \
+    ATTNSERVE_REPOSITORY=$([[ $mode == repository ]] && echo "$repository") \
     "$python" "$here/tritonclient_test.py" 2>&1 | tee "$workdir/out-$mode.txt" \
     || run_status=$?
   summary=$(tail -n 1 "$workdir/out-$mode.txt")

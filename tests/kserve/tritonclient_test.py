@@ -47,6 +47,9 @@ except ImportError:  # pragma: no cover - only when run by hand
 TARGET = os.environ.get("ATTNSERVE_TARGET", "127.0.0.1:8001")
 MODE = os.environ.get("ATTNSERVE_MODE", "plain")
 SEED = int(os.environ.get("ATTNSERVE_TEST_SEED", "20240611"))
+# The server's --model_repository, when it was started with one (mode
+# "repository"): its models are then expected in the index and tested below.
+REPOSITORY = os.environ.get("ATTNSERVE_REPOSITORY", "")
 DEADLINE_S = 20.0
 
 # Tolerances against the float64 reference.
@@ -327,7 +330,11 @@ class ServerRpcTest(KServeTestCase):
 
     def test_repository_index(self):
         index = self.client.get_model_repository_index()
-        self.assertEqual(sorted(m.name for m in index.models), sorted(MODELS))
+        expected = list(MODELS)
+        if REPOSITORY:
+            expected += [name for name in os.listdir(REPOSITORY)
+                         if os.path.isdir(os.path.join(REPOSITORY, name))]
+        self.assertEqual(sorted(m.name for m in index.models), sorted(expected))
         for model in index.models:
             self.assertEqual(model.state, "READY", model.name)
             self.assertIn(model.version, ("1", ""), model.name)
@@ -807,6 +814,102 @@ class ErrorTest(KServeTestCase):
              ("y_train", np.array([0.0, 1.0], np.float32)),
              ("x_query", np.array([0.5], np.float32))], "kernel",
             parameters={"kernel": "triangle"})
+
+
+# --- Models of the repository (mode "repository" only). -------------------
+
+def read_safetensors(path):
+    """{name: float32 array} of a safetensors file (F32 tensors only)."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        tensors[name] = np.frombuffer(
+            data[8 + size + begin:8 + size + end], np.float32).reshape(info["shape"])
+    return tensors
+
+
+class RepositoryTest(KServeTestCase):
+    def weights(self, model):
+        return read_safetensors(os.path.join(REPOSITORY, model,
+                                             "weights.safetensors"))
+
+    def test_additive_attention_uses_repository_weights(self):
+        w = self.weights("additive_attention")
+        h, q_size = w["W_q"].shape
+        k_size = w["W_k"].shape[1]
+        queries, keys = self.randn(2, 3, q_size), self.randn(2, 5, k_size)
+        values = self.randn(2, 5, 4)
+        lens = np.array([2, 5], np.int32)
+        result = self.infer("additive_attention",
+                            [("queries", queries), ("keys", keys),
+                             ("values", values), ("valid_lens", lens)],
+                            outputs=["output", "attention_weights"])
+        # numpy reference, float64: w_v . tanh(W_q q + W_k k), masked softmax.
+        qf = queries.astype(np.float64) @ w["W_q"].T.astype(np.float64)
+        kf = keys.astype(np.float64) @ w["W_k"].T.astype(np.float64)
+        scores = np.tanh(qf[:, :, None, :] + kf[:, None, :, :]) @ w["w_v"].astype(np.float64)
+        weights = np.zeros_like(scores)
+        for b in range(2):
+            s = scores[b, :, :lens[b]]
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            weights[b, :, :lens[b]] = e / e.sum(axis=-1, keepdims=True)
+        np.testing.assert_allclose(result.as_numpy("attention_weights"), weights,
+                                   atol=1e-5)
+        np.testing.assert_allclose(result.as_numpy("output"),
+                                   weights @ values.astype(np.float64), atol=1e-4)
+        self.assertTrue(np.all(result.as_numpy("attention_weights")[0, :, 2:] == 0))
+
+    def nw_reference(self, x, y, xq, w):
+        d = (xq[:, None].astype(np.float64) - x[None, :]) * w
+        s = -d * d / 2
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        return (e / e.sum(axis=1, keepdims=True)) @ y.astype(np.float64)
+
+    def textbook(self):
+        x = np.sort(self.rng.uniform(0, 5, 50)).astype(np.float32)
+        y = (2 * np.sin(x) + x ** 0.8 + self.rng.normal(0, 0.5, 50)).astype(np.float32)
+        return x, y, np.linspace(0, 5, 20, dtype=np.float32)
+
+    def test_fitted_bandwidth_from_repository(self):
+        w = float(self.weights("nadaraya_watson_fitted")["bandwidth"][0])
+        x, y, xq = self.textbook()
+        result = self.infer("nadaraya_watson_fitted",
+                            [("x_train", x), ("y_train", y), ("x_query", xq)],
+                            outputs=["y_pred"])
+        np.testing.assert_allclose(result.as_numpy("y_pred"),
+                                   self.nw_reference(x, y, xq, w), atol=1e-4)
+
+    @unittest.skipIf(typed_pb is None, "typed API stubs not on PYTHONPATH")
+    def test_fit_saved_by_typed_api_is_served(self):
+        import grpc
+        x, y, xq = self.textbook()
+        name = f"fitted_{MODE}_{SEED}"
+        with grpc.insecure_channel(TARGET) as channel:
+            stub = typed_pb_grpc.AttentionServiceStub(channel)
+            fit = stub.FitBandwidth(typed_pb.FitBandwidthRequest(
+                x_train=typed_pb.Tensor(shape=[50], values=x.tolist()),
+                y_train=typed_pb.Tensor(shape=[50], values=y.tolist()),
+                save_as=name), timeout=DEADLINE_S)
+        self.assertIn(name, [m.name for m in
+                             self.client.get_model_repository_index().models])
+        saved = float(self.weights(name)["bandwidth"][0])
+        self.assertEqual(np.float32(saved), np.float32(fit.bandwidth))
+        result = self.infer(name, [("x_train", x), ("y_train", y), ("x_query", xq)],
+                            outputs=["y_pred"])
+        np.testing.assert_allclose(result.as_numpy("y_pred"),
+                                   self.nw_reference(x, y, xq, saved), atol=1e-4)
+
+
+if not REPOSITORY:
+    del RepositoryTest  # runs in the "repository" mode of the runner only
 
 
 def main():
