@@ -61,6 +61,7 @@ for mode in off on; do
     chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
       -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
       --concurrency-range "$range" --measurement-interval 4000 -f "/tmp/$case.csv" \
+      --max-trials=6 --stability-percentage=30 \
       >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($mode)" >&2; continue; }
     python3 - "$chroot_dir/tmp/$case.csv" "$case" "$mode" <<'PY'
 import csv, sys

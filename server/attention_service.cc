@@ -86,10 +86,14 @@ AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
       repository_(repository) {}
 
 AttentionService::Finish AttentionService::StartCall(
-    Rpc rpc, grpc::ServerUnaryReactor* reactor, absl::Time received) {
+    Rpc rpc, grpc::ServerUnaryReactor* reactor, absl::Time received,
+    CallObserver observer, std::shared_ptr<CallRecord> record) {
   metrics_->RequestStarted();
-  return [this, rpc, reactor, received](const absl::Status& status) {
-    metrics_->RequestFinished(rpc, status.code(), absl::Now() - received);
+  return [this, rpc, reactor, received, observer = std::move(observer),
+          record = std::move(record)](const absl::Status& status) {
+    const absl::Duration total = absl::Now() - received;
+    metrics_->RequestFinished(rpc, status.code(), total);
+    if (observer) observer(status, record ? *record : CallRecord{}, total);
     reactor->Finish(ToGrpcStatus(status));
   };
 }
@@ -97,7 +101,13 @@ AttentionService::Finish AttentionService::StartCall(
 void AttentionService::Complete(
     Rpc rpc, google::protobuf::Message* response, v1::ExecutionInfo* info,
     absl::Time received, absl::Time started, absl::Duration kernel,
-    const absl::StatusOr<std::string>& implementation, const Finish& finish) {
+    const absl::StatusOr<std::string>& implementation, const Finish& finish,
+    CallRecord* record) {
+  if (record != nullptr) {
+    record->computed = implementation.ok();
+    record->queue = started - received;
+    record->compute = kernel;
+  }
   if (!implementation.ok()) {
     finish(implementation.status());
     return;
@@ -123,10 +133,12 @@ void AttentionService::Complete(
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
-    const Prepare& prepare) {
+    const Prepare& prepare, CallObserver observer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
-  const Finish finish = StartCall(rpc, reactor, received);
+  auto record = std::make_shared<CallRecord>();
+  const Finish finish =
+      StartCall(rpc, reactor, received, std::move(observer), record);
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<Work> work = prepare(&budget, storage.get());
@@ -135,7 +147,7 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
     return reactor;
   }
   const absl::Status scheduled = pool_->Schedule(
-      [this, rpc, context, response, info, finish, received, storage,
+      [this, rpc, context, response, info, finish, received, storage, record,
        work = *std::move(work)] {
         const absl::Time started = absl::Now();
         metrics_->QueueWait(rpc, started - received);
@@ -152,7 +164,7 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
         }
         const absl::StatusOr<std::string> implementation = work();
         Complete(rpc, response, info, received, started,
-                 absl::Now() - started, implementation, finish);
+                 absl::Now() - started, implementation, finish, record.get());
       });
   if (!scheduled.ok()) finish(scheduled);
   return reactor;
@@ -248,7 +260,8 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
 grpc::ServerUnaryReactor* AttentionService::ServeAttention(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
-    const DecodeAttention& decode, EncodeAttention encode) {
+    const DecodeAttention& decode, EncodeAttention encode,
+    CallObserver observer) {
   if (batcher_ == nullptr) {
     return Serve(rpc, context, response, info,
                  [this, &decode, encode](ElementBudget* budget,
@@ -262,11 +275,14 @@ grpc::ServerUnaryReactor* AttentionService::ServeAttention(
                      encode(result);
                      return result.implementation;
                    });
-                 });
+                 },
+                 std::move(observer));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
-  const Finish finish = StartCall(rpc, reactor, received);
+  auto record = std::make_shared<CallRecord>();
+  const Finish finish =
+      StartCall(rpc, reactor, received, std::move(observer), record);
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<attn::AttentionRequest> op = decode(&budget, storage.get());
@@ -279,15 +295,16 @@ grpc::ServerUnaryReactor* AttentionService::ServeAttention(
   task->deadline = absl::FromChrono(context->deadline());
   task->cancelled = [context] { return context->IsCancelled(); };
   task->done = [this, rpc, response, info, encode = std::move(encode), finish,
-                received, storage](absl::StatusOr<attn::OpResult> result,
-                                   const BatchTiming& timing) {
+                received, storage, record](absl::StatusOr<attn::OpResult> result,
+                                           const BatchTiming& timing) {
+    record->batch_requests = std::max(timing.batch_requests, 1);
     metrics_->QueueWait(rpc, timing.started - received);
     absl::StatusOr<std::string> implementation =
         result.ok() ? absl::StatusOr<std::string>(result->implementation)
                     : absl::StatusOr<std::string>(result.status());
     if (result.ok()) encode(*result);
     Complete(rpc, response, info, received, timing.started, timing.kernel,
-             implementation, finish);
+             implementation, finish, record.get());
   };
   const absl::Status scheduled = batcher_->Schedule(std::move(task));
   if (!scheduled.ok()) finish(scheduled);

@@ -95,32 +95,48 @@ class AttentionService final
   attn::Engine* engine() const { return engine_; }
   ModelRepository* repository() const { return repository_; }
 
+  // What one call came to, for per-model statistics.
+  struct CallRecord {
+    bool computed = false;  // the kernel ran
+    absl::Duration queue = absl::ZeroDuration();    // waiting for the kernel
+    absl::Duration compute = absl::ZeroDuration();  // the kernel, encoding
+    int batch_requests = 1;  // requests computed together with this one
+  };
+  // Called once per call as it finishes, on the finishing thread.
+  using CallObserver = std::function<void(
+      const absl::Status& status, const CallRecord& record,
+      absl::Duration total)>;
+
   // Serves one call: decode (here), compute (on the pool), finish. `info`
-  // may be null (a response without ExecutionInfo).
+  // may be null (a response without ExecutionInfo); `observer` may be empty.
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,
                                   attention::v1::ExecutionInfo* info,
-                                  const Prepare& prepare);
+                                  const Prepare& prepare,
+                                  CallObserver observer = {});
   // Serves one attention call through the batcher when there is one, else
   // like Serve.
   grpc::ServerUnaryReactor* ServeAttention(
       Rpc rpc, grpc::CallbackServerContext* context,
       google::protobuf::Message* response, attention::v1::ExecutionInfo* info,
-      const DecodeAttention& decode, EncodeAttention encode);
+      const DecodeAttention& decode, EncodeAttention encode,
+      CallObserver observer = {});
 
  private:
   using Finish = std::function<void(const absl::Status&)>;
 
-  // Starts a call: counts it in flight and returns what finishes it.
+  // Starts a call: counts it in flight and returns what finishes it (and
+  // reports to `observer`, with what `record` holds by then).
   Finish StartCall(Rpc rpc, grpc::ServerUnaryReactor* reactor,
-                   absl::Time received);
-  // Records a computed call (metrics, info, the response size limit) and
-  // finishes it.
+                   absl::Time received, CallObserver observer = {},
+                   std::shared_ptr<CallRecord> record = nullptr);
+  // Records a computed call (metrics, info, `record`, the response size
+  // limit) and finishes it.
   void Complete(Rpc rpc, google::protobuf::Message* response,
                 attention::v1::ExecutionInfo* info, absl::Time received,
                 absl::Time started, absl::Duration kernel,
                 const absl::StatusOr<std::string>& implementation,
-                const Finish& finish);
+                const Finish& finish, CallRecord* record = nullptr);
 
   attn::Engine* const engine_;
   WorkerPool* const pool_;

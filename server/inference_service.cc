@@ -1,5 +1,6 @@
 #include "server/inference_service.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -361,6 +362,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   response->set_name("attnserve");
   response->set_version("0.1.0");
   response->add_extensions("model_configuration");
+  response->add_extensions("statistics");
   return Answer(context, absl::OkStatus());
 }
 
@@ -446,6 +448,68 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
   return Answer(context, absl::OkStatus());
 }
 
+void InferenceService::Record(const std::string& model,
+                              const absl::Status& status,
+                              const AttentionService::CallRecord& record,
+                              absl::Duration total) {
+  absl::MutexLock lock(&stats_mu_);
+  Stats& stats = stats_[model];
+  const uint64_t total_ns = absl::ToInt64Nanoseconds(total);
+  if (status.ok()) {
+    ++stats.inferences;
+    stats.executions += 1.0 / std::max(record.batch_requests, 1);
+    stats.last_inference_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
+    ++stats.success_count;
+    stats.success_ns += total_ns;
+  } else {
+    ++stats.fail_count;
+    stats.fail_ns += total_ns;
+  }
+  if (record.computed) {
+    ++stats.queue_count;
+    stats.queue_ns += absl::ToInt64Nanoseconds(record.queue);
+    ++stats.compute_count;
+    stats.compute_ns += absl::ToInt64Nanoseconds(record.compute);
+  }
+}
+
+grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
+    grpc::CallbackServerContext* context,
+    const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  std::vector<std::string> names;
+  if (request->name().empty()) {
+    names = ModelNames();
+  } else {
+    absl::StatusOr<Resolved> resolved =
+        Resolve(request->name(), request->version());
+    if (!resolved.ok()) return Answer(context, resolved.status());
+    names.push_back(request->name());
+  }
+  absl::MutexLock lock(&stats_mu_);
+  for (const std::string& name : names) {
+    const Stats stats = stats_.count(name) ? stats_.at(name) : Stats{};
+    auto* out = response->add_model_stats();
+    out->set_name(name);
+    out->set_version(kVersion);
+    out->set_last_inference(stats.last_inference_ms);
+    out->set_inference_count(stats.inferences);
+    out->set_execution_count(static_cast<uint64_t>(std::llround(stats.executions)));
+    auto* inference = out->mutable_inference_stats();
+    inference->mutable_success()->set_count(stats.success_count);
+    inference->mutable_success()->set_ns(stats.success_ns);
+    inference->mutable_fail()->set_count(stats.fail_count);
+    inference->mutable_fail()->set_ns(stats.fail_ns);
+    inference->mutable_queue()->set_count(stats.queue_count);
+    inference->mutable_queue()->set_ns(stats.queue_ns);
+    inference->mutable_compute_infer()->set_count(stats.compute_count);
+    inference->mutable_compute_infer()->set_ns(stats.compute_ns);
+    inference->mutable_compute_input()->set_count(stats.compute_count);
+    inference->mutable_compute_output()->set_count(stats.compute_count);
+  }
+  return Answer(context, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(
     grpc::CallbackServerContext* context,
     const inference::ModelInferRequest* request,
@@ -467,6 +531,12 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
                                          DecodeStorage* storage) -> absl::Status {
     return DecodeInputs(*request, *model, budget, storage, inputs.get());
   };
+  AttentionService::CallObserver observer =
+      [this, name = model->name](const absl::Status& status,
+                                 const AttentionService::CallRecord& record,
+                                 absl::Duration total) {
+        Record(name, status, record, total);
+      };
   auto lengths = [inputs]() {
     auto it = inputs->lengths.find("valid_lens");
     return it == inputs->lengths.end() ? attn::LengthsView{} : it->second;
@@ -494,7 +564,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
                   {{"output", &result.output},
                    {"attention_weights", &result.weights}},
                   response);
-        });
+        },
+        std::move(observer));
   }
   return calls_->Serve(
       model->rpc, context, response, nullptr,
@@ -577,7 +648,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
                 });
           }
         }
-      });
+      },
+      std::move(observer));
 }
 
 }  // namespace attnserve

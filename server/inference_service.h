@@ -12,19 +12,27 @@
 // output in order. attention_weights are computed only when requested by
 // name. Inference goes through the AttentionService's building blocks, so the
 // pool, the batcher, the limits and the metrics are the same as the typed
-// API's. ModelStatistics answers UNIMPLEMENTED and "statistics" is not
-// listed among the extensions, so tools do not ask for it.
+// API's. ModelStatistics reports, per model, since start-up: requests
+// inferred (inference_count), kernel executions (execution_count; a batched
+// execution is apportioned among its requests), success and failure counts
+// with their whole-call time, queue time and compute time (compute_infer;
+// compute_input and compute_output are part of it and reported as zero).
 //
 // Thread-safe; borrows `calls`, which must outlive it.
 #ifndef ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
 #define ATTNSERVE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/attention_service.h"
@@ -70,6 +78,10 @@ class InferenceService final
       grpc::CallbackServerContext* context,
       const inference::RepositoryIndexRequest* request,
       inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(
+      grpc::CallbackServerContext* context,
+      const inference::ModelStatisticsRequest* request,
+      inference::ModelStatisticsResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(
       grpc::CallbackServerContext* context,
       const inference::ModelInferRequest* request,
@@ -102,10 +114,25 @@ class InferenceService final
                                    const std::string& version) const;
   std::vector<std::string> ModelNames() const;
 
+  struct Stats {
+    uint64_t inferences = 0;
+    double executions = 0;  // batched executions count 1/n per request
+    uint64_t last_inference_ms = 0;
+    uint64_t success_count = 0, success_ns = 0;
+    uint64_t fail_count = 0, fail_ns = 0;
+    uint64_t queue_count = 0, queue_ns = 0;
+    uint64_t compute_count = 0, compute_ns = 0;
+  };
+  // Counts one finished ModelInfer call of `model`.
+  void Record(const std::string& model, const absl::Status& status,
+              const AttentionService::CallRecord& record, absl::Duration total);
+
   AttentionService* const calls_;
   const bool batching_;
   const int max_batch_size_;
   std::atomic<bool> ready_{true};
+  mutable absl::Mutex stats_mu_;
+  std::map<std::string, Stats> stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace attnserve

@@ -339,6 +339,33 @@ class ServerRpcTest(KServeTestCase):
             self.assertEqual(model.state, "READY", model.name)
             self.assertIn(model.version, ("1", ""), model.name)
 
+    def test_model_statistics_count_calls(self):
+        def stats():
+            return self.client.get_inference_statistics(
+                "batch_matmul").model_stats[0]
+        self.assertIn("statistics", self.client.get_server_metadata().extensions)
+        before = stats()
+        a, b = self.randn(2, 3, 4), self.randn(2, 4, 5)
+        for _ in range(3):
+            self.infer("batch_matmul", [("X", a), ("Y", b)])
+        with self.assertRaises(InferenceServerException):
+            self.infer("batch_matmul", [("X", a), ("Y", self.randn(2, 5, 5))])
+        after = stats()
+        self.assertEqual(after.name, "batch_matmul")
+        self.assertEqual(after.inference_count - before.inference_count, 3)
+        self.assertEqual(after.execution_count - before.execution_count, 3)
+        s0, s1 = before.inference_stats, after.inference_stats
+        self.assertEqual(s1.success.count - s0.success.count, 3)
+        self.assertGreater(s1.success.ns, s0.success.ns)
+        self.assertEqual(s1.fail.count - s0.fail.count, 1)
+        # The mismatched call failed validation: no kernel ran for it.
+        self.assertEqual(s1.compute_infer.count - s0.compute_infer.count, 3)
+        self.assertGreater(s1.compute_infer.ns, s0.compute_infer.ns)
+        self.assertGreater(after.last_inference, 0)
+        # Every model is listed when no name is given.
+        every = self.client.get_inference_statistics()
+        self.assertGreaterEqual({m.name for m in every.model_stats}, set(MODELS))
+
     def test_unknown_model_metadata_and_config(self):
         for call in (self.client.get_model_metadata,
                      self.client.get_model_config):
