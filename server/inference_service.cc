@@ -284,9 +284,13 @@ const std::vector<InferenceService::ModelSpec>& InferenceService::Models() {
   return *models;
 }
 
-InferenceService::InferenceService(AttentionService* calls, bool batching,
+InferenceService::InferenceService(AttentionService* calls,
+                                   const BatchingOptions* batching,
                                    int max_batch_size)
-    : calls_(calls), batching_(batching), max_batch_size_(max_batch_size) {}
+    : calls_(calls),
+      batching_(batching != nullptr),
+      batching_options_(batching != nullptr ? *batching : BatchingOptions{}),
+      max_batch_size_(max_batch_size) {}
 
 std::vector<std::string> InferenceService::ModelNames() const {
   std::vector<std::string> names;
@@ -431,7 +435,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     const std::vector<int64_t> d = dims(spec);
     output->mutable_dims()->Assign(d.begin(), d.end());
   }
-  if (batched && batching_) config->mutable_dynamic_batching();
+  if (batched && batching_) {
+    inference::ModelDynamicBatching* dynamic = config->mutable_dynamic_batching();
+    for (int size : batching_options_.preferred_batch_sizes) {
+      dynamic->add_preferred_batch_size(size);
+    }
+    dynamic->set_max_queue_delay_microseconds(static_cast<uint64_t>(
+        absl::ToInt64Microseconds(batching_options_.max_queue_delay)));
+    dynamic->mutable_default_queue_policy()->set_max_queue_size(
+        static_cast<uint32_t>(batching_options_.max_queue_size));
+  }
   return Answer(context, absl::OkStatus());
 }
 

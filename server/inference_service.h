@@ -43,9 +43,11 @@ namespace attnserve {
 class InferenceService final
     : public inference::GRPCInferenceService::CallbackService {
  public:
-  // `batching`: whether dot_product_attention goes through a batcher (its
-  // ModelConfig then reports dynamic_batching and a max_batch_size).
-  InferenceService(AttentionService* calls, bool batching, int max_batch_size);
+  // `batching`: the batcher's options when dot_product_attention goes
+  // through one (its ModelConfig then reports them as dynamic_batching), or
+  // null; `max_batch_size` is reported either way.
+  InferenceService(AttentionService* calls, const BatchingOptions* batching,
+                   int max_batch_size);
 
   // ServerReady and ModelReady report this; false while draining.
   void SetReady(bool ready) { ready_.store(ready); }
@@ -129,6 +131,7 @@ class InferenceService final
 
   AttentionService* const calls_;
   const bool batching_;
+  const BatchingOptions batching_options_;
   const int max_batch_size_;
   std::atomic<bool> ready_{true};
   mutable absl::Mutex stats_mu_;

@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<attnserve::AttentionBatcher> batcher;
   attnserve::RealClock clock;
+  attnserve::BatchingOptions batching;
   if (absl::GetFlag(FLAGS_batching)) {
-    attnserve::BatchingOptions batching;
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
     batching.max_batch_elements = absl::GetFlag(FLAGS_max_batch_elements);
     batching.max_queue_delay =
@@ -279,8 +279,9 @@ int main(int argc, char** argv) {
   attnserve::AttentionService service(engine->get(), pool->get(),
                                       batcher.get(), metrics->get(), limits,
                                       repository->get());
-  attnserve::InferenceService inference(&service, batcher != nullptr,
-                                        absl::GetFlag(FLAGS_max_batch_size));
+  attnserve::InferenceService inference(
+      &service, batcher != nullptr ? &batching : nullptr,
+      absl::GetFlag(FLAGS_max_batch_size));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
