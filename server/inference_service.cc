@@ -320,7 +320,10 @@ absl::StatusOr<InferenceService::Resolved> InferenceService::Resolve(
       if (resolved.held->config.backend() == "additive_attention") {
         resolved.spec = AdditiveSpec(name);
       } else {
-        resolved.spec = Models().back();  // nadaraya_watson's tensors
+        // A fitted bandwidth: the built-in nadaraya_watson's tensors.
+        for (const ModelSpec& model : Models()) {
+          if (model.rpc == Rpc::kNadarayaWatson) resolved.spec = model;
+        }
         resolved.spec.name = name;
       }
     }

@@ -27,6 +27,7 @@ repo=$(cd "$here/../.." && pwd)
 requirements=$here/requirements.txt
 
 source "$repo/tests/lib/server.sh"
+source "$repo/tests/lib/venv.sh"
 
 workdir=$(mktemp -d -t attnserve-pytest.XXXXXX)
 # shellcheck disable=SC2317  # run by the EXIT trap
@@ -42,20 +43,8 @@ if [[ ! -x "$server_bin" ]]; then
   exit 1
 fi
 
-# --- The virtual environment, made once (under a lock) and cached. ---------
-mkdir -p "$(dirname "$venv")"
-(
-  flock 9
-  stamp=$venv/.requirements
-  if [[ ! -x "$venv/bin/python" ]] || ! cmp -s "$requirements" "$stamp"; then
-    echo "run_client_test.sh: making $venv"
-    rm -rf "$venv"
-    /usr/bin/python3 -m venv "$venv"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install \
-      --quiet --only-binary=:all: -r "$requirements"
-    cp "$requirements" "$stamp"
-  fi
-) 9>"$venv.lock"
+# --- The virtual environment, made once and cached. ------------------------
+ensure_venv "$venv" "$requirements"
 python=$venv/bin/python
 
 # --- Stubs from the .proto. -------------------------------------------------
