@@ -100,7 +100,8 @@ ABSL_FLAG(std::string, score, "",
 ABSL_FLAG(bool, return_weights, false,
           "Return the attention or kernel weights too.");
 ABSL_FLAG(std::string, precision, "",
-          "fp32 | bf16: products in float32 or bfloat16 (default fp32).");
+          "fp32 | bf16 | fp16: products in float32, bfloat16 or float16 "
+          "(default fp32).");
 ABSL_FLAG(std::string, kernel, "",
           "gaussian | boxcar | constant | epanechnikov (default gaussian).");
 ABSL_FLAG(std::optional<float>, bandwidth, std::nullopt,

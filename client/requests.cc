@@ -335,7 +335,8 @@ absl::StatusOr<attention::v1::Precision> ParsePrecision(
     absl::string_view text) {
   static constexpr Choice<attention::v1::Precision> kChoices[] = {
       {"fp32", attention::v1::PRECISION_FLOAT32},
-      {"bf16", attention::v1::PRECISION_BFLOAT16}};
+      {"bf16", attention::v1::PRECISION_BFLOAT16},
+      {"fp16", attention::v1::PRECISION_FLOAT16}};
   return ParseChoice(text, kChoices);
 }
 

@@ -17,8 +17,14 @@ namespace {
 namespace v1 = ::attention::v1;
 
 attn::Precision PrecisionOf(v1::Precision precision) {
-  return precision == v1::PRECISION_BFLOAT16 ? attn::Precision::kBFloat16
-                                             : attn::Precision::kFloat32;
+  switch (precision) {
+    case v1::PRECISION_BFLOAT16:
+      return attn::Precision::kBFloat16;
+    case v1::PRECISION_FLOAT16:
+      return attn::Precision::kFloat16;
+    default:
+      return attn::Precision::kFloat32;
+  }
 }
 
 absl::Status CheckEnum(absl::string_view field, int value, bool valid) {

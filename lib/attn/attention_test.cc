@@ -244,6 +244,57 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
   }
 }
 
+TEST(AttentionPrecisionTest, Float16WithinDocumentedBound) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  std::mt19937 rng(8);
+  const Tensor q = RandomNormal(rng, {2, 70, 32});
+  const Tensor k = RandomNormal(rng, {2, 90, 32});
+  const Tensor v = RandomNormal(rng, {2, 90, 16});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  auto exact = (*reference)->Attention(request);
+  ASSERT_TRUE(exact.ok());
+  request.precision = Precision::kFloat16;
+  auto fp16_reference = (*reference)->Attention(request);
+  ASSERT_TRUE(fp16_reference.ok());
+  auto fp16 = (*engine)->Attention(request);
+  ASSERT_TRUE(fp16.ok()) << fp16.status();
+  EXPECT_TRUE(AllClose(fp16->output, fp16_reference->output, 1e-4, 1e-4));
+  // float16 keeps 11 significant bits (relative rounding <= 2^-11), eight
+  // times finer than bfloat16: the bf16 argument above gives 2^-10 of
+  // max|v|; we allow 2^-8 absolute. And the flag is not ignored.
+  EXPECT_TRUE(AllClose(fp16->output, exact->output, 1.0 / 256));
+  EXPECT_FALSE(AllClose(fp16->output, exact->output, 1e-6));
+}
+
+TEST(AttentionPrecisionTest, Float16RejectsInputsBeyondItsRange) {
+  std::mt19937 rng(9);
+  Tensor q = RandomNormal(rng, {1, 4, 8});
+  const Tensor k = RandomNormal(rng, {1, 5, 8});
+  const Tensor v = RandomNormal(rng, {1, 5, 8});
+  q.data[3] = 70000.0f;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = Precision::kFloat16;
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  auto result = (*engine)->Attention(request);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("queries"), std::string::npos);
+  EXPECT_NE(result.status().message().find("65504"), std::string::npos);
+  request.precision = Precision::kBFloat16;  // bfloat16 has float32's range
+  EXPECT_TRUE((*engine)->Attention(request).ok());
+}
+
 TEST(EngineWarmUpTest, RunsEveryOperation) {
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());

@@ -30,6 +30,9 @@ class Backend {
   // A short stable identifier, reported with every result ("reference",
   // "onednn-cpu", "cuda").
   virtual std::string name() const = 0;
+  // What a start-up log line says of it; the name unless a backend has more
+  // to tell (the CUDA backend names its GPU).
+  virtual std::string description() const { return name(); }
 
   virtual absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) = 0;
   virtual absl::Status BatchMatmul(const BatchMatmulParams& params) = 0;

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "attn/cuda_backend.h"
 #include "attn/fit.h"
 #include "attn/onednn_backend.h"
 #include "attn/reference.h"
@@ -80,6 +81,23 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const EngineOptions& options) {
   std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::string> notes;
+  if (options.device != Device::kCpu) {
+    CudaBackend::Options cuda_options;
+    cuda_options.device = options.cuda_device;
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda =
+        CudaBackend::Create(cuda_options);
+    if (cuda.ok()) {
+      backends.push_back(std::move(cuda).value());
+    } else if (options.device == Device::kCuda) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the CUDA backend was asked for but cannot run: ",
+          cuda.status().message()));
+    } else {
+      notes.push_back(absl::StrCat("no GPU backend, running on the CPU: ",
+                                   cuda.status().message()));
+    }
+  }
   if (options.use_onednn) {
     OneDnnBackend::Options backend_options;
     backend_options.max_threads = options.max_threads;
@@ -95,7 +113,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       return onednn.status();
     }
   }
-  return CreateWithBackends(std::move(backends));
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                   CreateWithBackends(std::move(backends)));
+  engine->notes_ = std::move(notes);
+  return engine;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithBackends(
@@ -115,6 +136,14 @@ std::vector<std::string> Engine::backend_names() const {
   std::vector<std::string> names;
   for (const auto& backend : backends_) names.push_back(backend->name());
   return names;
+}
+
+std::vector<std::string> Engine::backend_descriptions() const {
+  std::vector<std::string> descriptions;
+  for (const auto& backend : backends_) {
+    descriptions.push_back(backend->description());
+  }
+  return descriptions;
 }
 
 template <typename Params, typename Method>

@@ -29,7 +29,17 @@
 
 namespace attn {
 
+// Where the optimized kernels run.
+enum class Device {
+  kCpu,   // oneDNN on the CPU
+  kCuda,  // the CUDA backend first; Engine::Create fails without a usable GPU
+  kAuto,  // the CUDA backend when a usable GPU is present, else the CPU
+};
+
 struct EngineOptions {
+  Device device = Device::kCpu;
+  // The CUDA backend's device ordinal (kCuda, kAuto).
+  int cuda_device = 0;
   // Use the oneDNN CPU backend where the CPU supports it. Off: the reference
   // backend runs everything (slow; for tests and debugging).
   bool use_onednn = true;
@@ -45,6 +55,8 @@ struct EngineOptions {
 
 class Engine {
  public:
+  // FAILED_PRECONDITION for Device::kCuda without a usable GPU (the message
+  // says why); kAuto then falls back to the CPU and says why in notes().
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineOptions& options);
   // An engine over an explicit backend list (tried in order); the reference
@@ -76,6 +88,11 @@ class Engine {
 
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
   std::vector<std::string> backend_names() const;
+  // The same, described (the CUDA backend names its GPU).
+  std::vector<std::string> backend_descriptions() const;
+  // What Create decided and why, for a start-up log (e.g. why kAuto fell
+  // back to the CPU). Empty when there is nothing to say.
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   explicit Engine(std::vector<std::unique_ptr<Backend>> backends);
@@ -89,6 +106,7 @@ class Engine {
                                        const OpResult& result);
 
   const std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::string> notes_;
 };
 
 }  // namespace attn

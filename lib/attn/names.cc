@@ -9,6 +9,8 @@ const char* PrecisionName(Precision precision) {
       return "fp32";
     case Precision::kBFloat16:
       return "bf16";
+    case Precision::kFloat16:
+      return "fp16";
   }
   return "unknown";
 }

@@ -38,10 +38,11 @@ class ScopedOmpThreads {
   const int previous_;
 };
 
-// Copies `count` floats rounded to bfloat16.
-std::vector<float> RoundedCopy(const float* data, int64_t count) {
+// Copies `count` floats rounded to `precision`'s operands.
+std::vector<float> RoundedCopy(const float* data, int64_t count,
+                               Precision precision) {
   std::vector<float> copy(data, data + count);
-  for (float& value : copy) value = RoundToBFloat16(value);
+  for (float& value : copy) value = RoundOperand(value, precision);
   return copy;
 }
 
@@ -195,13 +196,13 @@ absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
 absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
   ScopedOmpThreads threads(
       impl_->ThreadsFor(2.0 * p.n * p.m * p.k * p.p));
-  if (p.precision == Precision::kBFloat16) {
+  if (p.precision != Precision::kFloat32) {
     try {
-      const std::vector<float> a = RoundedCopy(p.a, p.n * p.m * p.k);
-      const std::vector<float> b = RoundedCopy(p.b, p.n * p.k * p.p);
+      const std::vector<float> a = RoundedCopy(p.a, p.n * p.m * p.k, p.precision);
+      const std::vector<float> b = RoundedCopy(p.b, p.n * p.k * p.p, p.precision);
       return impl_->Matmul(a.data(), b.data(), p.out, p.n, p.m, p.k, p.p);
     } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError("no memory for bf16 operands");
+      return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
   }
   return impl_->Matmul(p.a, p.b, p.out, p.n, p.m, p.k, p.p);
@@ -211,19 +212,19 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
   const double flops = 2.0 * p.batch * p.heads * p.lq * p.lk * (p.d + p.dv);
   const int threads = impl_->ThreadsFor(flops);
   ScopedOmpThreads scoped(threads);
-  if (p.precision == Precision::kBFloat16) {
+  if (p.precision != Precision::kFloat32) {
     try {
       const int64_t bh = p.batch * p.heads;
-      const std::vector<float> q = RoundedCopy(p.q, bh * p.lq * p.d);
-      const std::vector<float> k = RoundedCopy(p.k, bh * p.lk * p.d);
-      const std::vector<float> v = RoundedCopy(p.v, bh * p.lk * p.dv);
+      const std::vector<float> q = RoundedCopy(p.q, bh * p.lq * p.d, p.precision);
+      const std::vector<float> k = RoundedCopy(p.k, bh * p.lk * p.d, p.precision);
+      const std::vector<float> v = RoundedCopy(p.v, bh * p.lk * p.dv, p.precision);
       AttentionParams rounded = p;
       rounded.q = q.data();
       rounded.k = k.data();
       rounded.v = v.data();
       return internal::CpuAttention(rounded, threads);
     } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError("no memory for bf16 operands");
+      return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
   }
   return internal::CpuAttention(p, threads);

@@ -22,10 +22,12 @@
 namespace attn {
 
 // The arithmetic precision of the products. Inputs and outputs are float32
-// either way. kBFloat16 rounds every matrix-product operand to bfloat16 (round
-// to nearest even) and accumulates in float32: the semantics of AMX/AVX512-BF16
-// dot products. Softmax, masks and regression kernels stay float32.
-enum class Precision { kFloat32, kBFloat16 };
+// either way. kBFloat16 and kFloat16 round every matrix-product operand to
+// bfloat16 / IEEE float16 (round to nearest even) and accumulate in float32:
+// the semantics of AMX/AVX512-BF16 dot products and of GPU tensor cores.
+// Softmax, masks and regression kernels stay float32. A float16 operand
+// beyond +-65504 would overflow, so validation rejects such inputs.
+enum class Precision { kFloat32, kBFloat16, kFloat16 };
 
 const char* PrecisionName(Precision precision);
 

@@ -11,7 +11,7 @@ namespace attn {
 namespace {
 
 float Operand(float value, Precision precision) {
-  return precision == Precision::kBFloat16 ? RoundToBFloat16(value) : value;
+  return RoundOperand(value, precision);
 }
 
 // Softmax of scores[0, limit) into probabilities; empty when limit == 0.

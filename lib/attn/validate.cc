@@ -33,6 +33,24 @@ absl::Status CheckTensor(absl::string_view name, const TensorView& view,
   return absl::OkStatus();
 }
 
+// float16 operands: every input must be within float16's range, else the
+// rounded operand would be infinite and the result NaN.
+absl::Status CheckOperandRange(absl::string_view name, const TensorView& view,
+                               Precision precision) {
+  if (precision != Precision::kFloat16) return absl::OkStatus();
+  constexpr float kFloat16Max = 65504.0f;
+  const int64_t count = view.num_elements();
+  for (int64_t i = 0; i < count; ++i) {
+    if (std::isfinite(view.data[i]) && std::fabs(view.data[i]) > kFloat16Max) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": element ", i, " is ", view.data[i],
+          ", beyond float16's range +-65504 (precision fp16); scale the "
+          "input or use fp32 or bf16"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDim(absl::string_view name, const TensorView& view, int axis,
                       int64_t want, absl::string_view expected) {
   if (view.shape[axis] != want) return ShapeError(name, expected, view.shape);
@@ -155,6 +173,8 @@ absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmul(
   p.k = k;
   p.p = request.b.shape[2];
   p.precision = request.precision;
+  RETURN_IF_ERROR(CheckOperandRange("a", request.a, p.precision));
+  RETURN_IF_ERROR(CheckOperandRange("b", request.b, p.precision));
   plan.output_shape = {p.n, p.m, p.p};
   RETURN_IF_ERROR(CheckedNumElements("output", plan.output_shape).status());
   return plan;
@@ -207,6 +227,9 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
   p.score = request.score;
   p.causal = request.causal;
   p.precision = request.precision;
+  RETURN_IF_ERROR(CheckOperandRange("queries", q, p.precision));
+  RETURN_IF_ERROR(CheckOperandRange("keys", k, p.precision));
+  RETURN_IF_ERROR(CheckOperandRange("values", v, p.precision));
   if (request.scale.has_value()) {
     RETURN_IF_ERROR(CheckPositiveFinite("scale", *request.scale));
     p.scale = *request.scale;

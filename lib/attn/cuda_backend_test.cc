@@ -1,0 +1,569 @@
+// The CUDA backend against the reference (double accumulation), with the
+// tolerance FlashAttention's tests use: an output may be at most twice as far
+// from the reference as a naive computation in the same precision is (the
+// naive loops are below), plus 2^-20 of the largest |reference| so that rows
+// where the naive computation happens to be exact (a valid length of 1) do
+// not demand exactness from 3xTF32, whose split keeps ~21 of 24 bits.
+//
+// Without a usable GPU (always in CI) every test that needs one is skipped
+// with the reason, and CTest reports it as skipped, not passed; the tests of
+// how the library behaves without a GPU run instead.
+#include "attn/cuda_backend.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attn/bfloat16.h"
+#include "attn/engine.h"
+#include "attn/reference.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+
+namespace attn {
+namespace {
+
+using ::attn::testing::AllClose;
+using ::attn::testing::AllExactly;
+using ::attn::testing::RandomLengths;
+using ::attn::testing::RandomNormal;
+using ::attn::testing::ReferenceEngine;
+using ::attn::testing::ViewOf;
+
+// ---- the GPU, once per process ---------------------------------------------
+
+struct Gpu {
+  std::unique_ptr<Engine> fused;    // cuda (fused attention on), reference
+  std::unique_ptr<Engine> unfused;  // cuda (fused attention off), reference
+  CudaBackend* backend = nullptr;   // fused's CUDA backend
+  std::string unavailable;          // why there is none, when there is none
+};
+
+Gpu& TheGpu() {
+  static Gpu* gpu = [] {
+    auto* gpu = new Gpu;
+    auto make = [gpu](bool fused) -> std::unique_ptr<Engine> {
+      CudaBackend::Options options;
+      options.fused_attention = fused;
+      auto backend = CudaBackend::Create(options);
+      if (!backend.ok()) {
+        gpu->unavailable = std::string(backend.status().message());
+        return nullptr;
+      }
+      CudaBackend* raw = backend->get();
+      std::vector<std::unique_ptr<Backend>> list;
+      list.push_back(std::move(backend).value());
+      auto engine = Engine::CreateWithBackends(std::move(list));
+      if (!engine.ok()) return nullptr;
+      if (fused) gpu->backend = raw;
+      return std::move(engine).value();
+    };
+    gpu->fused = make(true);
+    if (gpu->fused != nullptr) gpu->unfused = make(false);
+    return gpu;
+  }();
+  return *gpu;
+}
+
+#define REQUIRE_GPU()                                                \
+  do {                                                               \
+    if (TheGpu().fused == nullptr) {                                 \
+      GTEST_SKIP() << "no usable GPU: " << TheGpu().unavailable;     \
+    }                                                                \
+  } while (0)
+
+// ---- naive same-precision computations -------------------------------------
+
+float Round(float value, Precision precision) {
+  return RoundOperand(value, precision);
+}
+
+// The naive computation's and the tested result's distance from the
+// reference, and the tolerance derived from them.
+::testing::AssertionResult WithinTwiceNaive(const Tensor& actual,
+                                            const Tensor& naive,
+                                            const Tensor& reference) {
+  if (actual.shape != reference.shape || naive.shape != reference.shape) {
+    return ::testing::AssertionFailure() << "shape mismatch";
+  }
+  double naive_error = 0.0, largest = 0.0, error = 0.0;
+  size_t worst = 0;
+  for (size_t i = 0; i < reference.data.size(); ++i) {
+    const double expected = reference.data[i];
+    naive_error = std::max(naive_error, std::fabs(naive.data[i] - expected));
+    largest = std::max(largest, std::fabs(expected));
+    const double e = std::fabs(static_cast<double>(actual.data[i]) - expected);
+    if (!(e <= error)) {  // NaN counts as the worst
+      error = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+      worst = i;
+    }
+  }
+  const double tolerance = 2.0 * naive_error + std::ldexp(largest, -20);
+  if (error <= tolerance) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "max error " << error << " at " << worst << " (got "
+         << actual.data[worst] << ", want " << reference.data[worst]
+         << ") exceeds 2 x naive error " << naive_error << " + 2^-20 x "
+         << largest << " = " << tolerance;
+}
+
+// Rows of scores -> probabilities in float, keys at or past `limit` zero.
+void NaiveSoftmax(float* row, int64_t columns, int64_t limit) {
+  float max_value = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < limit; ++j) max_value = std::max(max_value, row[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < limit; ++j) sum += std::exp(row[j] - max_value);
+  for (int64_t j = 0; j < columns; ++j) {
+    row[j] = j < limit ? std::exp(row[j] - max_value) / sum : 0.0f;
+  }
+}
+
+// PyTorch's attention at one precision: products' operands and results
+// rounded to it, float32 inside the softmax.
+Tensor NaiveAttention(const AttentionRequest& r, int64_t heads,
+                      std::vector<float>* weights) {
+  const Shape& qs = r.queries.shape;
+  const int64_t batch = qs[0], lq = qs[qs.size() - 2], d = qs.back();
+  const int64_t lk = r.keys.shape[r.keys.shape.size() - 2];
+  const int64_t dv = r.values.shape.back();
+  const float scale = r.scale.value_or(
+      r.score == ScoreKind::kDotProduct ? 1.0f / std::sqrt(float(d)) : 1.0f);
+  Shape out_shape = qs;
+  out_shape.back() = dv;
+  Tensor out = Tensor::Zeros(out_shape);
+  const Precision p = r.precision;
+  weights->assign(batch * heads * lq * lk, 0.0f);
+  std::vector<float> row(lk);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t bh = b * heads + h;
+      for (int64_t i = 0; i < lq; ++i) {
+        int64_t limit = lk;
+        if (r.valid_lens.data != nullptr) {
+          limit = r.valid_lens.shape.size() == 1
+                      ? r.valid_lens.data[b]
+                      : r.valid_lens.data[b * lq + i];
+        }
+        if (r.causal) limit = std::min(limit, i + 1);
+        const float* q = r.queries.data + (bh * lq + i) * d;
+        for (int64_t j = 0; j < lk; ++j) {
+          const float* k = r.keys.data + (bh * lk + j) * d;
+          float acc = 0.0f;
+          for (int64_t c = 0; c < d; ++c) {
+            if (r.score == ScoreKind::kDotProduct) {
+              acc += Round(q[c], p) * Round(k[c], p);
+            } else {
+              const float diff = q[c] - k[c];
+              acc += diff * diff;
+            }
+          }
+          row[j] = r.score == ScoreKind::kDotProduct
+                       ? Round(acc * scale, p)
+                       : -0.5f * scale * acc;
+        }
+        NaiveSoftmax(row.data(), lk, limit);
+        float* w = weights->data() + (bh * lq + i) * lk;
+        for (int64_t j = 0; j < lk; ++j) w[j] = row[j];
+        for (int64_t c = 0; c < dv; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < lk; ++j) {
+            acc += Round(row[j], p) *
+                   Round(r.values.data[(bh * lk + j) * dv + c], p);
+          }
+          out.data[(bh * lq + i) * dv + c] = Round(acc, p);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// ---- tests that run everywhere ---------------------------------------------
+
+TEST(CudaBackendWithoutGpuTest, CreateSaysWhyOrWorks) {
+  auto backend = CudaBackend::Create(CudaBackend::Options{});
+  if (backend.ok()) {
+    EXPECT_TRUE(CudaBackend::Compiled());
+    EXPECT_NE((*backend)->description().find("compute"), std::string::npos);
+    return;
+  }
+  // No GPU: a clear reason, and the code the engine relies on.
+  EXPECT_FALSE(backend.status().message().empty());
+  if (CudaBackend::Compiled()) {
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
+        << backend.status();
+  } else {
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented)
+        << backend.status();
+  }
+}
+
+TEST(CudaBackendWithoutGpuTest, DeviceChoiceOfTheEngine) {
+  const bool have_gpu = CudaBackend::Create(CudaBackend::Options{}).ok();
+  EngineOptions cuda;
+  cuda.device = Device::kCuda;
+  auto forced = Engine::Create(cuda);
+  EngineOptions automatic;
+  automatic.device = Device::kAuto;
+  auto fallback = Engine::Create(automatic);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  if (have_gpu) {
+    ASSERT_TRUE(forced.ok()) << forced.status();
+    EXPECT_EQ((*forced)->backend_names().front(), "cuda");
+    EXPECT_EQ((*fallback)->backend_names().front(), "cuda");
+    EXPECT_TRUE((*fallback)->notes().empty());
+  } else {
+    // --backend=cuda must fail at start, with the reason; auto falls back
+    // to the CPU and says why.
+    EXPECT_EQ(forced.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(forced.status().message().find("cuda"), std::string::npos)
+        << forced.status();
+    EXPECT_NE((*fallback)->backend_names().front(), "cuda");
+    ASSERT_EQ((*fallback)->notes().size(), 1u);
+    EXPECT_NE((*fallback)->notes()[0].find("CPU"), std::string::npos);
+  }
+}
+
+// ---- attention ------------------------------------------------------------
+
+enum class Mask { kNone, kPerBatch, kPerRow, kCausal, kCausalPerRow };
+
+struct AttentionCase {
+  int64_t batch, heads, lq, lk, d, dv;
+  Mask mask;
+  Precision precision;
+  ScoreKind score = ScoreKind::kDotProduct;
+};
+
+std::string Describe(const AttentionCase& c) {
+  static const char* const kMasks[] = {"none", "batch", "row", "causal",
+                                       "causalrow"};
+  return absl::StrCat("b", c.batch, "h", c.heads, "q", c.lq, "k", c.lk, "d",
+                      c.d, "v", c.dv, "_", kMasks[static_cast<int>(c.mask)],
+                      "_", PrecisionName(c.precision),
+                      c.score == ScoreKind::kGaussian ? "_gauss" : "");
+}
+std::string CaseName(const ::testing::TestParamInfo<AttentionCase>& info) {
+  return Describe(info.param);
+}
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << Describe(c); }
+
+class CudaAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudaAttentionTest, FusedAndUnfusedWithinTwiceNaiveError) {
+  REQUIRE_GPU();
+  const AttentionCase& c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.lq * 131 + c.lk * 7 + c.d));
+  auto shape = [&](int64_t length, int64_t depth) {
+    return c.heads > 1 ? Shape{c.batch, c.heads, length, depth}
+                       : Shape{c.batch, length, depth};
+  };
+  const Tensor q = RandomNormal(rng, shape(c.lq, c.d));
+  const Tensor k = RandomNormal(rng, shape(c.lk, c.d));
+  const Tensor v = RandomNormal(rng, shape(c.lk, c.dv));
+  std::vector<int32_t> lengths;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = c.precision;
+  request.score = c.score;
+  request.causal = c.mask == Mask::kCausal || c.mask == Mask::kCausalPerRow;
+  if (c.mask == Mask::kPerBatch) {
+    lengths = RandomLengths(rng, c.batch, 0, static_cast<int32_t>(c.lk));
+    lengths[0] = 0;  // a row with nothing to attend: zeros
+    request.valid_lens = ViewOf(lengths, {c.batch});
+  } else if (c.mask == Mask::kPerRow || c.mask == Mask::kCausalPerRow) {
+    lengths = RandomLengths(rng, c.batch * c.lq, 0, static_cast<int32_t>(c.lk));
+    lengths[0] = 0;
+    if (lengths.size() > 1) lengths[1] = 1;
+    request.valid_lens = ViewOf(lengths, {c.batch, c.lq});
+  }
+  std::vector<float> naive_weights;
+  const Tensor naive = NaiveAttention(request, c.heads, &naive_weights);
+  request.return_weights = true;
+  auto reference = ReferenceEngine().Attention(request);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  for (Engine* engine : {TheGpu().fused.get(), TheGpu().unfused.get()}) {
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(engine == TheGpu().fused.get() ? "fused" : "unfused",
+                                weights ? ", weights" : ""));
+      request.return_weights = weights;
+      auto result = engine->Attention(request);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->implementation, "cuda");
+      EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+      if (!weights) continue;
+      Tensor naive_w = Tensor::Zeros(reference->weights.shape);
+      naive_w.data.assign(naive_weights.begin(), naive_weights.end());
+      EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w, reference->weights));
+      // Masked keys get exactly zero weight.
+      for (size_t i = 0; i < naive_weights.size(); ++i) {
+        if (reference->weights.data[i] == 0.0f && naive_weights[i] == 0.0f) {
+          ASSERT_EQ(result->weights.data[i], 0.0f) << "weight " << i;
+        }
+      }
+    }
+  }
+}
+
+std::vector<AttentionCase> AttentionCases() {
+  std::vector<AttentionCase> cases;
+  for (Precision p : {Precision::kFloat32, Precision::kBFloat16,
+                      Precision::kFloat16}) {
+    for (Mask m : {Mask::kNone, Mask::kPerBatch, Mask::kPerRow, Mask::kCausal,
+                   Mask::kCausalPerRow}) {
+      cases.push_back({2, 1, 97, 257, 64, 64, m, p});
+      cases.push_back({1, 3, 130, 67, 128, 128, m, p});
+      cases.push_back({3, 2, 1, 129, 32, 32, m, p});
+    }
+    cases.push_back({2, 2, 64, 64, 64, 64, Mask::kNone, p});
+    cases.push_back({1, 1, 257, 1, 32, 32, Mask::kNone, p});
+    cases.push_back({2, 1, 33, 65, 48, 48, Mask::kPerRow, p});  // unfused d
+    cases.push_back({2, 1, 33, 65, 64, 24, Mask::kCausal, p});  // dv != d
+  }
+  cases.push_back({2, 1, 40, 70, 16, 8, Mask::kPerRow, Precision::kFloat32,
+                   ScoreKind::kGaussian});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaAttentionTest,
+                         ::testing::ValuesIn(AttentionCases()), CaseName);
+
+// ---- the other operations ---------------------------------------------------
+
+TEST(CudaOpsTest, MaskedSoftmaxWithinTwiceNaiveError) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (const Shape& shape : {Shape{1, 1, 1}, Shape{3, 7, 1000}, Shape{2, 97, 33}}) {
+    const Tensor x = RandomNormal(rng, shape, 4.0f);
+    std::vector<int32_t> lengths =
+        RandomLengths(rng, shape[0] * shape[1], 0, static_cast<int32_t>(shape[2]));
+    lengths[0] = 0;
+    MaskedSoftmaxRequest request{x.view(), ViewOf(lengths, {shape[0], shape[1]})};
+    auto reference = ReferenceEngine().MaskedSoftmax(request);
+    ASSERT_TRUE(reference.ok());
+    Tensor naive = x;
+    for (int64_t r = 0; r < shape[0] * shape[1]; ++r) {
+      NaiveSoftmax(naive.data.data() + r * shape[2], shape[2], lengths[r]);
+    }
+    auto result = TheGpu().fused->MaskedSoftmax(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->implementation, "cuda");
+    EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+    for (int64_t r = 0; r < shape[0] * shape[1]; ++r) {
+      EXPECT_TRUE(AllExactly(result->output, 0.0f, r * shape[2] + lengths[r],
+                             (r + 1) * shape[2]));
+    }
+  }
+}
+
+TEST(CudaOpsTest, BatchMatmulWithinTwiceNaiveError) {
+  REQUIRE_GPU();
+  std::mt19937 rng(12);
+  for (Precision p : {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16}) {
+    for (const auto& [n, m, k, pp] : std::vector<std::array<int64_t, 4>>{
+             {1, 1, 1, 1}, {3, 97, 257, 5}, {2, 64, 64, 64}, {7, 1, 300, 9}}) {
+      const Tensor a = RandomNormal(rng, {n, m, k});
+      const Tensor b = RandomNormal(rng, {n, k, pp});
+      BatchMatmulRequest request{a.view(), b.view(), p};
+      auto reference = ReferenceEngine().BatchMatmul(request);
+      ASSERT_TRUE(reference.ok());
+      Tensor naive = Tensor::Zeros({n, m, pp});
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < pp; ++c) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < k; ++t) {
+              acc += Round(a.data[(i * m + r) * k + t], p) *
+                     Round(b.data[(i * k + t) * pp + c], p);
+            }
+            naive.data[(i * m + r) * pp + c] = Round(acc, p);
+          }
+        }
+      }
+      auto result = TheGpu().fused->BatchMatmul(request);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->implementation, "cuda");
+      EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output))
+          << PrecisionName(p) << " " << n << "x" << m << "x" << k << "x" << pp;
+    }
+  }
+}
+
+TEST(CudaOpsTest, AdditiveAttentionWithinTwiceNaiveError) {
+  REQUIRE_GPU();
+  std::mt19937 rng(13);
+  const int64_t batch = 3, lq = 17, lk = 41, dq = 20, dk = 12, h = 9, dv = 5;
+  const Tensor q = RandomNormal(rng, {batch, lq, dq});
+  const Tensor k = RandomNormal(rng, {batch, lk, dk});
+  const Tensor v = RandomNormal(rng, {batch, lk, dv});
+  const Tensor w_q = RandomNormal(rng, {h, dq}, 0.3f);
+  const Tensor w_k = RandomNormal(rng, {h, dk}, 0.3f);
+  const Tensor w_v = RandomNormal(rng, {h});
+  std::vector<int32_t> lengths = RandomLengths(rng, batch * lq, 0, lk);
+  lengths[0] = 0;
+  AdditiveAttentionRequest request{q.view(), k.view(), v.view(), w_q.view(),
+                                   w_k.view(), w_v.view(),
+                                   ViewOf(lengths, {batch, lq}), true};
+  auto reference = ReferenceEngine().AdditiveAttention(request);
+  ASSERT_TRUE(reference.ok());
+  Tensor naive = Tensor::Zeros({batch, lq, dv});
+  Tensor naive_w = Tensor::Zeros({batch, lq, lk});
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < lq; ++i) {
+      float* row = naive_w.data.data() + (b * lq + i) * lk;
+      for (int64_t j = 0; j < lk; ++j) {
+        float score = 0.0f;
+        for (int64_t u = 0; u < h; ++u) {
+          float qp = 0.0f, kp = 0.0f;
+          for (int64_t c = 0; c < dq; ++c) qp += w_q.data[u * dq + c] * q.data[(b * lq + i) * dq + c];
+          for (int64_t c = 0; c < dk; ++c) kp += w_k.data[u * dk + c] * k.data[(b * lk + j) * dk + c];
+          score += w_v.data[u] * std::tanh(qp + kp);
+        }
+        row[j] = score;
+      }
+      NaiveSoftmax(row, lk, lengths[b * lq + i]);
+      for (int64_t c = 0; c < dv; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < lk; ++j) acc += row[j] * v.data[(b * lk + j) * dv + c];
+        naive.data[(b * lq + i) * dv + c] = acc;
+      }
+    }
+  }
+  auto result = TheGpu().fused->AdditiveAttention(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->implementation, "cuda");
+  EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+  EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w, reference->weights));
+}
+
+TEST(CudaOpsTest, NadarayaWatsonEveryKernelWithinTwiceNaiveError) {
+  REQUIRE_GPU();
+  std::mt19937 rng(14);
+  const int64_t n = 300, m = 77, dx = 3, dy = 2;
+  const Tensor x_train = RandomNormal(rng, {n, dx});
+  const Tensor y_train = RandomNormal(rng, {n, dy});
+  const Tensor x_query = RandomNormal(rng, {m, dx}, 1.5f);
+  for (RegressionKernel kernel :
+       {RegressionKernel::kGaussian, RegressionKernel::kBoxcar,
+        RegressionKernel::kConstant, RegressionKernel::kEpanechnikov}) {
+    SCOPED_TRACE(RegressionKernelName(kernel));
+    NadarayaWatsonRequest request{x_train.view(), y_train.view(),
+                                  x_query.view(), kernel, 1.7f, true};
+    auto reference = ReferenceEngine().NadarayaWatson(request);
+    ASSERT_TRUE(reference.ok());
+    Tensor naive = Tensor::Zeros({m, dy});
+    Tensor naive_w = Tensor::Zeros({m, n});
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = naive_w.data.data() + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        float squared = 0.0f;
+        for (int64_t c = 0; c < dx; ++c) {
+          const float diff = x_query.data[i * dx + c] - x_train.data[j * dx + c];
+          squared += diff * diff;
+        }
+        const float u = 1.7f * std::sqrt(squared);
+        row[j] = kernel == RegressionKernel::kGaussian
+                     ? -0.5f * u * u
+                     : static_cast<float>(RegressionKernelValue(kernel, u));
+      }
+      if (kernel == RegressionKernel::kGaussian) {
+        NaiveSoftmax(row, n, n);
+      } else {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; ++j) sum += row[j];
+        for (int64_t j = 0; j < n; ++j) row[j] = sum > 0.0f ? row[j] / sum : 0.0f;
+      }
+      for (int64_t c = 0; c < dy; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < n; ++j) acc += row[j] * y_train.data[j * dy + c];
+        naive.data[i * dy + c] = acc;
+      }
+    }
+    auto result = TheGpu().fused->NadarayaWatson(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->implementation, "cuda");
+    EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+    EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w, reference->weights));
+  }
+}
+
+// ---- resources ------------------------------------------------------------
+
+TEST(CudaResourcesTest, ConcurrentCallersEachGetTheirOwnStream) {
+  REQUIRE_GPU();
+  std::mt19937 rng(15);
+  const Tensor q = RandomNormal(rng, {4, 2, 200, 64});
+  const Tensor k = RandomNormal(rng, {4, 2, 300, 64});
+  const Tensor v = RandomNormal(rng, {4, 2, 300, 64});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  auto reference = ReferenceEngine().Attention(request);
+  ASSERT_TRUE(reference.ok());
+  std::vector<std::thread> threads;
+  std::vector<Tensor> outputs(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int call = 0; call < 5; ++call) {
+        auto result = TheGpu().fused->Attention(request);
+        if (result.ok()) outputs[t] = std::move(result->output);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const Tensor& output : outputs) {
+    EXPECT_TRUE(AllClose(output, reference->output, 1e-5, 1e-4));
+  }
+}
+
+TEST(CudaResourcesTest, SteadyStateCallsReuseDeviceMemory) {
+  REQUIRE_GPU();
+  std::mt19937 rng(16);
+  const Tensor a = RandomNormal(rng, {4, 128, 96});
+  const Tensor b = RandomNormal(rng, {4, 96, 80});
+  BatchMatmulRequest request{a.view(), b.view(), Precision::kFloat32};
+  ASSERT_TRUE(TheGpu().fused->BatchMatmul(request).ok());
+  const CudaBackend::MemoryStats warm = TheGpu().backend->memory_stats();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(TheGpu().fused->BatchMatmul(request).ok());
+  const CudaBackend::MemoryStats after = TheGpu().backend->memory_stats();
+  EXPECT_EQ(after.bytes_in_use + after.bytes_cached,
+            warm.bytes_in_use + warm.bytes_cached)
+      << "device memory grew across identical calls";
+}
+
+TEST(CudaResourcesTest, FusedAttentionMemoryIsLinearInLength) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  std::vector<int64_t> peaks;
+  for (int64_t length : {1024, 4096}) {
+    const Tensor q = RandomNormal(rng, {1, 4, length, 64});
+    const Tensor k = RandomNormal(rng, {1, 4, length, 64});
+    const Tensor v = RandomNormal(rng, {1, 4, length, 64});
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = k.view();
+    request.values = v.view();
+    TheGpu().backend->ResetPeakMemory();
+    ASSERT_TRUE(TheGpu().fused->Attention(request).ok());
+    peaks.push_back(TheGpu().backend->memory_stats().peak_bytes_in_use);
+  }
+  // 4x the length: inputs and output grow 4x; an (L x L) matrix would be 16x.
+  EXPECT_LE(peaks[1], 5 * peaks[0]) << peaks[0] << " -> " << peaks[1];
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,49 @@
+// The CUDA backend in a build without CUDA (nvcc was not found, or
+// ATTN_WITH_CUDA=OFF): Create says so, and nothing else is reachable.
+#include "absl/status/status.h"
+#include "attn/cuda_backend.h"
+
+namespace attn {
+
+class CudaBackend::Impl {};
+
+bool CudaBackend::Compiled() { return false; }
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const Options&) {
+  return absl::UnimplementedError(
+      "cuda: this build has no CUDA backend (nvcc was not found when it was "
+      "configured; configure with -DATTN_WITH_CUDA=ON where the CUDA toolkit "
+      "is installed)");
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+std::string CudaBackend::description() const { return name(); }
+
+namespace {
+absl::Status NotBuilt() {
+  return absl::UnimplementedError("cuda: not built");
+}
+}  // namespace
+
+absl::Status CudaBackend::MaskedSoftmax(const MaskedSoftmaxParams&) {
+  return NotBuilt();
+}
+absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams&) {
+  return NotBuilt();
+}
+absl::Status CudaBackend::Attention(const AttentionParams&) {
+  return NotBuilt();
+}
+absl::Status CudaBackend::AdditiveAttention(const AdditiveAttentionParams&) {
+  return NotBuilt();
+}
+absl::Status CudaBackend::NadarayaWatson(const NadarayaWatsonParams&) {
+  return NotBuilt();
+}
+CudaBackend::MemoryStats CudaBackend::memory_stats() const { return {}; }
+void CudaBackend::ResetPeakMemory() {}
+
+}  // namespace attn

@@ -1,0 +1,524 @@
+// Fused attention forward in the FlashAttention-2 style: a block owns 64
+// query rows (16 per warp), walks the key tiles that any of its rows may see,
+// keeps Q, K and V tiles in shared memory and the scores, running max and
+// running sum in registers (online softmax), so no (lq, lk) matrix ever
+// reaches global memory. Extra device memory: none beyond the output.
+//
+// Products run on tensor cores through mma.sync:
+//  - float32: m16n8k8 TF32 in the 3xTF32 scheme (x = big + small, both TF32;
+//    a*b ~ big*big + big*small + small*big), the same as PyTorch's float32
+//    memory-efficient kernel; error ~2^-22 relative per product.
+//  - bfloat16 / float16: m16n8k16 with float32 accumulation; P is rounded to
+//    the operand type before the P.V product, as FlashAttention does.
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k8/k16"): lane =
+// 4 * g + t. Accumulator c0..c3 hold (row g, cols 2t, 2t+1) and (row g + 8,
+// cols 2t, 2t+1). For TF32 we relabel the k index inside each 8-wide slice
+// (logical k = t <-> column 2t, k = t + 4 <-> column 2t + 1) on both operands
+// of a product; a product's sum does not depend on the order of k, and with
+// this labelling the accumulator of Q.K^T is already P's A fragment and every
+// shared-memory read is a float2.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attn/internal/cuda/kernels.h"
+
+namespace attn::cuda_internal {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockRows = kWarps * 16;  // query rows per block
+constexpr int kBlockKeys = 64;           // keys per tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ int KeyLimit(const KeyLimits& limits, int64_t batch,
+                                        int64_t row, int64_t lq, int64_t lk) {
+  int64_t limit = lk;
+  if (limits.kind == KeyLimits::kPerBatch) {
+    limit = limits.valid[batch];
+  } else if (limits.kind == KeyLimits::kPerRow) {
+    limit = limits.valid[batch * lq + row];
+  }
+  if (limits.causal) limit = min(limit, row + 1);
+  return static_cast<int>(limit);
+}
+
+// 16-byte asynchronous global -> shared copy; zero-fills when !valid.
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem,
+                                            bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Copies rows [row0, row0 + 64) of a (rows, D) matrix of T into a shared tile
+// with row stride kStride elements; rows at or past `rows` become zeros (so a
+// masked-out key's value can never be NaN * 0).
+template <typename T, int D, int kStride>
+__device__ __forceinline__ void LoadTile(T* tile, const T* matrix,
+                                         int64_t row0, int64_t rows) {
+  constexpr int kChunksPerRow = D * sizeof(T) / 16;
+  constexpr int kElemsPerChunk = 16 / sizeof(T);
+  for (int chunk = threadIdx.x; chunk < 64 * kChunksPerRow;
+       chunk += kThreads) {
+    const int r = chunk / kChunksPerRow;
+    const int c = (chunk % kChunksPerRow) * kElemsPerChunk;
+    const bool valid = row0 + r < rows;
+    const T* src = valid ? matrix + (row0 + r) * D + c : matrix;
+    CopyAsync16(tile + r * kStride + c, src, valid);
+  }
+}
+
+// ---- float32: 3xTF32 -------------------------------------------------------
+
+__device__ __forceinline__ uint32_t ToTf32(float x) {
+  uint32_t out;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(out) : "f"(x));
+  return out;
+}
+
+__device__ __forceinline__ void SplitTf32(float x, uint32_t& big,
+                                          uint32_t& small) {
+  big = ToTf32(x);
+  small = ToTf32(x - __uint_as_float(big));
+}
+
+__device__ __forceinline__ void MmaTf32(float (&c)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a * b to float32 accuracy from split operands.
+__device__ __forceinline__ void Mma3xTf32(float (&c)[4],
+                                          const uint32_t (&a_big)[4],
+                                          const uint32_t (&a_small)[4],
+                                          const uint32_t (&b_big)[2],
+                                          const uint32_t (&b_small)[2]) {
+  MmaTf32(c, a_small, b_big);
+  MmaTf32(c, a_big, b_small);
+  MmaTf32(c, a_big, b_big);
+}
+
+// ---- bfloat16 / float16 ----------------------------------------------------
+
+template <typename T>
+struct Half2;
+template <>
+struct Half2<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct Half2<__half> {
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void Mma16(float (&c)[4], const uint32_t (&a)[4],
+                                      uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void Mma16<__nv_bfloat16>(float (&c)[4],
+                                                     const uint32_t (&a)[4],
+                                                     uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void Mma16<__half>(float (&c)[4],
+                                              const uint32_t (&a)[4],
+                                              uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+// ---- the shared online-softmax step ---------------------------------------
+
+// Scales the tile's scores to log2 units, masks keys at or past each row's
+// limit, updates the running max m and partial sum l of rows g and g + 8, and
+// rescales the output accumulators. s[n][e]: key tile column n * 8 + 2t +
+// (e & 1) of row g (e < 2) or g + 8 (e >= 2).
+template <int kDTiles>
+__device__ __forceinline__ void OnlineSoftmax(float (&s)[8][4],
+                                              float (&o)[kDTiles][4],
+                                              float (&m)[2], float (&l)[2],
+                                              const int (&limit)[2], int key0,
+                                              float scale_log2) {
+  const int t = threadIdx.x % 4;
+  float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + n * 8 + 2 * t + (e & 1);
+      const int r = e >> 1;
+      s[n][e] = key < limit[r] ? s[n][e] * scale_log2 : kNegInf;
+      tile_max[r] = fmaxf(tile_max[r], s[n][e]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    // A row with no visible key yet keeps m = -inf; subtracting 0 instead
+    // makes its probabilities exp2(-inf) = 0 rather than NaN.
+    const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+    const float alpha = exp2f(m[r] - m_ref);
+    m[r] = m_new;
+    l[r] *= alpha;
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      o[n][2 * r] *= alpha;
+      o[n][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      s[n][2 * r] = exp2f(s[n][2 * r] - m_ref);
+      s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - m_ref);
+      l[r] += s[n][2 * r] + s[n][2 * r + 1];
+    }
+  }
+}
+
+// Divides by the row sums and writes rows g and g + 8 of the warp's 16 rows.
+template <int D>
+__device__ __forceinline__ void StoreOutput(float (&o)[D / 8][4], float (&l)[2],
+                                            float* out, int64_t row_g,
+                                            int64_t lq) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int64_t row = row_g + 8 * r;
+    if (row >= lq) continue;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float2 value = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<float2*>(out + row * D + n * 8 + 2 * t) = value;
+    }
+  }
+}
+
+// The first key tile no row of this block sees: the largest key limit.
+__device__ __forceinline__ int BlockKeyTiles(const FusedAttentionArgs& a,
+                                             int64_t batch, int64_t row0,
+                                             int* shared_max) {
+  if (threadIdx.x == 0) *shared_max = 0;
+  __syncthreads();
+  if (threadIdx.x < kBlockRows && row0 + threadIdx.x < a.lq) {
+    atomicMax(shared_max, KeyLimit(a.limits, batch, row0 + threadIdx.x, a.lq, a.lk));
+  }
+  __syncthreads();
+  return (*shared_max + kBlockKeys - 1) / kBlockKeys;
+}
+
+// ---- the kernels -------------------------------------------------------
+
+// float32 operands. Shared: Q and K with row stride D + 8 floats, V with
+// D + 4 (conflict-free float2 reads of Q/K and scalar reads of V).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    FusedAttentionF32(FusedAttentionArgs a, int64_t query_tiles) {
+  constexpr int kQkStride = D + 8;
+  constexpr int kVStride = D + 4;
+  constexpr int kDTiles = D / 8;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  float* q_tile = reinterpret_cast<float*>(shared_raw);
+  float* k_tile = q_tile + kBlockRows * kQkStride;
+  float* v_tile = k_tile + kBlockKeys * kQkStride;
+  __shared__ int block_limit;
+
+  const int64_t bh = blockIdx.x / query_tiles;
+  const int64_t row0 = (blockIdx.x % query_tiles) * kBlockRows;
+  const int64_t batch = bh / a.heads;
+  const float* q = static_cast<const float*>(a.q) + bh * a.lq * D;
+  const float* k = static_cast<const float*>(a.k) + bh * a.lk * D;
+  const float* v = static_cast<const float*>(a.v) + bh * a.lk * D;
+  float* out = a.out + bh * a.lq * D;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row_g = row0 + warp * 16 + g;
+  int limit[2];
+  for (int r = 0; r < 2; ++r) {
+    limit[r] = row_g + 8 * r < a.lq
+                   ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
+                   : 0;
+  }
+  const int key_tiles = BlockKeyTiles(a, batch, row0, &block_limit);
+
+  LoadTile<float, D, kQkStride>(q_tile, q, row0, a.lq);
+  if (key_tiles > 0) LoadTile<float, D, kQkStride>(k_tile, k, 0, a.lk);
+  CopyAsyncCommit();
+
+  float o[kDTiles][4] = {};
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  const float scale_log2 = a.scale * kLog2e;
+  const float* q_warp = q_tile + warp * 16 * kQkStride;
+
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int key0 = tile * kBlockKeys;
+    CopyAsyncWait<0>();
+    __syncthreads();  // K(tile) visible; V's buffer free
+    LoadTile<float, D, kVStride>(v_tile, v, key0, a.lk);
+    CopyAsyncCommit();
+
+    float s[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 8; ++kk) {
+      const float2 q_lo = *reinterpret_cast<const float2*>(
+          q_warp + g * kQkStride + kk * 8 + 2 * t);
+      const float2 q_hi = *reinterpret_cast<const float2*>(
+          q_warp + (g + 8) * kQkStride + kk * 8 + 2 * t);
+      uint32_t a_big[4], a_small[4];
+      SplitTf32(q_lo.x, a_big[0], a_small[0]);
+      SplitTf32(q_hi.x, a_big[1], a_small[1]);
+      SplitTf32(q_lo.y, a_big[2], a_small[2]);
+      SplitTf32(q_hi.y, a_big[3], a_small[3]);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float2 kv = *reinterpret_cast<const float2*>(
+            k_tile + (n * 8 + g) * kQkStride + kk * 8 + 2 * t);
+        uint32_t b_big[2], b_small[2];
+        SplitTf32(kv.x, b_big[0], b_small[0]);
+        SplitTf32(kv.y, b_big[1], b_small[1]);
+        Mma3xTf32(s[n], a_big, a_small, b_big, b_small);
+      }
+    }
+
+    OnlineSoftmax<kDTiles>(s, o, m, l, limit, key0, scale_log2);
+
+    CopyAsyncWait<0>();
+    __syncthreads();  // V(tile) visible; every warp is done with K(tile)
+    if (tile + 1 < key_tiles) {
+      LoadTile<float, D, kQkStride>(k_tile, k, key0 + kBlockKeys, a.lk);
+    }
+    CopyAsyncCommit();
+
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t a_big[4], a_small[4];
+      SplitTf32(s[kk][0], a_big[0], a_small[0]);
+      SplitTf32(s[kk][2], a_big[1], a_small[1]);
+      SplitTf32(s[kk][1], a_big[2], a_small[2]);
+      SplitTf32(s[kk][3], a_big[3], a_small[3]);
+#pragma unroll
+      for (int n = 0; n < kDTiles; ++n) {
+        uint32_t b_big[2], b_small[2];
+        SplitTf32(v_tile[(kk * 8 + 2 * t) * kVStride + n * 8 + g], b_big[0],
+                  b_small[0]);
+        SplitTf32(v_tile[(kk * 8 + 2 * t + 1) * kVStride + n * 8 + g],
+                  b_big[1], b_small[1]);
+        Mma3xTf32(o[n], a_big, a_small, b_big, b_small);
+      }
+    }
+  }
+  CopyAsyncWait<0>();
+  StoreOutput<D>(o, l, out, row_g, a.lq);
+}
+
+// bfloat16 / float16 operands; every tile has row stride D + 8 elements
+// (16 bytes of padding: conflict-free ldmatrix).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    FusedAttention16(FusedAttentionArgs a, int64_t query_tiles) {
+  constexpr int kStride = D + 8;
+  constexpr int kDTiles = D / 8;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  T* q_tile = reinterpret_cast<T*>(shared_raw);
+  T* k_tile = q_tile + kBlockRows * kStride;
+  T* v_tile = k_tile + kBlockKeys * kStride;
+  __shared__ int block_limit;
+
+  const int64_t bh = blockIdx.x / query_tiles;
+  const int64_t row0 = (blockIdx.x % query_tiles) * kBlockRows;
+  const int64_t batch = bh / a.heads;
+  const T* q = static_cast<const T*>(a.q) + bh * a.lq * D;
+  const T* k = static_cast<const T*>(a.k) + bh * a.lk * D;
+  const T* v = static_cast<const T*>(a.v) + bh * a.lk * D;
+  float* out = a.out + bh * a.lq * D;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int64_t row_g = row0 + warp * 16 + g;
+  int limit[2];
+  for (int r = 0; r < 2; ++r) {
+    limit[r] = row_g + 8 * r < a.lq
+                   ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
+                   : 0;
+  }
+  const int key_tiles = BlockKeyTiles(a, batch, row0, &block_limit);
+
+  LoadTile<T, D, kStride>(q_tile, q, row0, a.lq);
+  if (key_tiles > 0) LoadTile<T, D, kStride>(k_tile, k, 0, a.lk);
+  CopyAsyncCommit();
+
+  float o[kDTiles][4] = {};
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  const float scale_log2 = a.scale * kLog2e;
+  // ldmatrix row addresses (see the layout notes at the top of the file).
+  const T* q_lane = q_tile + (warp * 16 + lane % 16) * kStride + (lane / 16) * 8;
+  const int k_row = (lane & 7) + ((lane >> 4) << 3);
+  const int k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int v_col = (lane >> 4) * 8;
+
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int key0 = tile * kBlockKeys;
+    CopyAsyncWait<0>();
+    __syncthreads();
+    LoadTile<T, D, kStride>(v_tile, v, key0, a.lk);
+    CopyAsyncCommit();
+
+    float s[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      LdMatrixX4(qa, q_lane + kk * 16);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {  // pairs of 8-key column tiles
+        uint32_t kb[4];
+        LdMatrixX4(kb, k_tile + (np * 16 + k_row) * kStride + kk * 16 + k_col);
+        Mma16<T>(s[2 * np], qa, kb[0], kb[1]);
+        Mma16<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+
+    OnlineSoftmax<kDTiles>(s, o, m, l, limit, key0, scale_log2);
+
+    CopyAsyncWait<0>();
+    __syncthreads();
+    if (tile + 1 < key_tiles) {
+      LoadTile<T, D, kStride>(k_tile, k, key0 + kBlockKeys, a.lk);
+    }
+    CopyAsyncCommit();
+
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {  // 16-key slices of the tile
+      uint32_t pa[4];
+      pa[0] = Half2<T>::Pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = Half2<T>::Pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = Half2<T>::Pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = Half2<T>::Pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < kDTiles / 2; ++np) {
+        uint32_t vb[4];
+        LdMatrixX4Trans(vb, v_tile + (kk * 16 + v_row) * kStride + np * 16 + v_col);
+        Mma16<T>(o[2 * np], pa, vb[0], vb[1]);
+        Mma16<T>(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+  CopyAsyncWait<0>();
+  StoreOutput<D>(o, l, out, row_g, a.lq);
+}
+
+template <typename Kernel>
+cudaError_t Launch(Kernel kernel, size_t shared_bytes,
+                   const FusedAttentionArgs& args, cudaStream_t stream) {
+  const int64_t query_tiles = (args.lq + kBlockRows - 1) / kBlockRows;
+  const int64_t blocks = args.batch * args.heads * query_tiles;
+  if (blocks <= 0 || blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  // Above 48 KiB a kernel must opt in; the attribute is per function, and
+  // setting it again is harmless, so every launch sets it (cheap, and
+  // correct whichever thread launches first).
+  cudaError_t status = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(shared_bytes));
+  if (status != cudaSuccess) return status;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
+      args, query_tiles);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t LaunchForHeadDim(const FusedAttentionArgs& args,
+                             cudaStream_t stream) {
+  switch (args.type) {
+    case ElementType::kFloat32:
+      return Launch(FusedAttentionF32<D>,
+                    sizeof(float) * ((kBlockRows + kBlockKeys) * (D + 8) +
+                                     kBlockKeys * (D + 4)),
+                    args, stream);
+    case ElementType::kBFloat16:
+      return Launch(FusedAttention16<__nv_bfloat16, D>,
+                    sizeof(__nv_bfloat16) * (kBlockRows + 2 * kBlockKeys) * (D + 8),
+                    args, stream);
+    case ElementType::kFloat16:
+      return Launch(FusedAttention16<__half, D>,
+                    sizeof(__half) * (kBlockRows + 2 * kBlockKeys) * (D + 8),
+                    args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+bool FusedAttentionSupportsHeadDim(int64_t d) {
+  return d == 32 || d == 64 || d == 128;
+}
+
+cudaError_t LaunchFusedAttention(const FusedAttentionArgs& args,
+                                 cudaStream_t stream) {
+  switch (args.d) {
+    case 32:
+      return LaunchForHeadDim<32>(args, stream);
+    case 64:
+      return LaunchForHeadDim<64>(args, stream);
+    case 128:
+      return LaunchForHeadDim<128>(args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace attn::cuda_internal
