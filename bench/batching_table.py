@@ -22,6 +22,14 @@ def delta(out, row, name):
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
+def delta_all(out, row, family, label):
+    """The change of every series of `family` carrying `label`, summed (the
+    kernel histogram has one series per backend)."""
+    after = metrics(os.path.join(out, row + ".after.prom"))
+    return sum(delta(out, row, name) for name in after
+               if name.startswith(family + "{") and label in name)
+
+
 def main():
     out, max_delay_us = sys.argv[1], float(sys.argv[2])
     report = {}
@@ -31,8 +39,8 @@ def main():
     rpc = 'rpc="ScaledDotProductAttention"'
 
     def kernel_ms(row):
-        total = delta(out, row, "attnserve_kernel_duration_seconds_sum{%s}" % rpc)
-        count = delta(out, row, "attnserve_kernel_duration_seconds_count{%s}" % rpc)
+        total = delta_all(out, row, "attnserve_kernel_duration_seconds_sum", rpc)
+        count = delta_all(out, row, "attnserve_kernel_duration_seconds_count", rpc)
         return 1e3 * total / count if count else float("nan")
 
     def batch_mean(row):

@@ -51,6 +51,11 @@
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
+ABSL_FLAG(std::string, backend, "auto",
+          "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
+          "without a usable one), or auto (the GPU when one is usable, else "
+          "the CPU; start-up says which and why).");
+ABSL_FLAG(int32_t, cuda_device, 0, "The GPU's CUDA ordinal (--backend=cuda|auto).");
 ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -166,6 +171,20 @@ int main(int argc, char** argv) {
 
   attn::EngineOptions engine_options;
   engine_options.max_threads = absl::GetFlag(FLAGS_kernel_threads);
+  const std::string backend_flag = absl::GetFlag(FLAGS_backend);
+  if (backend_flag == "cpu") {
+    engine_options.device = attn::Device::kCpu;
+  } else if (backend_flag == "cuda") {
+    engine_options.device = attn::Device::kCuda;
+  } else if (backend_flag == "auto") {
+    engine_options.device = attn::Device::kAuto;
+  } else {
+    absl::FPrintF(stderr,
+                  "attnserve: --backend must be cpu, cuda or auto, got \"%s\"\n",
+                  backend_flag);
+    return 1;
+  }
+  engine_options.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
       attn::Engine::Create(engine_options);
   if (!engine.ok()) {
@@ -178,10 +197,15 @@ int main(int argc, char** argv) {
                   warm.ToString());
     return 1;
   }
+  for (const std::string& note : engine.value()->notes()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", note);
+  }
   const std::vector<std::string> backends = engine.value()->backend_names();
+  const std::vector<std::string> descriptions =
+      engine.value()->backend_descriptions();
   for (size_t i = 0; i < backends.size(); ++i) {
     absl::FPrintF(stderr, "attnserve: backend %d of %d: %s\n", i + 1,
-                  backends.size(), backends[i]);
+                  backends.size(), descriptions[i]);
   }
 
   absl::StatusOr<std::unique_ptr<attnserve::ServiceMetrics>> metrics =

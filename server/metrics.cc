@@ -166,7 +166,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
             .Register(registry);
     auto& kernel = prometheus::BuildHistogram()
                        .Name("attnserve_kernel_duration_seconds")
-                       .Help("Time spent in the kernel library alone.")
+                       .Help("Time spent in the kernel library alone, by "
+                             "the backend that ran.")
                        .Register(registry);
     auto& runs = prometheus::BuildCounter()
                      .Name("attnserve_kernel_runs_total")
@@ -207,13 +208,16 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
       }
       per_rpc.duration = &duration.Add({{"rpc", rpc}}, LatencyBuckets());
       per_rpc.queue_wait = &queue_wait.Add({{"rpc", rpc}}, LatencyBuckets());
-      per_rpc.kernel = &kernel.Add({{"rpc", rpc}}, LatencyBuckets());
       for (const std::string& implementation : implementations) {
+        per_rpc.kernel[implementation] = &kernel.Add(
+            {{"rpc", rpc}, {"backend", implementation}}, LatencyBuckets());
         per_rpc.runs[implementation] =
             &runs.Add({{"rpc", rpc}, {"implementation", implementation}});
       }
       per_rpc.runs_other =
           &runs.Add({{"rpc", rpc}, {"implementation", "other"}});
+      per_rpc.kernel_other = &kernel.Add(
+          {{"rpc", rpc}, {"backend", "other"}}, LatencyBuckets());
       per_rpc.batch_size = &batch_size.Add(
           {{"rpc", rpc}}, prometheus::Histogram::BucketBoundaries{
                               1, 2, 4, 8, 16, 32, 64, 128});
@@ -290,7 +294,9 @@ void ServiceMetrics::QueueWait(Rpc rpc, absl::Duration wait) {
 void ServiceMetrics::KernelRun(Rpc rpc, const std::string& implementation,
                                absl::Duration kernel) {
   PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
-  per_rpc.kernel->Observe(absl::ToDoubleSeconds(kernel));
+  auto histogram = per_rpc.kernel.find(implementation);
+  (histogram != per_rpc.kernel.end() ? histogram->second : per_rpc.kernel_other)
+      ->Observe(absl::ToDoubleSeconds(kernel));
   auto it = per_rpc.runs.find(implementation);
   (it != per_rpc.runs.end() ? it->second : per_rpc.runs_other)->Increment();
 }

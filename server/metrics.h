@@ -6,7 +6,7 @@
 //   attnserve_requests_total{rpc, code}            counter
 //   attnserve_request_duration_seconds{rpc}        whole call, histogram
 //   attnserve_queue_wait_seconds{rpc}              waiting for a worker
-//   attnserve_kernel_duration_seconds{rpc}         the kernel alone
+//   attnserve_kernel_duration_seconds{rpc, backend}  the kernel alone
 //   attnserve_kernel_runs_total{rpc, implementation}  which backend ran
 //   attnserve_batch_size{rpc}                      requests per batch
 //   attnserve_batch_computed_elements_total{rpc}   score elements computed
@@ -83,7 +83,10 @@ class ServiceMetrics {
     std::array<prometheus::Counter*, 17> requests_by_code{};
     prometheus::Histogram* duration = nullptr;
     prometheus::Histogram* queue_wait = nullptr;
-    prometheus::Histogram* kernel = nullptr;
+    // By the backend that ran (an implementation name); "other" for a name
+    // not known at start-up.
+    absl::flat_hash_map<std::string, prometheus::Histogram*> kernel;
+    prometheus::Histogram* kernel_other = nullptr;
     absl::flat_hash_map<std::string, prometheus::Counter*> runs;
     prometheus::Counter* runs_other = nullptr;
     prometheus::Histogram* batch_size = nullptr;

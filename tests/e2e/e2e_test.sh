@@ -69,6 +69,38 @@ lens() {
   for ((i = 0; i < $1; i++)); do LENS+="${LENS:+,}$((RANDOM % ($2 + 1)))"; done
 }
 
+# --- 0. backend choice at start-up -------------------------------------------------
+# A bad --backend, and --backend=cuda without a usable GPU, fail at start
+# with exit 1 and the reason; with a GPU, cuda starts (and is stopped here).
+if "$server_bin" --backend=gpu --grpc_port=0 --metrics_port=0 >"$workdir/b.out" 2>&1; then
+  fail "--backend=gpu started"
+elif grep -q "backend must be cpu, cuda or auto" "$workdir/b.out"; then
+  pass "--backend=gpu -> exit 1, naming the choices"
+else
+  fail "--backend=gpu: $(head -c 300 "$workdir/b.out")"
+fi
+timeout -s TERM 30 "$server_bin" --backend=cuda --host=127.0.0.1 --grpc_port=0 \
+  --metrics_port=0 --drain_notice_ms=0 >"$workdir/c.out" 2>&1 &
+cuda_pid=$!
+for _ in $(seq 100); do
+  grep -q "listening on" "$workdir/c.out" && break
+  kill -0 "$cuda_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if grep -q "listening on" "$workdir/c.out"; then
+  kill -TERM "$cuda_pid"; wait "$cuda_pid" || true
+  grep -q "backend 1 of .*: cuda" "$workdir/c.out" &&
+    pass "--backend=cuda: a GPU is present and serves first" ||
+    fail "--backend=cuda started without the cuda backend: $(head -c 300 "$workdir/c.out")"
+else
+  wait "$cuda_pid"; rc=$?
+  if [[ $rc == 1 ]] && grep -q "CUDA backend was asked for but cannot run" "$workdir/c.out"; then
+    pass "--backend=cuda without a GPU -> exit 1: $(grep -o 'cannot run: .*' "$workdir/c.out" | head -c 120)"
+  else
+    fail "--backend=cuda -> exit $rc: $(head -c 300 "$workdir/c.out")"
+  fi
+fi
+
 grace_ms=5000
 max_elements=3200000
 start_server "$server_bin" "$workdir/server.log" --kernel_threads=1 \
@@ -213,6 +245,12 @@ if curl -fsS --max-time 5 "$metrics_url" -o "$workdir/metrics.txt"; then
   check_eq "attnserve_requests_total{rpc=\"ScaledDotProductAttention\",code=\"RESOURCE_EXHAUSTED\"}" \
     "$(metric attnserve_requests_total rpc=ScaledDotProductAttention code=RESOURCE_EXHAUSTED)" 1
   check_eq "attnserve_inflight_requests (at rest)" "$(metric attnserve_inflight_requests)" 0
+  # One kernel observation per BatchMatmul call, labelled by its backend.
+  check_eq "attnserve_kernel_duration_seconds_count{rpc=\"BatchMatmul\"} (all backends)" \
+    "$(metric attnserve_kernel_duration_seconds_count rpc=BatchMatmul)" "${ok_calls[BatchMatmul]:-0}"
+  first_backend=$(grep -o "backend 1 of [0-9]*: [a-z-]*" "$workdir/server.log" | head -1 | awk '{print $5}')
+  check_eq "attnserve_kernel_duration_seconds_count{rpc=\"BatchMatmul\",backend=\"$first_backend\"}" \
+    "$(metric attnserve_kernel_duration_seconds_count rpc=BatchMatmul backend="$first_backend")" "${ok_calls[BatchMatmul]:-0}"
   if promtool check metrics <"$workdir/metrics.txt" >"$workdir/promtool.txt" 2>&1; then
     pass "promtool check metrics: clean"
   else
