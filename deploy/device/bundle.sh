@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Packs what the GPU checks need into .device/bundle.tar.gz, for a GPU machine
+# that has the CUDA toolkit, CMake and PyTorch but none of Debian's packages
+# (no Abseil, oneDNN or GoogleTest) and no network.
+#
+#   bash deploy/device/bundle.sh            # builds build/ with CUDA first
+#
+# The bundle holds the CUDA backend's test binary and benchmark, built here
+# (Debian 12, glibc 2.36: they run on any newer glibc), with every shared
+# library they load that is not part of glibc, libstdc++ or the CUDA driver;
+# cuBLAS is dlopen'ed from the GPU machine's own CUDA toolkit. Then, there:
+#
+#   bash deploy/device/run_gpu_checks.sh    # reads .device/bundle.tar.gz
+#
+# (with the device tool: carry .device; see deploy/device/README.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${BUILD_DIR:-build}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON >/dev/null
+cmake --build "$build" -j"$(nproc)" --target cuda_backend_test cuda_attention_bench
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+cp "$build/lib/cuda_backend_test" "$build/bench/cuda_attention_bench" "$stage/bin/"
+# Shared libraries from Debian's packages; the system's own stay behind.
+system='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcublas)\.'
+for binary in "$stage"/bin/*; do
+  ldd "$binary" | awk '/=> \//{print $1, $3}' | while read -r name path; do
+    if [[ ! "$name" =~ $system ]]; then cp -n "$path" "$stage/lib/$name"; fi
+  done
+done
+mkdir -p .device
+tar -C "$stage" -czf .device/bundle.tar.gz bin lib
+echo "bundle: .device/bundle.tar.gz ($(du -h .device/bundle.tar.gz | cut -f1)):"
+tar -tzf .device/bundle.tar.gz | sed 's/^/  /'

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, from .device/bundle.tar.gz
+# (made by deploy/device/bundle.sh): the test suite, compute-sanitizer's
+# memcheck and racecheck over it, and the benchmark beside PyTorch.
+#
+#   bash deploy/device/run_gpu_checks.sh [tests|sanitize|bench|all]
+#
+# Writes logs to $OUT (or /tmp/gpu_checks) and prints a summary; exits
+# non-zero when a step fails.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+what=${1:-all}
+out=${OUT:-/tmp/gpu_checks}
+mkdir -p "$out"
+root=/tmp/attn_bundle
+rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xzf .device/bundle.tar.gz || exit 1
+# cuBLAS from this machine's CUDA toolkit (or PyTorch's wheel when it has one).
+cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+torch_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$root/lib:$cuda_lib:${torch_cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+status=0
+step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, reports
+  local name=$1; shift
+  local start=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then
+    echo "PASS $name ($((SECONDS - start)) s)"
+  else
+    echo "FAIL $name ($((SECONDS - start)) s): tail of $out/$name.log:"
+    tail -25 "$out/$name.log" | sed 's/^/  | /'
+    status=1
+  fi
+}
+if [[ $what == tests || $what == all ]]; then
+  step tests "$root/bin/cuda_backend_test"
+  grep -E "PASSED|FAILED|SKIPPED" "$out/tests.log" | head -20
+fi
+if [[ $what == sanitize || $what == all ]]; then
+  # The sweep without its largest cases keeps the sanitizers within minutes.
+  filter='--gtest_filter=-CudaResourcesTest.FusedAttentionMemoryIsLinearInLength'
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
+fi
+if [[ $what == bench || $what == all ]]; then
+  step bench python3 bench/cuda_bench.py "$root/bin/cuda_attention_bench"
+  cat "$out/bench.log"
+fi
+exit $status
