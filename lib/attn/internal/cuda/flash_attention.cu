@@ -258,6 +258,36 @@ __device__ __forceinline__ int BlockKeyTiles(const FusedAttentionArgs& a,
   return (*shared_max + kBlockKeys - 1) / kBlockKeys;
 }
 
+// Where a block and a thread stand: the (batch, head) slice, the block's
+// first query row, the thread's rows g and g + 8 and their key limits, and
+// how many key tiles the block must walk. Both kernels start from it.
+template <typename T, int D>
+struct BlockPosition {
+  int64_t batch, row0, row_g;
+  int limit[2];
+  int key_tiles;
+  const T *q, *k, *v;
+  float* out;
+
+  __device__ BlockPosition(const FusedAttentionArgs& a, int64_t query_tiles,
+                           int* shared_max) {
+    const int64_t bh = blockIdx.x / query_tiles;
+    row0 = (blockIdx.x % query_tiles) * kBlockRows;
+    batch = bh / a.heads;
+    q = static_cast<const T*>(a.q) + bh * a.lq * D;
+    k = static_cast<const T*>(a.k) + bh * a.lk * D;
+    v = static_cast<const T*>(a.v) + bh * a.lk * D;
+    out = a.out + bh * a.lq * D;
+    row_g = row0 + (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4;
+    for (int r = 0; r < 2; ++r) {
+      limit[r] = row_g + 8 * r < a.lq
+                     ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
+                     : 0;
+    }
+    key_tiles = BlockKeyTiles(a, batch, row0, shared_max);
+  }
+};
+
 // ---- the kernels -------------------------------------------------------
 
 // float32 operands. Shared: Q and K with row stride D + 8 floats, V with
@@ -273,26 +303,13 @@ __global__ void __launch_bounds__(kThreads)
   float* k_tile = q_tile + kBlockRows * kQkStride;
   float* v_tile = k_tile + kBlockKeys * kQkStride;
   __shared__ int block_limit;
-
-  const int64_t bh = blockIdx.x / query_tiles;
-  const int64_t row0 = (blockIdx.x % query_tiles) * kBlockRows;
-  const int64_t batch = bh / a.heads;
-  const float* q = static_cast<const float*>(a.q) + bh * a.lq * D;
-  const float* k = static_cast<const float*>(a.k) + bh * a.lk * D;
-  const float* v = static_cast<const float*>(a.v) + bh * a.lk * D;
-  float* out = a.out + bh * a.lq * D;
-
+  const BlockPosition<float, D> at(a, query_tiles, &block_limit);
+  const float *q = at.q, *k = at.k, *v = at.v;
+  const int64_t row0 = at.row0, row_g = at.row_g;
+  const int key_tiles = at.key_tiles;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t row_g = row0 + warp * 16 + g;
-  int limit[2];
-  for (int r = 0; r < 2; ++r) {
-    limit[r] = row_g + 8 * r < a.lq
-                   ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
-                   : 0;
-  }
-  const int key_tiles = BlockKeyTiles(a, batch, row0, &block_limit);
 
   LoadTile<float, D, kQkStride>(q_tile, q, row0, a.lq);
   if (key_tiles > 0) LoadTile<float, D, kQkStride>(k_tile, k, 0, a.lk);
@@ -334,7 +351,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-    OnlineSoftmax<kDTiles>(s, o, m, l, limit, key0, scale_log2);
+    OnlineSoftmax<kDTiles>(s, o, m, l, at.limit, key0, scale_log2);
 
     CopyAsyncWait<0>();
     __syncthreads();  // V(tile) visible; every warp is done with K(tile)
@@ -362,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   CopyAsyncWait<0>();
-  StoreOutput<D>(o, l, out, row_g, a.lq);
+  StoreOutput<D>(o, l, at.out, row_g, a.lq);
 }
 
 // bfloat16 / float16 operands; every tile has row stride D + 8 elements
@@ -377,26 +394,12 @@ __global__ void __launch_bounds__(kThreads)
   T* k_tile = q_tile + kBlockRows * kStride;
   T* v_tile = k_tile + kBlockKeys * kStride;
   __shared__ int block_limit;
-
-  const int64_t bh = blockIdx.x / query_tiles;
-  const int64_t row0 = (blockIdx.x % query_tiles) * kBlockRows;
-  const int64_t batch = bh / a.heads;
-  const T* q = static_cast<const T*>(a.q) + bh * a.lq * D;
-  const T* k = static_cast<const T*>(a.k) + bh * a.lk * D;
-  const T* v = static_cast<const T*>(a.v) + bh * a.lk * D;
-  float* out = a.out + bh * a.lq * D;
-
+  const BlockPosition<T, D> at(a, query_tiles, &block_limit);
+  const T *q = at.q, *k = at.k, *v = at.v;
+  const int64_t row0 = at.row0, row_g = at.row_g;
+  const int key_tiles = at.key_tiles;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int64_t row_g = row0 + warp * 16 + g;
-  int limit[2];
-  for (int r = 0; r < 2; ++r) {
-    limit[r] = row_g + 8 * r < a.lq
-                   ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
-                   : 0;
-  }
-  const int key_tiles = BlockKeyTiles(a, batch, row0, &block_limit);
 
   LoadTile<T, D, kStride>(q_tile, q, row0, a.lq);
   if (key_tiles > 0) LoadTile<T, D, kStride>(k_tile, k, 0, a.lk);
@@ -434,7 +437,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-    OnlineSoftmax<kDTiles>(s, o, m, l, limit, key0, scale_log2);
+    OnlineSoftmax<kDTiles>(s, o, m, l, at.limit, key0, scale_log2);
 
     CopyAsyncWait<0>();
     __syncthreads();
@@ -460,7 +463,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   CopyAsyncWait<0>();
-  StoreOutput<D>(o, l, out, row_g, a.lq);
+  StoreOutput<D>(o, l, at.out, row_g, a.lq);
 }
 
 template <typename Kernel>
