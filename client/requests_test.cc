@@ -79,6 +79,7 @@ TEST(ParseLengthsTest, TakesAShapeThatFits) {
 TEST(ParseChoicesTest, MapsNamesToEnums) {
   EXPECT_EQ(ParseScore("gaussian").value(), attention::v1::SCORE_GAUSSIAN);
   EXPECT_EQ(ParsePrecision("bf16").value(), attention::v1::PRECISION_BFLOAT16);
+  EXPECT_EQ(ParsePrecision("fp16").value(), attention::v1::PRECISION_FLOAT16);
   EXPECT_EQ(ParseKernel("epanechnikov").value(),
             attention::v1::REGRESSION_KERNEL_EPANECHNIKOV);
   EXPECT_EQ(ParseEncoding("raw").value(), attention::v1::TENSOR_ENCODING_RAW);

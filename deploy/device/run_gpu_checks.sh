@@ -15,7 +15,10 @@ mkdir -p "$out"
 root=/tmp/attn_bundle
 rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xzf .device/bundle.tar.gz || exit 1
 # cuBLAS from this machine's CUDA toolkit (or PyTorch's wheel when it has one).
-cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")}
+cuda_lib=$cuda_home/lib64
+export PATH="$PATH:$cuda_home/bin"
+sanitizer=$(command -v compute-sanitizer || echo "$cuda_home/bin/compute-sanitizer")
 torch_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$root/lib:$cuda_lib:${torch_cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -38,8 +41,8 @@ fi
 if [[ $what == sanitize || $what == all ]]; then
   # The sweep without its largest cases keeps the sanitizers within minutes.
   filter='--gtest_filter=-CudaResourcesTest.FusedAttentionMemoryIsLinearInLength'
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
+  step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
+  step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
 fi
 if [[ $what == bench || $what == all ]]; then
   step bench python3 bench/cuda_bench.py "$root/bin/cuda_attention_bench"

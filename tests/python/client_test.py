@@ -432,6 +432,12 @@ class ScaledDotProductAttentionTest(ServerTestCase):
                       precision=pb.PRECISION_BFLOAT16, atol=2.0 ** -5,
                       weight_atol=2.0 ** -5)
 
+    def test_float16_within_documented_bound(self):
+        q, k, v = self.randn(2, 16, 32), self.randn(2, 24, 32), self.randn(2, 24, 8)
+        self.run_case(q, k, v, valid_lens=[10, 24],
+                      precision=pb.PRECISION_FLOAT16, atol=2.0 ** -8,
+                      weight_atol=2.0 ** -8)
+
 
 class AdditiveAttentionTest(ServerTestCase):
 
@@ -632,6 +638,15 @@ class BadInputTest(ServerTestCase):
 
     def toy(self):
         return self.randn(2, 1, 2), self.randn(2, 10, 2), self.randn(2, 10, 4)
+
+    def test_float16_out_of_range(self):
+        q, k, v = self.toy()
+        k[1, 3, 0] = 1e5
+        request = pb.AttentionRequest(queries=to_tensor(q), keys=to_tensor(k),
+                                      values=to_tensor(v),
+                                      precision=pb.PRECISION_FLOAT16)
+        details = self.assertInvalid("ScaledDotProductAttention", request, "keys")
+        self.assertIn("65504", details)
 
     def test_values_shape_mismatch(self):
         q, k, v = self.toy()
