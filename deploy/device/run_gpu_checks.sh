@@ -20,7 +20,15 @@ cuda_lib=$cuda_home/lib64
 export PATH="$PATH:$cuda_home/bin"
 sanitizer=$(command -v compute-sanitizer || echo "$cuda_home/bin/compute-sanitizer")
 torch_cublas=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="$root/lib:$cuda_lib:${torch_cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundled libraries only for our binaries (PyTorch keeps its own): each
+# binary runs through a wrapper that sets the library path.
+bundle_path="$root/lib:$cuda_lib:${torch_cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$root/run"
+for binary in "$root"/bin/*; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$bundle_path" "$binary" \
+    >"$root/run/$(basename "$binary")"
+  chmod +x "$root/run/$(basename "$binary")"
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, reports
@@ -35,17 +43,22 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, reports
   fi
 }
 if [[ $what == tests || $what == all ]]; then
-  step tests "$root/bin/cuda_backend_test"
-  grep -E "PASSED|FAILED|SKIPPED" "$out/tests.log" | head -20
+  step tests "$root/run/cuda_backend_test"
+  grep -E "^\[  (PASSED|FAILED) " "$out/tests.log"
+  # Here a skipped test means the GPU is not usable: that is a failure.
+  if grep -q "^\[  SKIPPED \]" "$out/tests.log"; then
+    echo "FAIL tests: skipped on a GPU machine: $(grep -m1 'no usable GPU' "$out/tests.log")"
+    status=1
+  fi
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # The sweep without its largest cases keeps the sanitizers within minutes.
   filter='--gtest_filter=-CudaResourcesTest.FusedAttentionMemoryIsLinearInLength'
-  step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
-  step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$root/bin/cuda_backend_test" "$filter"
+  step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$root/run/cuda_backend_test" "$filter"
+  step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$root/run/cuda_backend_test" "$filter"
 fi
 if [[ $what == bench || $what == all ]]; then
-  step bench python3 bench/cuda_bench.py "$root/bin/cuda_attention_bench"
+  step bench python3 bench/cuda_bench.py "$root/run/cuda_attention_bench"
   cat "$out/bench.log"
 fi
 exit $status

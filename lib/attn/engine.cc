@@ -245,6 +245,14 @@ absl::Status Engine::WarmUp() {
     attention.return_weights = weights;
     RETURN_IF_ERROR(Attention(attention).status());
   }
+  // One call per head dim a fused GPU kernel is compiled for, so that its
+  // module load and shared-memory setup happen here (microseconds on a CPU).
+  for (int64_t d : {32, 64, 128}) {
+    const Tensor x = Tensor::Zeros({1, 4, d});
+    AttentionRequest fused;
+    fused.queries = fused.keys = fused.values = x.view();
+    RETURN_IF_ERROR(Attention(fused).status());
+  }
   MaskedSoftmaxRequest softmax;
   softmax.x = TensorView{k.data.data(), {2, 2, 10}};
   RETURN_IF_ERROR(MaskedSoftmax(softmax).status());
