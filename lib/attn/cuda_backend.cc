@@ -427,8 +427,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();
+    // Without libcuda (no NVIDIA driver), the runtime reports an
+    // "insufficient driver": say what that means here.
+    const bool absent = error == cudaErrorNoDevice ||
+                        error == cudaErrorInsufficientDriver;
     return absl::FailedPreconditionError(absl::StrCat(
-        "cuda: no usable GPU: ", cudaGetErrorString(error)));
+        "cuda: no usable GPU", absent ? " (no NVIDIA GPU or driver found)" : "",
+        ": ", cudaGetErrorString(error)));
   }
   if (options.device < 0 || options.device >= count) {
     return absl::FailedPreconditionError(absl::StrCat(
