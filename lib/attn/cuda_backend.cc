@@ -268,7 +268,6 @@ class DeviceCall {
   }
 
   cudaStream_t stream() const { return context_->stream; }
-  cublasHandle_t cublas() const { return context_->cublas; }
 
   // Uninitialised device memory for `count` elements of `bytes_each`.
   absl::StatusOr<void*> Scratch(int64_t count, size_t bytes_each) {

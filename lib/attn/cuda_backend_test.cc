@@ -84,10 +84,6 @@ Gpu& TheGpu() {
 
 // ---- naive same-precision computations -------------------------------------
 
-float Round(float value, Precision precision) {
-  return RoundOperand(value, precision);
-}
-
 // The naive computation's and the tested result's distance from the
 // reference, and the tolerance derived from them.
 ::testing::AssertionResult WithinTwiceNaive(const Tensor& actual,
@@ -161,14 +157,14 @@ Tensor NaiveAttention(const AttentionRequest& r, int64_t heads,
           float acc = 0.0f;
           for (int64_t c = 0; c < d; ++c) {
             if (r.score == ScoreKind::kDotProduct) {
-              acc += Round(q[c], p) * Round(k[c], p);
+              acc += RoundOperand(q[c], p) * RoundOperand(k[c], p);
             } else {
               const float diff = q[c] - k[c];
               acc += diff * diff;
             }
           }
           row[j] = r.score == ScoreKind::kDotProduct
-                       ? Round(acc * scale, p)
+                       ? RoundOperand(acc * scale, p)
                        : -0.5f * scale * acc;
         }
         NaiveSoftmax(row.data(), lk, limit);
@@ -177,10 +173,10 @@ Tensor NaiveAttention(const AttentionRequest& r, int64_t heads,
         for (int64_t c = 0; c < dv; ++c) {
           float acc = 0.0f;
           for (int64_t j = 0; j < lk; ++j) {
-            acc += Round(row[j], p) *
-                   Round(r.values.data[(bh * lk + j) * dv + c], p);
+            acc += RoundOperand(row[j], p) *
+                   RoundOperand(r.values.data[(bh * lk + j) * dv + c], p);
           }
-          out.data[(bh * lq + i) * dv + c] = Round(acc, p);
+          out.data[(bh * lq + i) * dv + c] = RoundOperand(acc, p);
         }
       }
     }
@@ -386,10 +382,10 @@ TEST(CudaOpsTest, BatchMatmulWithinTwiceNaiveError) {
           for (int64_t c = 0; c < pp; ++c) {
             float acc = 0.0f;
             for (int64_t t = 0; t < k; ++t) {
-              acc += Round(a.data[(i * m + r) * k + t], p) *
-                     Round(b.data[(i * k + t) * pp + c], p);
+              acc += RoundOperand(a.data[(i * m + r) * k + t], p) *
+                     RoundOperand(b.data[(i * k + t) * pp + c], p);
             }
-            naive.data[(i * m + r) * pp + c] = Round(acc, p);
+            naive.data[(i * m + r) * pp + c] = RoundOperand(acc, p);
           }
         }
       }

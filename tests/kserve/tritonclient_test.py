@@ -37,12 +37,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-try:  # The typed API's stubs, for the cross-check (optional).
-    import grpc
-    from attention.v1 import attention_pb2 as typed_pb
-    from attention.v1 import attention_pb2_grpc as typed_pb_grpc
-except ImportError:  # pragma: no cover - only when run by hand
-    typed_pb = None
+# The typed API's stubs, for the cross-check: run_tritonclient_test.sh
+# generates them onto PYTHONPATH (by hand: grpc_tools.protoc, see there).
+import grpc
+from attention.v1 import attention_pb2 as typed_pb
+from attention.v1 import attention_pb2_grpc as typed_pb_grpc
 
 TARGET = os.environ.get("ATTNSERVE_TARGET", "127.0.0.1:8001")
 MODE = os.environ.get("ATTNSERVE_MODE", "plain")
@@ -574,7 +573,6 @@ class DotProductAttentionTest(KServeTestCase):
                                        want_w, mask,
                                        f"request {i} attention_weights")
 
-    @unittest.skipIf(typed_pb is None, "typed API stubs not on PYTHONPATH")
     def test_same_numbers_as_typed_api(self):
         # The same toy case through attention.v1.AttentionService on the same
         # port: both APIs run the same kernels, so the floats are identical.
@@ -914,7 +912,6 @@ class RepositoryTest(KServeTestCase):
         np.testing.assert_allclose(result.as_numpy("y_pred"),
                                    self.nw_reference(x, y, xq, w), atol=1e-4)
 
-    @unittest.skipIf(typed_pb is None, "typed API stubs not on PYTHONPATH")
     def test_fit_saved_by_typed_api_is_served(self):
         import grpc
         x, y, xq = self.textbook()
