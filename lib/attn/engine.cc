@@ -103,15 +103,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     backend_options.max_threads = options.max_threads;
     backend_options.single_thread_below_flops =
         options.single_thread_below_flops;
+    backend_options.max_isa = options.max_cpu_isa;
     absl::StatusOr<std::unique_ptr<OneDnnBackend>> onednn =
         OneDnnBackend::Create(backend_options);
-    if (onednn.ok()) {
-      backends.push_back(std::move(onednn).value());
-    } else if (!absl::IsUnimplemented(onednn.status())) {
-      // UNIMPLEMENTED means this CPU lacks what the kernels need: the
-      // reference backend then serves alone. Anything else is a real fault.
-      return onednn.status();
-    }
+    if (!onednn.ok()) return onednn.status();
+    backends.push_back(std::move(onednn).value());
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                    CreateWithBackends(std::move(backends)));

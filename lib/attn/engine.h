@@ -20,11 +20,13 @@
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
+#include "attn/cpu_isa.h"
 #include "attn/ops.h"
 
 namespace attn {
@@ -40,7 +42,7 @@ struct EngineOptions {
   Device device = Device::kCpu;
   // The CUDA backend's device ordinal (kCuda, kAuto).
   int cuda_device = 0;
-  // Use the oneDNN CPU backend where the CPU supports it. Off: the reference
+  // Use the oneDNN CPU backend (it runs on every CPU). Off: the reference
   // backend runs everything (slow; for tests and debugging).
   bool use_onednn = true;
   // Upper bound on the threads one call may use; 0 means OpenMP's default
@@ -51,6 +53,11 @@ struct EngineOptions {
   // the other core is busy a barrier can stall for milliseconds. A server
   // gets its parallelism from concurrent requests instead.
   double single_thread_below_flops = 8e6;
+  // Caps the instruction set of the CPU backend's own kernels (unset: the
+  // best this CPU has, subject to the process-wide ATTN_MAX_CPU_ISA; see
+  // attn/cpu_isa.h). For tests and for pinning a fleet of mixed CPUs to the
+  // same arithmetic.
+  std::optional<CpuIsa> max_cpu_isa;
 };
 
 class Engine {

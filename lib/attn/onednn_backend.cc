@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "attn/bfloat16.h"
+#include "attn/cpu_isa.h"
 #include "attn/internal/cpu_kernels.h"
 #include "attn/status_macros.h"
 
@@ -46,6 +47,34 @@ std::vector<float> RoundedCopy(const float* data, int64_t count,
   return copy;
 }
 
+// oneDNN's name for the instruction set its kernels dispatch to (what
+// ONEDNN_MAX_CPU_ISA accepts).
+const char* OneDnnIsaName(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic:
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
 enum class PrimitiveKind : int64_t { kMatmul, kSoftmax };
 using PrimitiveKey = std::array<int64_t, 5>;
 
@@ -53,11 +82,16 @@ using PrimitiveKey = std::array<int64_t, 5>;
 
 class OneDnnBackend::Impl {
  public:
-  Impl(const Options& options, dnnl::engine engine)
+  Impl(const Options& options, CpuIsa isa, dnnl::engine engine)
       : options_(options),
         max_threads_(options.max_threads > 0 ? options.max_threads
                                              : omp_get_max_threads()),
+        isa_(isa),
+        kernels_(internal::CpuKernelsFor(isa)),
         engine_(std::move(engine)) {}
+
+  CpuIsa isa() const { return isa_; }
+  const internal::CpuKernels& kernels() const { return kernels_; }
 
   int ThreadsFor(double flops) const {
     return flops < options_.single_thread_below_flops ? 1 : max_threads_;
@@ -151,6 +185,8 @@ class OneDnnBackend::Impl {
 
   const Options options_;
   const int max_threads_;
+  const CpuIsa isa_;
+  const internal::CpuKernels& kernels_;
   const dnnl::engine engine_;
   absl::Mutex mu_;
   absl::flat_hash_map<PrimitiveKey, dnnl::primitive> cache_
@@ -165,22 +201,27 @@ OneDnnBackend::~OneDnnBackend() = default;
 
 absl::StatusOr<std::unique_ptr<OneDnnBackend>> OneDnnBackend::Create(
     const Options& options) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    return absl::UnimplementedError(
-        "onednn-cpu needs a CPU with AVX2 and FMA");
-  }
   if (options.max_threads < 0 || options.primitive_cache_capacity < 1) {
     return absl::InvalidArgumentError(
         "max_threads must be >= 0 and primitive_cache_capacity >= 1");
   }
+  ASSIGN_OR_RETURN(const CpuIsa isa, SelectCpuIsa(options.max_isa));
   try {
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    return std::unique_ptr<OneDnnBackend>(
-        new OneDnnBackend(std::make_unique<Impl>(options, std::move(engine))));
+    return std::unique_ptr<OneDnnBackend>(new OneDnnBackend(
+        std::make_unique<Impl>(options, isa, std::move(engine))));
   } catch (const dnnl::error& e) {
     return absl::InternalError(
         absl::StrCat("cannot create the oneDNN CPU engine: ", e.what()));
   }
+}
+
+CpuIsa OneDnnBackend::isa() const { return impl_->isa(); }
+
+std::string OneDnnBackend::description() const {
+  return absl::StrCat(name(), " (own kernels: ", CpuIsaName(isa()),
+                      "; oneDNN: ", OneDnnIsaName(dnnl::get_effective_cpu_isa()),
+                      ")");
 }
 
 absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
@@ -189,7 +230,7 @@ absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
   if (p.valid.kind == ValidLengths::Kind::kNone) {
     return impl_->Softmax(p.x, p.out, p.batch * p.rows, p.columns);
   }
-  internal::CpuMaskedSoftmax(p, omp_get_max_threads());
+  impl_->kernels().masked_softmax(p, omp_get_max_threads());
   return absl::OkStatus();
 }
 
@@ -222,12 +263,12 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
       rounded.q = q.data();
       rounded.k = k.data();
       rounded.v = v.data();
-      return internal::CpuAttention(rounded, threads);
+      return impl_->kernels().attention(rounded, threads);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
   }
-  return internal::CpuAttention(p, threads);
+  return impl_->kernels().attention(p, threads);
 }
 
 absl::Status OneDnnBackend::AdditiveAttention(
@@ -238,7 +279,7 @@ absl::Status OneDnnBackend::AdditiveAttention(
   const int threads = impl_->ThreadsFor(flops);
   ScopedOmpThreads scoped(threads);
   try {
-    return internal::CpuAdditiveAttention(p, threads);
+    return impl_->kernels().additive_attention(p, threads);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("no memory for additive scratch");
   }
@@ -249,7 +290,7 @@ absl::Status OneDnnBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
       static_cast<double>(p.n_query) * p.n_train * (3.0 * p.dx + 10.0 + 2.0 * p.dy);
   const int threads = impl_->ThreadsFor(flops);
   ScopedOmpThreads scoped(threads);
-  return internal::CpuNadarayaWatson(p, threads);
+  return impl_->kernels().nadaraya_watson(p, threads);
 }
 
 }  // namespace attn

@@ -12,20 +12,27 @@
 // the calling thread alone; a larger one uses up to max_threads OpenMP
 // threads.
 //
+// Instruction sets: oneDNN dispatches its own kernels at run time (capped by
+// ONEDNN_MAX_CPU_ISA); the backend's own loops run the copy SelectCpuIsa
+// chooses (attn/cpu_isa.h), so the backend works on every CPU. description()
+// names both.
+//
 // Precision::kBFloat16: this build rounds the product operands to bfloat16
 // and runs the float32 kernels on them, which reproduces the numerics of
 // bfloat16 hardware but not its speed; on CPUs without AVX512-BF16/AMX there
-// is no faster way. Status codes: UNIMPLEMENTED from Create when the CPU lacks
-// AVX2/FMA; INTERNAL when oneDNN fails; RESOURCE_EXHAUSTED when scratch memory
-// cannot be had.
+// is no faster way. Status codes: INVALID_ARGUMENT from Create for bad options
+// or an unknown ATTN_MAX_CPU_ISA; INTERNAL when oneDNN fails;
+// RESOURCE_EXHAUSTED when scratch memory cannot be had.
 #ifndef ATTN_ONEDNN_BACKEND_H_
 #define ATTN_ONEDNN_BACKEND_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
+#include "attn/cpu_isa.h"
 
 namespace attn {
 
@@ -37,6 +44,9 @@ class OneDnnBackend final : public Backend {
     // Distinct shapes whose primitives are kept; the oldest-inserted shape is
     // dropped beyond it, so arbitrary client shapes cannot grow memory.
     int primitive_cache_capacity = 256;
+    // Caps the instruction set of the backend's own kernels (unset: the best
+    // this CPU has, subject to ATTN_MAX_CPU_ISA).
+    std::optional<CpuIsa> max_isa;
   };
 
   static absl::StatusOr<std::unique_ptr<OneDnnBackend>> Create(
@@ -44,6 +54,10 @@ class OneDnnBackend final : public Backend {
   ~OneDnnBackend() override;
 
   std::string name() const override { return "onednn-cpu"; }
+  // E.g. "onednn-cpu (own kernels: avx2; oneDNN: avx512_core_amx)".
+  std::string description() const override;
+  // The instruction set of the backend's own kernels.
+  CpuIsa isa() const;
 
   absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
   absl::Status BatchMatmul(const BatchMatmulParams& params) override;

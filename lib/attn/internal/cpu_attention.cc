@@ -9,10 +9,13 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "attn/internal/cpu_kernels.h"
+#include "attn/internal/cpu_kernels_impl.h"
+#include "attn/internal/isa.h"
+
+ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
 
-namespace attn::internal {
+namespace attn::internal::ATTN_ISA_NAMESPACE {
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
@@ -301,4 +304,8 @@ absl::Status CpuAdditiveAttention(const AdditiveAttentionParams& p,
   return absl::OkStatus();
 }
 
-}  // namespace attn::internal
+const CpuKernels kKernels = {CpuMaskedSoftmax, CpuAttention,
+                             CpuAdditiveAttention, CpuNadarayaWatson};
+
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+ATTN_ISA_END

@@ -6,10 +6,13 @@
 #include <limits>
 #include <vector>
 
-#include "attn/internal/cpu_kernels.h"
+#include "attn/internal/cpu_kernels_impl.h"
+#include "attn/internal/isa.h"
+
+ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
 
-namespace attn::internal {
+namespace attn::internal::ATTN_ISA_NAMESPACE {
 namespace {
 
 // Fills row[j] = ||x - x_train[j]||^2 for every training point.
@@ -149,4 +152,5 @@ absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
   return absl::OkStatus();
 }
 
-}  // namespace attn::internal
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+ATTN_ISA_END

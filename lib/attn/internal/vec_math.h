@@ -1,12 +1,16 @@
 // Branch-free float math (bit casts via __builtin_bit_cast, which GCC
-// vectorizes where std::memcpy blocks it) that GCC auto-vectorizes (compile with -mavx2 -mfma
-// and use in `#pragma omp simd` loops). Internal to the CPU backend.
+// vectorizes where std::memcpy blocks it) that GCC auto-vectorizes in
+// `#pragma omp simd` loops. Internal to the CPU kernels: include it inside a
+// kernel source's ISA region (attn/internal/isa.h), so that each instruction
+// set's copy gets its own.
 #ifndef ATTN_INTERNAL_VEC_MATH_H_
 #define ATTN_INTERNAL_VEC_MATH_H_
 
 #include <cstdint>
 
-namespace attn::internal {
+#include "attn/internal/isa.h"
+
+namespace attn::internal::ATTN_ISA_NAMESPACE {
 
 // exp(x) to about 2 ulp on [-87, 88] (Cephes' polynomial after a ln2 range
 // reduction); exactly 0 below -87, so exp(-inf) == 0 and a masked score
@@ -58,6 +62,6 @@ inline void Scale(float* row, int64_t count, float factor) {
   for (int64_t c = 0; c < count; ++c) row[c] *= factor;
 }
 
-}  // namespace attn::internal
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
 
 #endif  // ATTN_INTERNAL_VEC_MATH_H_

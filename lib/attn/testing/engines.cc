@@ -1,6 +1,7 @@
 #include "attn/testing/engines.h"
 
 #include <cstdlib>
+#include <iostream>
 #include <utility>
 
 namespace attn::testing {
@@ -8,7 +9,10 @@ namespace {
 
 Engine* CreateOrDie(const EngineOptions& options) {
   auto engine = Engine::Create(options);
-  if (!engine.ok()) std::abort();
+  if (!engine.ok()) {
+    std::cerr << "cannot create a test engine: " << engine.status() << "\n";
+    std::abort();
+  }
   return std::move(engine).value().release();
 }
 

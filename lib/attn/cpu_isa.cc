@@ -1,0 +1,83 @@
+#include "attn/cpu_isa.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attn {
+namespace {
+
+bool CpuSupports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kBaseline:
+      return true;
+    case CpuIsa::kAvx2:
+#if defined(__x86_64__) || defined(__i386__)
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kBaseline:
+      return "baseline";
+    case CpuIsa::kAvx2:
+      return "avx2";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  std::vector<std::string> names;
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2}) {
+    if (lower == CpuIsaName(isa)) return isa;
+    names.push_back(CpuIsaName(isa));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown CPU instruction set \"", name, "\"; expected one of ",
+                   absl::StrJoin(names, ", ")));
+}
+
+std::vector<CpuIsa> CompiledCpuIsas() {
+  std::vector<CpuIsa> isas = {CpuIsa::kBaseline};
+#if ATTN_HAVE_AVX2_KERNELS
+  isas.push_back(CpuIsa::kAvx2);
+#endif
+  return isas;
+}
+
+CpuIsa DetectCpuIsa() {
+  CpuIsa best = CpuIsa::kBaseline;
+  for (CpuIsa isa : CompiledCpuIsas()) {
+    if (CpuSupports(isa)) best = std::max(best, isa);
+  }
+  return best;
+}
+
+absl::StatusOr<CpuIsa> SelectCpuIsa(std::optional<CpuIsa> cap) {
+  CpuIsa isa = DetectCpuIsa();
+  if (cap.has_value()) isa = std::min(isa, *cap);
+  const char* variable = std::getenv(kMaxCpuIsaVariable);
+  if (variable != nullptr && *variable != '\0') {
+    absl::StatusOr<CpuIsa> env_cap = ParseCpuIsa(variable);
+    if (!env_cap.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kMaxCpuIsaVariable, ": ", env_cap.status().message()));
+    }
+    isa = std::min(isa, *env_cap);
+  }
+  return isa;
+}
+
+}  // namespace attn
