@@ -19,6 +19,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
+#include "attn/testing/error_bounds.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -188,10 +189,13 @@ TEST_P(ServiceTest, AttentionToyCaseMatchesReference) {
     op.valid_lens = {lens.data(), {2}};
     op.return_weights = true;
     const attn::OpResult expected = reference_->Attention(op).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AttentionBounds(op, expected);
     const attn::Tensor weights = ToTensor(response.weights());
-    EXPECT_TRUE(attn::testing::AllClose(weights, expected.weights, 1e-6));
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.output()),
-                                        expected.output, 1e-5));
+    EXPECT_TRUE(attn::testing::WithinBounds(weights, expected.weights,
+                                            bounds.weights));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                            expected.output, bounds.output));
     EXPECT_TRUE(attn::testing::AllExactly(weights, 0.0f, 2, 10));
     EXPECT_TRUE(attn::testing::AllExactly(weights, 0.0f, 16, 20));
   }
@@ -212,9 +216,10 @@ TEST_P(ServiceTest, EveryRpcMatchesReference) {
     attn::MaskedSoftmaxRequest op;
     op.x = View(x);
     op.valid_lens = {request.valid_lens().values().data(), {3, 5}};
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.output()),
-                                        reference_->MaskedSoftmax(op)->output,
-                                        1e-6));
+    const attn::OpResult expected = reference_->MaskedSoftmax(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::MaskedSoftmaxBounds(op, expected).output));
   }
   {
     v1::BatchMatmulRequest request;
@@ -227,9 +232,10 @@ TEST_P(ServiceTest, EveryRpcMatchesReference) {
     attn::BatchMatmulRequest op;
     op.a = View(a);
     op.b = View(b);
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.output()),
-                                        reference_->BatchMatmul(op)->output,
-                                        1e-5));
+    const attn::OpResult expected = reference_->BatchMatmul(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::BatchMatmulBounds(op, expected).output));
   }
   {
     v1::AdditiveAttentionRequest request;
@@ -257,10 +263,12 @@ TEST_P(ServiceTest, EveryRpcMatchesReference) {
     op.w_v = View(wv);
     op.return_weights = true;
     const attn::OpResult expected = reference_->AdditiveAttention(op).value();
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.output()),
-                                        expected.output, 1e-5));
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.weights()),
-                                        expected.weights, 1e-5));
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AdditiveAttentionBounds(op, expected);
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                            expected.output, bounds.output));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.weights()),
+                                            expected.weights, bounds.weights));
   }
   {
     v1::NadarayaWatsonRequest request;
@@ -281,9 +289,11 @@ TEST_P(ServiceTest, EveryRpcMatchesReference) {
     op.x_query = View(xq);
     op.kernel = attn::RegressionKernel::kEpanechnikov;
     op.bandwidth = 0.7f;
-    EXPECT_TRUE(attn::testing::AllClose(ToTensor(response.output()),
-                                        reference_->NadarayaWatson(op)->output,
-                                        1e-5));
+    op.return_weights = true;  // the bounds need them
+    const attn::OpResult expected = reference_->NadarayaWatson(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::NadarayaWatsonBounds(op, expected).output));
   }
   {
     v1::FitBandwidthRequest request;
@@ -428,13 +438,15 @@ TEST_P(ServiceTest, ConcurrentClientsEachGetTheirOwnResult) {
         op.keys = View(k);
         op.values = View(v);
         op.valid_lens = {request.valid_lens().values().data(), {1}};
-        op.return_weights = request.return_weights();
+        op.return_weights = true;  // the bounds need the exact weights
         const attn::OpResult expected = reference_->Attention(op).value();
-        if (!attn::testing::AllClose(ToTensor(response.output()),
-                                     expected.output, 1e-5, 1e-4) ||
-            (op.return_weights &&
-             !attn::testing::AllClose(ToTensor(response.weights()),
-                                      expected.weights, 1e-6))) {
+        const attn::testing::ErrorBounds bounds =
+            attn::testing::AttentionBounds(op, expected);
+        if (!attn::testing::WithinBounds(ToTensor(response.output()),
+                                         expected.output, bounds.output) ||
+            (request.return_weights() &&
+             !attn::testing::WithinBounds(ToTensor(response.weights()),
+                                          expected.weights, bounds.weights))) {
           ++mismatches;
         }
       }

@@ -38,6 +38,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attn/cpu_isa.h"
 #include "attn/engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -55,6 +56,12 @@ ABSL_FLAG(std::string, backend, "auto",
           "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
           "without a usable one), or auto (the GPU when one is usable, else "
           "the CPU; start-up says which and why).");
+ABSL_FLAG(std::string, max_cpu_isa, "auto",
+          "Highest instruction set for attnserve's own CPU kernels: auto (the "
+          "best this CPU has), avx2 or baseline. Every value gives results "
+          "within the same documented bounds; lower ones pin a fleet of mixed "
+          "CPUs to one code path. oneDNN's own kernels follow "
+          "ONEDNN_MAX_CPU_ISA; start-up logs both.");
 ABSL_FLAG(int32_t, cuda_device, 0, "The GPU's CUDA ordinal (--backend=cuda|auto).");
 ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
@@ -185,6 +192,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   engine_options.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (const std::string isa = absl::GetFlag(FLAGS_max_cpu_isa); isa != "auto") {
+    absl::StatusOr<attn::CpuIsa> cap = attn::ParseCpuIsa(isa);
+    if (!cap.ok()) {
+      absl::FPrintF(stderr, "attnserve: --max_cpu_isa: %s (or auto)\n",
+                    cap.status().message());
+      return 1;
+    }
+    engine_options.max_cpu_isa = *cap;
+  }
   absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
       attn::Engine::Create(engine_options);
   if (!engine.ok()) {

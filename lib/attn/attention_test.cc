@@ -20,7 +20,7 @@ namespace {
 using ::attn::testing::AllClose;
 using ::attn::testing::AllExactly;
 using ::attn::testing::AttentionBounds;
-using ::attn::testing::AttentionErrorBounds;
+using ::attn::testing::ErrorBounds;
 using ::attn::testing::OptimizedEngine;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
@@ -110,7 +110,7 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
   // Bounds derived from the arithmetic (attn/testing/error_bounds.h), so
   // they hold whichever instruction set and blocking the backend uses.
   request.return_weights = true;
-  const AttentionErrorBounds bounds = AttentionBounds(request, *expected);
+  const ErrorBounds bounds = AttentionBounds(request, *expected);
   EXPECT_TRUE(WithinBounds(with_weights->weights, expected->weights,
                            bounds.weights));
   EXPECT_TRUE(WithinBounds(with_weights->output, expected->output,

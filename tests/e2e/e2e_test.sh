@@ -79,6 +79,25 @@ elif grep -q "backend must be cpu, cuda or auto" "$workdir/b.out"; then
 else
   fail "--backend=gpu: $(head -c 300 "$workdir/b.out")"
 fi
+# The CPU kernels' instruction set: a bad value names the choices; a cap is
+# honoured and logged with oneDNN's own (the whole suite runs under both caps
+# in the isa_* CTest variants; this checks the flag's plumbing).
+if "$server_bin" --max_cpu_isa=avx9 --grpc_port=0 --metrics_port=0 >"$workdir/i.out" 2>&1; then
+  fail "--max_cpu_isa=avx9 started"
+elif grep -q "max_cpu_isa: unknown CPU instruction set \"avx9\"; expected one of baseline, avx2" "$workdir/i.out"; then
+  pass "--max_cpu_isa=avx9 -> exit 1, naming the choices"
+else
+  fail "--max_cpu_isa=avx9: $(head -c 300 "$workdir/i.out")"
+fi
+if start_server "$server_bin" "$workdir/isa.log" --backend=cpu --max_cpu_isa=baseline \
+    --drain_notice_ms=0; then
+  grep -q "backend 1 of 2: onednn-cpu (own kernels: baseline; oneDNN: " "$workdir/isa.log" &&
+    pass "--max_cpu_isa=baseline: $(grep -o 'onednn-cpu (.*)' "$workdir/isa.log")" ||
+    fail "--max_cpu_isa=baseline not logged: $(head -c 300 "$workdir/isa.log")"
+  stop_server
+else
+  fail "--max_cpu_isa=baseline did not start"
+fi
 timeout -s TERM 30 "$server_bin" --backend=cuda --host=127.0.0.1 --grpc_port=0 \
   --metrics_port=0 --drain_notice_ms=0 >"$workdir/c.out" 2>&1 &
 cuda_pid=$!
