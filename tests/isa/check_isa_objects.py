@@ -2,8 +2,14 @@
 """Checks the per-instruction-set copies of the CPU kernels (lib/attn/internal/isa.h).
 
 usage: check_isa_objects.py ISA OBJECT [OBJECT ...]
+       check_isa_objects.py --program BINARY
 (an OBJECT argument may hold several paths separated by ";", as CMake's
 $<TARGET_OBJECTS:...> gives them)
+
+--program: in a linked program, no function outside the non-baseline copies'
+namespaces (attn::internal::avx2::) contains an AVX instruction: the program
+runs on any x86-64 CPU as long as it calls into a copy only where the CPU has
+it (attn/cpu_isa.h decides that).
 
 For the objects of one copy (ISA is "baseline" or "avx2"):
 - every symbol the objects define with external linkage is in namespace
@@ -56,7 +62,30 @@ def defined_symbols(obj):
             yield parts[1], parts[2]
 
 
+# The namespaces of the copies compiled for more than baseline x86-64.
+VECTOR_COPIES = ("attn::internal::avx2::",)
+
+
+def check_program(binary):
+    errors = []
+    functions_seen = 0
+    for name, mnemonics in functions(binary):
+        functions_seen += 1
+        if name.startswith(VECTOR_COPIES):
+            continue
+        avx = sorted({m for m in mnemonics if AVX_MNEMONIC.match(m)})
+        if avx:
+            errors.append(f"AVX instructions ({', '.join(avx[:5])}) in {name}")
+    for error in errors:
+        print(error)
+    print(f"{binary}: {functions_seen} functions, {len(errors)} outside the "
+          "vector copies with AVX instructions")
+    sys.exit(1 if errors or functions_seen == 0 else 0)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--program":
+        check_program(sys.argv[2])
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     isa = sys.argv[1]
