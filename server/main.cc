@@ -49,6 +49,7 @@
 #include "server/clock.h"
 #include "server/inference_service.h"
 #include "server/model_repository.h"
+#include "server/cpu_budget.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -77,11 +78,34 @@ ABSL_FLAG(int32_t, drain_notice_ms, 1000,
 ABSL_FLAG(int32_t, metrics_port, 8002,
           "TCP port of the Prometheus /metrics endpoint; 0 picks a free one.");
 ABSL_FLAG(int32_t, worker_threads, 0,
-          "Threads running kernels; 0 means one per core.");
+          "Threads running kernels; 0 means one per CPU of the process's "
+          "budget: the CPUs it may run on, capped by its cgroup CPU quota "
+          "(a container's CPU limit), as start-up logs.");
 ABSL_FLAG(int32_t, kernel_threads, 1,
           "OpenMP threads one large kernel call may use. 1 (the default) "
           "lets concurrent requests use the cores instead, which keeps tail "
-          "latency steady; raise it for few, large requests.");
+          "latency steady; raise it for few, large requests; 0 means the "
+          "CPU budget (see --worker_threads).");
+ABSL_FLAG(int32_t, grpc_keepalive_time_ms, 60000,
+          "Ping a client after this long without activity on its connection, "
+          "so dead peers (a vanished pod, a dropped NAT entry) are found.");
+ABSL_FLAG(int32_t, grpc_keepalive_timeout_ms, 20000,
+          "Close a connection whose keepalive ping is not answered in this "
+          "long.");
+ABSL_FLAG(int32_t, grpc_min_client_ping_interval_ms, 10000,
+          "Accept client keepalive pings this often (with or without calls "
+          "in flight); pings more frequent than this count as abuse, and "
+          "repeated abuse closes the connection (gRPC's default is 5 min, "
+          "which rejects common client settings).");
+ABSL_FLAG(int32_t, grpc_max_connection_age_ms, 300000,
+          "Ask a client to reconnect (GOAWAY) after its connection is this "
+          "old, give or take gRPC's 10% jitter, so a client behind an L4 "
+          "load balancer is spread over new replicas; 0 never.");
+ABSL_FLAG(int32_t, grpc_max_connection_age_grace_ms, 60000,
+          "Calls in flight on an aged-out connection may finish within this "
+          "long before it is closed.");
+ABSL_FLAG(int32_t, grpc_max_connection_idle_ms, 0,
+          "Close a connection with no call for this long; 0 never.");
 ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, model_repository, "",
@@ -168,16 +192,29 @@ int main(int argc, char** argv) {
   if (metrics_port < 0 || metrics_port > 65535 || max_message_bytes < 1 ||
       absl::GetFlag(FLAGS_max_request_elements) < 1 ||
       absl::GetFlag(FLAGS_kernel_threads) < 0 ||
-      absl::GetFlag(FLAGS_worker_threads) < 0) {
+      absl::GetFlag(FLAGS_worker_threads) < 0 ||
+      absl::GetFlag(FLAGS_grpc_keepalive_time_ms) < 1 ||
+      absl::GetFlag(FLAGS_grpc_keepalive_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_grpc_min_client_ping_interval_ms) < 0 ||
+      absl::GetFlag(FLAGS_grpc_max_connection_age_ms) < 0 ||
+      absl::GetFlag(FLAGS_grpc_max_connection_age_grace_ms) < 0 ||
+      absl::GetFlag(FLAGS_grpc_max_connection_idle_ms) < 0) {
     absl::FPrintF(stderr,
                   "attnserve: --metrics_port must be in [0, 65535]; "
                   "--max_message_bytes and --max_request_elements at least 1; "
-                  "--kernel_threads and --worker_threads not negative\n");
+                  "--kernel_threads and --worker_threads not negative; "
+                  "--grpc_keepalive_time_ms and --grpc_keepalive_timeout_ms "
+                  "at least 1, the other --grpc_* times not negative\n");
     return 1;
   }
 
+  // Thread pools follow the CPUs the process may really use (a container's
+  // quota, not the node's cores); flags still override.
+  const attnserve::CpuBudget cpu_budget = attnserve::DetectCpuBudget();
   attn::EngineOptions engine_options;
-  engine_options.max_threads = absl::GetFlag(FLAGS_kernel_threads);
+  engine_options.max_threads = absl::GetFlag(FLAGS_kernel_threads) > 0
+                                   ? absl::GetFlag(FLAGS_kernel_threads)
+                                   : cpu_budget.cpus;
   const std::string backend_flag = absl::GetFlag(FLAGS_backend);
   if (backend_flag == "cpu") {
     engine_options.device = attn::Device::kCpu;
@@ -233,8 +270,14 @@ int main(int argc, char** argv) {
   attnserve::WorkerPool::Options pool_options;
   pool_options.threads = absl::GetFlag(FLAGS_worker_threads) > 0
                              ? absl::GetFlag(FLAGS_worker_threads)
-                             : static_cast<int>(std::max(
-                                   1u, std::thread::hardware_concurrency()));
+                             : cpu_budget.cpus;
+  absl::FPrintF(stderr,
+                "attnserve: CPU budget %d (%s); --worker_threads=%d: %d "
+                "worker threads; --kernel_threads=%d: up to %d OpenMP "
+                "threads per call\n",
+                cpu_budget.cpus, cpu_budget.reason,
+                absl::GetFlag(FLAGS_worker_threads), pool_options.threads,
+                absl::GetFlag(FLAGS_kernel_threads), engine_options.max_threads);
   pool_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   absl::StatusOr<std::unique_ptr<attnserve::WorkerPool>> pool =
       attnserve::WorkerPool::Create(pool_options);
@@ -332,6 +375,28 @@ int main(int argc, char** argv) {
   // gRPC sets SO_REUSEPORT by default, so a second attnserve on a busy port
   // would start and silently share it; fail at boot instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Connection management (see the flags): keepalive finds dead peers; a
+  // bounded connection age makes long-lived clients rebalance across
+  // replicas behind L4 load balancers.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             absl::GetFlag(FLAGS_grpc_keepalive_time_ms));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             absl::GetFlag(FLAGS_grpc_keepalive_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      absl::GetFlag(FLAGS_grpc_min_client_ping_interval_ms));
+  if (absl::GetFlag(FLAGS_grpc_max_connection_age_ms) > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               absl::GetFlag(FLAGS_grpc_max_connection_age_ms));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+        absl::GetFlag(FLAGS_grpc_max_connection_age_grace_ms));
+  }
+  if (absl::GetFlag(FLAGS_grpc_max_connection_idle_ms) > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               absl::GetFlag(FLAGS_grpc_max_connection_idle_ms));
+  }
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &bound_port);
   builder.RegisterService(&service);
