@@ -28,9 +28,10 @@ readonly BUILD_PACKAGES=(
 # Test tools beyond the build: Debian's python3 and venv for the Python client
 # test (its grpcio and numpy come from PyPI into a cached venv), curl and
 # promtool (package prometheus) for the end-to-end test's metrics checks,
-# clang for the thread-safety analysis test.
+# clang for the thread-safety analysis test, nginx for the scale-out test
+# (installed, never started as a service: the test runs its own).
 readonly TEST_PACKAGES=(
-  python3 python3-venv curl prometheus clang
+  python3 python3-venv curl prometheus clang nginx
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own
