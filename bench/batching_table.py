@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+from machine import cpu_line
+
 
 def metrics(path):
     values = {}
@@ -53,6 +55,7 @@ def main():
         padding = delta(out, row, "attnserve_batch_padding_elements_total{%s}" % rpc)
         return padding / computed if computed else float("nan")
 
+    print(cpu_line() + "\n")
     print("| case (64 in flight) | batching | req/s | p50 ms | p99 ms | mean batch | padding waste | errors |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for case in ["health", "toy", "medium", "ragged"]:

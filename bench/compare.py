@@ -4,6 +4,8 @@ peer's JSON (shared/bench/torch_attention_bench.py --json). Medians only."""
 import json
 import sys
 
+from machine import cpu_line
+
 CASES = [
     # (label, our benchmark name prefix, peer case name)
     ("medium B32 L64 d64, peer's lengths",
@@ -40,6 +42,7 @@ def main():
             name = b.get("run_name", b["name"])
             medians[name.removesuffix("/real_time")] = b
     peer_rows = {(r["case"], r["impl"]): r for r in peer["rows"]}
+    print(cpu_line() + "\n")
     print("| case | attnserve ms | GFLOP/s | extra MiB | torch textbook ms | torch sdpa ms "
           "| vs sdpa | vs textbook |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
