@@ -21,9 +21,12 @@ inline float FastExp(float x) {
   const float kShift = 12582912.0f;
   const float shifted = clamped * 1.44269504088896341f + kShift;
   const float n = shifted - kShift;
-  // The low mantissa bits of `shifted` hold n as an integer.
-  const int32_t exponent = __builtin_bit_cast(int32_t, shifted) -
-                           __builtin_bit_cast(int32_t, kShift);
+  // The low mantissa bits of `shifted` hold n as an integer. Unsigned
+  // arithmetic: for a NaN input the bits are garbage, and a signed shift of
+  // them below would be undefined behaviour (the result is NaN anyway, from
+  // p); for every other input n + 127 is in [1, 254].
+  const uint32_t exponent = __builtin_bit_cast(uint32_t, shifted) -
+                            __builtin_bit_cast(uint32_t, kShift);
   const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -32,7 +35,7 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const float scale = __builtin_bit_cast(float, (exponent + 127) << 23);
+  const float scale = __builtin_bit_cast(float, (exponent + 127u) << 23);
   return x < -87.0f ? 0.0f : p * scale;
 }
 
