@@ -1,8 +1,13 @@
 # attnserve image.
 #   docker build -t attnserve .
-#   docker run --rm -p 8001:8001 -p 8002:8002 attnserve [--grpc_port=8001 --grace_period_ms=5000]
+#   docker run --rm -p 8001:8001 -p 8002:8002 attnserve
+#   docker run --rm -p 9001:9001 -p 9002:9002 attnserve --grpc_port=9001 --metrics_port=9002
+# Arguments after the image name go to attnserve (`attnserve --help`).
 # `docker stop` sends SIGTERM: the server reports NOT_SERVING, drains for
 # --grace_period_ms and exits 0 (keep docker's --time above the grace period).
+# buildah/podman: build with `--format docker`; their default OCI format has
+# no HEALTHCHECK and drops it (with only a warning).
+# deploy/container/test_image.sh builds and runs this file as it is.
 
 FROM debian:bookworm AS build
 WORKDIR /src
@@ -35,7 +40,10 @@ USER 10001:10001
 # 8001: gRPC (attention.v1, health, reflection). 8002: Prometheus /metrics.
 EXPOSE 8001 8002
 # attnctl health exits 0 only while the server reports SERVING (it reports
-# NOT_SERVING while draining).
+# NOT_SERVING while draining). It checks the port and host the server was
+# started with, read from PID 1's command line (the entrypoint's attnserve,
+# or its arguments behind an init such as `docker run --init`), so
+# `--grpc_port=9001` is followed; 8001 when none is given.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-  CMD ["/usr/local/bin/attnctl", "health", "--target", "localhost:8001", "--deadline", "2s"]
+  CMD ["/usr/local/bin/attnctl", "health", "--target_from_cmdline=/proc/1/cmdline", "--deadline", "2s"]
 ENTRYPOINT ["/usr/local/bin/attnserve", "--model_repository=/models"]

@@ -48,6 +48,7 @@
 #include "client/load.h"
 #include "client/printer.h"
 #include "client/requests.h"
+#include "client/server_address.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -65,6 +66,11 @@ ABSL_FLAG(
     std::string, service, "",
     "health: the service to ask about, like attention.v1.AttentionService; "
     "empty asks about the server as a whole.");
+ABSL_FLAG(std::string, target_from_cmdline, "",
+          "health: instead of --target, check the attnserve whose command "
+          "line is in this file, like /proc/1/cmdline in its container: its "
+          "--grpc_port (default 8001) on loopback, or its --host if that is "
+          "not a wildcard. The image's HEALTHCHECK uses it.");
 
 // --- Where the request comes from, and how the response is printed.
 ABSL_FLAG(std::string, input, "",
@@ -173,6 +179,7 @@ struct Invocation {
   absl::Duration deadline;
   int max_receive_bytes = 0;
   std::string health_service;
+  std::string target_from_cmdline;  // health: empty, or a cmdline file
   std::string input_path;  // empty: generate the request
   attnctl::RequestOptions request;
   attnctl::PrintOptions print;
@@ -206,12 +213,13 @@ void SetDeadline(const Invocation& invocation, grpc::ClientContext* context) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + invocation.deadline));
 }
 
-// The whole of file `path`, or of stdin for "-".
-absl::StatusOr<std::string> ReadInput(const std::string& path) {
+// The whole of file `path`, or of stdin for "-". Errors name `flag`.
+absl::StatusOr<std::string> ReadInput(const std::string& path,
+                                      absl::string_view flag = "input") {
   std::FILE* file = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--input %s: %s", path, std::strerror(errno)));
+        absl::StrFormat("--%s %s: %s", flag, path, std::strerror(errno)));
   }
   std::string text;
   char buffer[1 << 16];
@@ -224,7 +232,7 @@ absl::StatusOr<std::string> ReadInput(const std::string& path) {
   if (file != stdin) std::fclose(file);
   if (failed) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--input %s: %s", path, std::strerror(error)));
+        absl::StrFormat("--%s %s: %s", flag, path, std::strerror(error)));
   }
   return text;
 }
@@ -287,7 +295,21 @@ int CallAndPrint(const Invocation& invocation, Rpc<Request, Response> rpc) {
 
 // --- One function per subcommand.
 
-int RunHealth(const Invocation& invocation) {
+int RunHealth(const Invocation& given) {
+  Invocation invocation = given;
+  if (!invocation.target_from_cmdline.empty()) {
+    absl::StatusOr<std::string> cmdline =
+        ReadInput(invocation.target_from_cmdline, "target_from_cmdline");
+    if (!cmdline.ok()) return UsageError(cmdline.status().message());
+    absl::StatusOr<std::string> target =
+        attnctl::ServerTargetFromArgs(attnctl::SplitProcCmdline(*cmdline));
+    if (!target.ok()) {
+      return UsageError(absl::StrCat("--target_from_cmdline ",
+                                     invocation.target_from_cmdline, ": ",
+                                     target.status().message()));
+    }
+    invocation.target = *std::move(target);
+  }
   std::unique_ptr<Health::Stub> stub = Health::NewStub(Connect(invocation));
   grpc::ClientContext context;
   SetDeadline(invocation, &context);
@@ -378,7 +400,7 @@ const std::vector<Subcommand>& Subcommands() {
       {"health",
        "grpc.health.v1.Health/Check; prints {\"status\": \"SERVING\"}\n"
        "and exits 0 only when SERVING",
-       {"service"},
+       {"service", "target_from_cmdline"},
        RunHealth},
       {"masked-softmax", "MaskedSoftmax; x 2x2x4",
        RpcFlags({"valid_lens", "valid_lens_shape"}), RunMaskedSoftmax},
@@ -495,6 +517,7 @@ not connect.
 
 Examples:
   attnctl health --target localhost:8001
+  attnctl health --target_from_cmdline /proc/1/cmdline   # in the container
   attnctl attention --shape queries=2x1x2,keys=2x10x2,values=2x10x4 \
       --valid_lens 2,6 --return_weights
   attnctl masked-softmax --valid_lens 2,3
@@ -625,6 +648,11 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
                      invocation.max_receive_bytes));
   }
   invocation.health_service = absl::GetFlag(FLAGS_service);
+  invocation.target_from_cmdline = absl::GetFlag(FLAGS_target_from_cmdline);
+  if (!invocation.target_from_cmdline.empty() && given.count("target")) {
+    return absl::InvalidArgumentError(
+        "--target_from_cmdline and --target exclude each other");
+  }
   invocation.input_path = absl::GetFlag(FLAGS_input);
   invocation.given = given;
   invocation.print.keep_raw = absl::GetFlag(FLAGS_print_raw);

@@ -29,9 +29,12 @@ readonly BUILD_PACKAGES=(
 # test (its grpcio and numpy come from PyPI into a cached venv), curl and
 # promtool (package prometheus) for the end-to-end test's metrics checks,
 # clang for the thread-safety analysis test, nginx for the scale-out test
-# (installed, never started as a service: the test runs its own).
+# (the test runs its own instance), and for the container image test
+# buildah, podman, runc (named: podman would otherwise pull crun, which fails
+# on these machines' cgroups) and debootstrap (the local base images).
 readonly TEST_PACKAGES=(
   python3 python3-venv curl prometheus clang nginx
+  buildah podman runc debootstrap
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own
