@@ -45,6 +45,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "client/credentials.h"
 #include "client/load.h"
 #include "client/printer.h"
 #include "client/requests.h"
@@ -60,6 +61,20 @@ ABSL_FLAG(absl::Duration, deadline, absl::Seconds(10),
           "Deadline of the call, like 500ms, 10s or 2m.");
 ABSL_FLAG(int32_t, max_message_bytes, 256 << 20,
           "The largest response accepted, in bytes.");
+ABSL_FLAG(bool, tls, false,
+          "Connect with TLS, checking the server's certificate against "
+          "--ca, or the system's trusted roots without it. Implied by --ca, "
+          "--cert and --server_name.");
+ABSL_FLAG(std::string, ca, "", "PEM CA certificates to trust (TLS).");
+ABSL_FLAG(std::string, cert, "",
+          "PEM client certificate to present (mutual TLS); with --key.");
+ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
+ABSL_FLAG(std::string, server_name, "",
+          "The name to check the server's certificate against (and send as "
+          "SNI), when it differs from --target's host.");
+ABSL_FLAG(std::string, token, "",
+          "Bearer token, sent as `authorization: Bearer <token>` on every "
+          "call; needs TLS. Health checks need none.");
 
 // --- health.
 ABSL_FLAG(
@@ -178,6 +193,8 @@ struct Invocation {
   std::string target;
   absl::Duration deadline;
   int max_receive_bytes = 0;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string server_name;
   std::string health_service;
   std::string target_from_cmdline;  // health: empty, or a cmdline file
   std::string input_path;  // empty: generate the request
@@ -204,8 +221,11 @@ int RpcFailed(const grpc::Status& status) {
 std::shared_ptr<grpc::Channel> Connect(const Invocation& invocation) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(invocation.max_receive_bytes);
-  return grpc::CreateCustomChannel(
-      invocation.target, grpc::InsecureChannelCredentials(), arguments);
+  if (!invocation.server_name.empty()) {
+    arguments.SetSslTargetNameOverride(invocation.server_name);
+  }
+  return grpc::CreateCustomChannel(invocation.target, invocation.credentials,
+                                   arguments);
 }
 
 // absl's time saturates, so --deadline=inf means no deadline.
@@ -465,7 +485,8 @@ Subcommands (RPC; generated tensors and their default shapes):
   usage += R"(
 Every RPC subcommand also takes --input --shape --seed --encoding
 --print_raw --summary; every subcommand takes --target --deadline
---max_message_bytes.
+--max_message_bytes and the security flags --tls --ca --cert --key
+--server_name --token (docs/security.md).
 
 The request comes from --input FILE (the request message in protobuf's JSON
 mapping; '-' reads stdin) or, without --input, is generated: every tensor gets
@@ -647,6 +668,18 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
         absl::StrCat("--max_message_bytes: must be positive, got ",
                      invocation.max_receive_bytes));
   }
+  attnctl::SecurityOptions security;
+  security.tls = absl::GetFlag(FLAGS_tls);
+  security.ca_path = absl::GetFlag(FLAGS_ca);
+  security.cert_path = absl::GetFlag(FLAGS_cert);
+  security.key_path = absl::GetFlag(FLAGS_key);
+  security.server_name = absl::GetFlag(FLAGS_server_name);
+  security.token = absl::GetFlag(FLAGS_token);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      attnctl::ChannelCredentials(security);
+  if (!credentials.ok()) return credentials.status();
+  invocation.credentials = *std::move(credentials);
+  invocation.server_name = security.server_name;
   invocation.health_service = absl::GetFlag(FLAGS_service);
   invocation.target_from_cmdline = absl::GetFlag(FLAGS_target_from_cmdline);
   if (!invocation.target_from_cmdline.empty() && given.count("target")) {
@@ -751,6 +784,8 @@ absl::Status ReadLoadFlags(const Invocation& invocation,
   load->target = invocation.target;
   load->allow_remote = absl::GetFlag(FLAGS_allow_remote);
   load->max_receive_bytes = invocation.max_receive_bytes;
+  load->credentials = invocation.credentials;
+  load->server_name = invocation.server_name;
   load->deadline = invocation.deadline;
   load->target_rate = absl::GetFlag(FLAGS_rate);
   if (given.count("rate") && given.count("concurrency")) {

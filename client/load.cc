@@ -416,8 +416,14 @@ class Driver {
     // A connection of its own per thread, not one shared by every channel
     // to the same target.
     arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    if (!options.server_name.empty()) {
+      arguments.SetSslTargetNameOverride(options.server_name);
+    }
     return grpc::CreateCustomChannel(
-        options.target, grpc::InsecureChannelCredentials(), arguments);
+        options.target,
+        options.credentials != nullptr ? options.credentials
+                                       : grpc::InsecureChannelCredentials(),
+        arguments);
   }
 
   // Takes one measured request from the budget; false when it is spent.

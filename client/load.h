@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -38,6 +39,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/requests.h"
+#include "grpcpp/security/credentials.h"
 
 namespace attnctl {
 
@@ -140,6 +142,10 @@ struct LoadOptions {
   // anything but this machine is forbidden in this workplace.
   bool allow_remote = false;
   int max_receive_bytes = 256 << 20;
+  // TLS and tokens (client/credentials.h); null means plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Overrides the name the server's certificate is checked against.
+  std::string server_name;
   // Per call; absl::InfiniteDuration() for none.
   absl::Duration deadline = absl::Seconds(10);
   // Closed loop: requests in flight at all times (>= client_threads).

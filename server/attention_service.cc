@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attn/status_macros.h"
+#include "server/auth.h"
 #include "server/status.h"
 
 namespace attnserve {
@@ -427,6 +428,14 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
         if (!request->save_as().empty() && repository_ == nullptr) {
           return absl::FailedPreconditionError(
               "save_as: the server runs without --model_repository");
+        }
+        if (!request->save_as().empty() && limits_.save_as_needs_permission &&
+            (context->auth_context() == nullptr ||
+             context->auth_context()->FindPropertyValues(kSaveAsProperty)
+                 .empty())) {
+          return absl::PermissionDeniedError(
+              "save_as: this token may not write models; give it the "
+              "permission save_as in --auth_tokens_file");
         }
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,

@@ -34,6 +34,10 @@ struct ServiceLimits {
   // The largest response message; a larger result is answered with
   // RESOURCE_EXHAUSTED naming the limit (gRPC would fail the send anyway).
   int64_t max_response_bytes = int64_t{256} << 20;
+  // FitBandwidth's save_as writes into the model repository: with token
+  // authentication on, only calls whose token grants `save_as` may
+  // (server/auth.h); others get PERMISSION_DENIED.
+  bool save_as_needs_permission = false;
 };
 
 class AttentionService final

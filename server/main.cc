@@ -4,8 +4,14 @@
 // inference.GRPCInferenceService, the standard grpc.health.v1.Health
 // service (SERVING once ready, NOT_SERVING while draining) and server
 // reflection on --grpc_port, and Prometheus metrics at
-// http://--host:--metrics_port/metrics. Everything that can fail (engine,
-// metric families, ports) fails at boot, not on a request.
+// http://--metrics_host:--metrics_port/metrics. Everything that can fail
+// (engine, metric families, ports, certificates, tokens) fails at boot, not
+// on a request.
+//
+// Security (all off by default): TLS and mutual TLS on the gRPC port
+// (--tls_cert/--tls_key, --tls_client_ca), bearer tokens (--auth_tokens_file,
+// server/auth.h; reloaded on SIGHUP and when the file changes), reflection
+// off (--reflection=false), metrics on another address (--metrics_host).
 //
 // Lifecycle: SIGTERM or SIGINT flips health to NOT_SERVING, lets in-flight
 // calls finish for up to --grace_period_ms, cancels the rest and exits 0.
@@ -20,6 +26,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +39,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -46,6 +55,7 @@
 #include "prometheus/exposer.h"
 #include "server/attention_batcher.h"
 #include "server/attention_service.h"
+#include "server/auth.h"
 #include "server/clock.h"
 #include "server/inference_service.h"
 #include "server/model_repository.h"
@@ -68,6 +78,26 @@ ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
 ABSL_FLAG(std::string, host, "0.0.0.0",
           "Address to bind gRPC to, e.g. 0.0.0.0, 127.0.0.1 or [::].");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address to bind the metrics endpoint to; empty means --host. "
+          "The endpoint is plain HTTP without authentication: bind it to "
+          "127.0.0.1 or a private interface when the gRPC port is public.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the gRPC port; with --tls_key, the port "
+          "speaks TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: with it, clients must present a certificate signed "
+          "by one of these CAs (mutual TLS). Needs --tls_cert.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "File of bearer tokens (one per line, optionally followed by the "
+          "permission save_as; see server/auth.h). Every call but health "
+          "checks then needs `authorization: Bearer <token>`. Reloaded on "
+          "SIGHUP and when the file changes. Needs --tls_cert: a token sent "
+          "in clear text is a token given away.");
+ABSL_FLAG(bool, reflection, true,
+          "Serve gRPC server reflection (lets grpcurl-like tools discover the "
+          "API); turn off on a public port.");
 ABSL_FLAG(int32_t, grace_period_ms, 5000,
           "On SIGTERM/SIGINT, how long in-flight calls may run before they "
           "are cancelled.");
@@ -143,6 +173,7 @@ void BlockTerminationSignals(sigset_t* signals) {
   sigemptyset(signals);
   sigaddset(signals, SIGTERM);
   sigaddset(signals, SIGINT);
+  sigaddset(signals, SIGHUP);
   if (int err = pthread_sigmask(SIG_BLOCK, signals, nullptr); err != 0) {
     absl::FPrintF(stderr, "attnserve: pthread_sigmask: %s\n",
                   std::strerror(err));
@@ -150,12 +181,79 @@ void BlockTerminationSignals(sigset_t* signals) {
   }
 }
 
-// Blocks until SIGTERM or SIGINT arrives; returns its number.
-int WaitForTerminationSignal(const sigset_t& signals) {
-  int signal_number = 0;
-  while (sigwait(&signals, &signal_number) != 0) {
+// Blocks until SIGTERM or SIGINT arrives; returns its number. SIGHUP
+// reloads the token file (if any) and goes on waiting.
+int WaitForTerminationSignal(const sigset_t& signals,
+                             attnserve::TokenStore* tokens) {
+  while (true) {
+    int signal_number = 0;
+    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (signal_number != SIGHUP) return signal_number;
+    if (tokens == nullptr) {
+      absl::FPrintF(stderr, "attnserve: SIGHUP: nothing to reload\n");
+    } else if (absl::Status reloaded = tokens->Reload(); reloaded.ok()) {
+      absl::FPrintF(stderr, "attnserve: SIGHUP: reloaded %d tokens from %s\n",
+                    tokens->size(), tokens->path());
+    } else {
+      absl::FPrintF(stderr, "attnserve: SIGHUP: %s; the previous tokens stay\n",
+                    reloaded.message());
+    }
   }
-  return signal_number;
+}
+
+// The contents of a PEM file named by `flag`.
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  if (!in || !(contents << in.rdbuf())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", path, ": cannot be read"));
+  }
+  if (contents.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", path, ": not a PEM file"));
+  }
+  return contents.str();
+}
+
+// The gRPC port's credentials from the TLS flags: insecure without
+// --tls_cert, TLS with it, mutual TLS with --tls_client_ca as well.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (cert.empty()) {
+    if (!client_ca.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert");
+    }
+    if (!absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
+      return absl::InvalidArgumentError(
+          "--auth_tokens_file needs --tls_cert: tokens sent in clear text "
+          "are tokens given away");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions options(
+      client_ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  absl::StatusOr<std::string> pem = ReadPem("tls_key", key);
+  if (!pem.ok()) return pem.status();
+  pair.private_key = *std::move(pem);
+  pem = ReadPem("tls_cert", cert);
+  if (!pem.ok()) return pem.status();
+  pair.cert_chain = *std::move(pem);
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!client_ca.empty()) {
+    pem = ReadPem("tls_client_ca", client_ca);
+    if (!pem.ok()) return pem.status();
+    options.pem_root_certs = *std::move(pem);
+  }
+  return grpc::SslServerCredentials(options);
 }
 
 }  // namespace
@@ -287,7 +385,11 @@ int main(int argc, char** argv) {
   }
   // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
   std::unique_ptr<prometheus::Exposer> exposer;
-  const std::string metrics_address = absl::StrCat(host, ":", metrics_port);
+  const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host).empty()
+                                       ? host
+                                       : absl::GetFlag(FLAGS_metrics_host);
+  const std::string metrics_address =
+      absl::StrCat(metrics_host, ":", metrics_port);
   try {
     exposer = std::make_unique<prometheus::Exposer>(metrics_address);
   } catch (const std::exception& e) {
@@ -356,7 +458,41 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: model repository: %s\n", name);
   }
 
+  // Transport security and tokens, all checked before the port opens.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentials();
+  if (!credentials.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", credentials.status().message());
+    return 1;
+  }
+  std::unique_ptr<attnserve::TokenStore> tokens;
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens_file);
+      !path.empty()) {
+    absl::StatusOr<std::unique_ptr<attnserve::TokenStore>> loaded =
+        attnserve::TokenStore::Load(path);
+    if (!loaded.ok()) {
+      absl::FPrintF(stderr, "attnserve: %s\n", loaded.status().message());
+      return 1;
+    }
+    tokens = *std::move(loaded);
+    (*credentials)->SetAuthMetadataProcessor(
+        std::make_shared<attnserve::TokenAuthProcessor>(
+            tokens.get(), [raw = metrics->get()](attnserve::AuthFailure why) {
+              raw->Unauthenticated(why == attnserve::AuthFailure::kMissingToken);
+            }));
+    absl::FPrintF(stderr,
+                  "attnserve: token authentication: %d tokens from %s "
+                  "(health checks stay open; SIGHUP or an edit reloads)\n",
+                  tokens->size(), path);
+  }
+  absl::FPrintF(stderr, "attnserve: gRPC transport: %s\n",
+                absl::GetFlag(FLAGS_tls_cert).empty()
+                    ? "plaintext"
+                    : (absl::GetFlag(FLAGS_tls_client_ca).empty()
+                           ? "TLS"
+                           : "mutual TLS (client certificates required)"));
   attnserve::ServiceLimits limits;
+  limits.save_as_needs_permission = tokens != nullptr;
   limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
@@ -367,7 +503,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_batch_size));
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (absl::GetFlag(FLAGS_reflection)) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
 
   const std::string address = absl::StrCat(host, ":", port);
   int bound_port = 0;
@@ -397,8 +535,7 @@ int main(int argc, char** argv) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                absl::GetFlag(FLAGS_grpc_max_connection_idle_ms));
   }
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(address, *credentials, &bound_port);
   builder.RegisterService(&service);
   builder.RegisterService(&inference);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
@@ -412,11 +549,39 @@ int main(int argc, char** argv) {
   health->SetServingStatus(true);
   health->SetServingStatus("attention.v1.AttentionService", true);
   health->SetServingStatus("inference.GRPCInferenceService", true);
-  absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n", host,
+  absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n", metrics_host,
                 metrics_ports.empty() ? 0 : metrics_ports.front());
   absl::FPrintF(stderr, "attnserve listening on %s:%d\n", host, bound_port);
 
-  const int signal_number = WaitForTerminationSignal(termination_signals);
+  // An edited token file takes effect without a signal too: polled every
+  // second (cheap: one stat()).
+  absl::Notification stop_token_watch;
+  std::thread token_watch;
+  if (tokens != nullptr) {
+    token_watch = std::thread([&stop_token_watch, raw = tokens.get()] {
+      while (!stop_token_watch.WaitForNotificationWithTimeout(
+          absl::Seconds(1))) {
+        absl::StatusOr<bool> reloaded = raw->ReloadIfChanged();
+        if (!reloaded.ok()) {
+          absl::FPrintF(stderr,
+                        "attnserve: token file changed: %s; the previous "
+                        "tokens stay\n",
+                        reloaded.status().message());
+        } else if (*reloaded) {
+          absl::FPrintF(stderr,
+                        "attnserve: token file changed: reloaded %d tokens\n",
+                        raw->size());
+        }
+      }
+    });
+  }
+
+  const int signal_number =
+      WaitForTerminationSignal(termination_signals, tokens.get());
+  if (token_watch.joinable()) {
+    stop_token_watch.Notify();
+    token_watch.join();
+  }
   absl::FPrintF(stderr,
                 "attnserve: %s received; NOT_SERVING for %d ms, then "
                 "draining for up to %d ms\n",

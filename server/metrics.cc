@@ -194,6 +194,16 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
                          .Help("Requests refused or dropped unserved, by "
                                "reason.")
                          .Register(registry);
+    auto& unauthenticated =
+        prometheus::BuildCounter()
+            .Name("attnserve_unauthenticated_requests_total")
+            .Help("Calls refused UNAUTHENTICATED (--auth_tokens_file), by "
+                  "reason; the RPC is not known at that point.")
+            .Register(registry);
+    metrics->unauthenticated_missing_ =
+        &unauthenticated.Add({{"reason", "missing_token"}});
+    metrics->unauthenticated_invalid_ =
+        &unauthenticated.Add({{"reason", "invalid_token"}});
     auto& inflight = prometheus::BuildGauge()
                          .Name("attnserve_inflight_requests")
                          .Help("Requests received and not yet finished.")
@@ -238,6 +248,11 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
   }
   metrics->sampled_ = std::make_shared<SampledCollector>();
   return metrics;
+}
+
+void ServiceMetrics::Unauthenticated(bool token_missing) {
+  (token_missing ? unauthenticated_missing_ : unauthenticated_invalid_)
+      ->Increment();
 }
 
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {

@@ -14,6 +14,8 @@
 //   attnserve_rejected_requests_total{rpc, reason} resource_exhausted,
 //                                                  deadline, cancelled,
 //                                                  shutting_down
+//   attnserve_unauthenticated_requests_total{reason}  missing_token,
+//                                                  invalid_token
 //   attnserve_inflight_requests                    gauge
 //   attnserve_queue_depth                          gauge (sampled at scrape)
 //   process_cpu_seconds_total, process_resident_memory_bytes,
@@ -77,6 +79,8 @@ class ServiceMetrics {
   // score elements (the difference is padding).
   void BatchExecuted(Rpc rpc, int requests, int64_t computed_elements,
                      int64_t useful_elements);
+  // A call refused by token authentication (server/auth.h).
+  void Unauthenticated(bool token_missing);
 
  private:
   struct PerRpc {
@@ -105,6 +109,8 @@ class ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::array<PerRpc, kRpcCount> per_rpc_;
   prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Counter* unauthenticated_missing_ = nullptr;
+  prometheus::Counter* unauthenticated_invalid_ = nullptr;
   std::shared_ptr<prometheus::Collectable> sampled_;  // queue depth, process
 };
 

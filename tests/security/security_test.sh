@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# End-to-end: TLS, mutual TLS and bearer tokens, with the real attnserve and
+# attnctl. A throw-away CA and certificates are made with openssl in a temp
+# directory (nothing secret is committed):
+#  - TLS: a plaintext client is refused; a client trusting the CA is served;
+#    a client trusting another CA is refused;
+#  - mutual TLS: no client certificate, or one from another CA, is refused;
+#    one from the CA is served;
+#  - tokens (over TLS): no token and a wrong token get UNAUTHENTICATED and are
+#    counted by reason; a good token is served; health checks need none;
+#    save_as needs the save_as permission (PERMISSION_DENIED otherwise); an
+#    edit of the token file takes effect within seconds, and so does SIGHUP;
+#    no token ever appears in the server's log;
+#  - bad security flags exit 1 naming the flag.
+#
+#   tests/security/security_test.sh ATTNSERVE ATTNCTL
+set -uo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 ATTNSERVE ATTNCTL" >&2
+  exit 64
+fi
+server_bin=$(realpath "$1")
+attnctl=$(realpath "$2")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+py=/usr/bin/python3
+source "$repo/tests/lib/server.sh"
+
+workdir=$(mktemp -d -t attnserve-security.XXXXXX)
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  stop_server
+  rm -rf "$workdir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+failures=0
+pass() { echo "ok   $*"; }
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# --- a throw-away PKI ---------------------------------------------------------
+pki=$workdir/pki
+mkdir -p "$pki"
+ossl() { openssl "$@" >>"$pki/openssl.log" 2>&1 || { echo "security: FATAL: openssl $*" >&2; cat "$pki/openssl.log" >&2; exit 1; }; }
+# make_ca NAME
+make_ca() {
+  ossl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$1" \
+    -keyout "$pki/$1.key" -out "$pki/$1.crt"
+}
+# issue CA NAME EXTENSIONS: a certificate for NAME signed by CA.
+issue() {
+  ossl req -newkey rsa:2048 -nodes -subj "/CN=$2" \
+    -keyout "$pki/$2.key" -out "$pki/$2.csr"
+  printf '%s\n' "$3" >"$pki/$2.ext"
+  ossl x509 -req -in "$pki/$2.csr" -CA "$pki/$1.crt" -CAkey "$pki/$1.key" \
+    -CAcreateserial -days 2 -extfile "$pki/$2.ext" -out "$pki/$2.crt"
+}
+make_ca ca
+make_ca other-ca
+issue ca server "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth"
+issue ca client "extendedKeyUsage=clientAuth"
+issue other-ca stranger "extendedKeyUsage=clientAuth"
+
+token_plain=$(openssl rand -hex 24)
+token_saver=$(openssl rand -hex 24)
+token_new=$(openssl rand -hex 24)
+printf '# test tokens\n%s\n%s save_as\n' "$token_plain" "$token_saver" \
+  >"$workdir/tokens"
+cp -r "$repo/deploy/models" "$workdir/models"
+
+ctl() { "$attnctl" --target="127.0.0.1:$GRPC_PORT" --deadline=10s "$@"; }
+# expect_ok NAME ARGS...: the call succeeds.
+expect_ok() {
+  local name=$1
+  shift
+  if ctl "$@" >"$workdir/out" 2>"$workdir/err"; then
+    pass "$name"
+  else
+    fail "$name: $(head -c 300 "$workdir/err")"
+  fi
+}
+# expect_refused NAME PATTERN ARGS...: the call fails with PATTERN on stderr.
+expect_refused() {
+  local name=$1 pattern=$2
+  shift 2
+  if ctl "$@" >"$workdir/out" 2>"$workdir/err"; then
+    fail "$name: succeeded"
+  elif grep -qE "$pattern" "$workdir/err"; then
+    pass "$name: $(head -c 140 "$workdir/err")"
+  else
+    fail "$name: wanted /$pattern/, got $(head -c 300 "$workdir/err")"
+  fi
+}
+metric() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" -o "$workdir/m.txt" &&
+    "$py" "$repo/tests/e2e/metric.py" "$workdir/m.txt" "$@"
+}
+call=(attention --shape queries=2x1x2,keys=2x10x2,values=2x10x4 --summary)
+
+# --- 1. bad flags ----------------------------------------------------------------
+bad_flags() {
+  local pattern=$1
+  shift
+  if "$server_bin" --host=127.0.0.1 --grpc_port=0 --metrics_port=0 "$@" \
+      >"$workdir/bad.out" 2>&1; then
+    fail "attnserve $* started"
+  elif grep -q -- "$pattern" "$workdir/bad.out"; then
+    pass "attnserve $* -> exit 1: $(grep -o -- "$pattern.*" "$workdir/bad.out" | head -c 100)"
+  else
+    fail "attnserve $*: $(head -c 300 "$workdir/bad.out")"
+  fi
+}
+bad_flags "--auth_tokens_file needs --tls_cert" --auth_tokens_file="$workdir/tokens"
+bad_flags "--tls_cert and --tls_key go together" --tls_cert="$pki/server.crt"
+bad_flags "--tls_client_ca needs --tls_cert" --tls_client_ca="$pki/ca.crt"
+bad_flags "not a PEM file" --tls_cert="$workdir/tokens" --tls_key="$pki/server.key"
+printf 'short\n' >"$workdir/bad_tokens"
+bad_flags "line 1: a token must be at least 16" --tls_cert="$pki/server.crt" \
+  --tls_key="$pki/server.key" --auth_tokens_file="$workdir/bad_tokens"
+
+# --- 2. TLS ------------------------------------------------------------------------
+start_server "$server_bin" "$workdir/tls.log" --drain_notice_ms=0 \
+  --tls_cert="$pki/server.crt" --tls_key="$pki/server.key" ||
+  { echo "security: FATAL: TLS server did not start" >&2; exit 1; }
+grep -q "gRPC transport: TLS" "$workdir/tls.log" && pass "start-up says TLS" ||
+  fail "start-up does not say TLS: $(head -c 300 "$workdir/tls.log")"
+expect_refused "TLS: a plaintext client is refused" "UNAVAILABLE" "${call[@]}"
+expect_ok "TLS: a client trusting the CA is served" --ca="$pki/ca.crt" "${call[@]}"
+expect_refused "TLS: a client trusting another CA is refused" "UNAVAILABLE" \
+  --ca="$pki/other-ca.crt" "${call[@]}"
+stop_server
+
+# --- 3. mutual TLS -----------------------------------------------------------------
+start_server "$server_bin" "$workdir/mtls.log" --drain_notice_ms=0 \
+  --tls_cert="$pki/server.crt" --tls_key="$pki/server.key" \
+  --tls_client_ca="$pki/ca.crt" ||
+  { echo "security: FATAL: mTLS server did not start" >&2; exit 1; }
+expect_refused "mTLS: no client certificate is refused" "UNAVAILABLE" \
+  --ca="$pki/ca.crt" "${call[@]}"
+expect_refused "mTLS: a client certificate from another CA is refused" "UNAVAILABLE" \
+  --ca="$pki/ca.crt" --cert="$pki/stranger.crt" --key="$pki/stranger.key" "${call[@]}"
+expect_ok "mTLS: a client certificate from the CA is served" \
+  --ca="$pki/ca.crt" --cert="$pki/client.crt" --key="$pki/client.key" "${call[@]}"
+stop_server
+
+# --- 4. tokens ---------------------------------------------------------------------
+start_server "$server_bin" "$workdir/tokens.log" --drain_notice_ms=0 \
+  --tls_cert="$pki/server.crt" --tls_key="$pki/server.key" \
+  --auth_tokens_file="$workdir/tokens" --model_repository="$workdir/models" ||
+  { echo "security: FATAL: token server did not start" >&2; exit 1; }
+tls=(--ca="$pki/ca.crt")
+expect_refused "tokens: no token -> UNAUTHENTICATED" "UNAUTHENTICATED: missing token" \
+  "${tls[@]}" "${call[@]}"
+expect_refused "tokens: a wrong token -> UNAUTHENTICATED" "UNAUTHENTICATED: invalid token" \
+  "${tls[@]}" --token="$token_new" "${call[@]}"
+expect_ok "tokens: a good token is served" "${tls[@]}" --token="$token_plain" "${call[@]}"
+expect_ok "tokens: health checks need no token" "${tls[@]}" health
+missing=$(metric attnserve_unauthenticated_requests_total reason=missing_token)
+invalid=$(metric attnserve_unauthenticated_requests_total reason=invalid_token)
+[[ "$missing" == 1 && "$invalid" == 1 ]] &&
+  pass "refusals counted by reason (missing_token 1, invalid_token 1)" ||
+  fail "refusals counted: missing_token=$missing invalid_token=$invalid, want 1 and 1"
+echo '{"saveAs": "fitted_by_test"}' >"$workdir/save.json"
+expect_refused "tokens: save_as without the permission -> PERMISSION_DENIED" \
+  "PERMISSION_DENIED: save_as" "${tls[@]}" --token="$token_plain" \
+  fit-bandwidth --input="$workdir/save.json" --shape=x_train=50,y_train=50
+expect_ok "tokens: save_as with the permission" "${tls[@]}" --token="$token_saver" \
+  fit-bandwidth --input="$workdir/save.json" --shape=x_train=50,y_train=50
+[[ -f "$workdir/models/fitted_by_test/config.pbtxt" ]] &&
+  pass "the permitted save_as wrote the model" ||
+  fail "the permitted save_as wrote nothing under $workdir/models"
+
+# An edit takes effect without a restart (the file is polled every second).
+printf '%s\n%s save_as\n%s\n' "$token_plain" "$token_saver" "$token_new" \
+  >"$workdir/tokens.next"
+mv "$workdir/tokens.next" "$workdir/tokens"
+for ((i = 0; i < 50; i++)); do
+  ctl "${tls[@]}" --token="$token_new" "${call[@]}" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+expect_ok "tokens: a token added to the file works within seconds" \
+  "${tls[@]}" --token="$token_new" "${call[@]}"
+# SIGHUP reloads at once; a token removed is refused.
+printf '%s save_as\n' "$token_saver" >"$workdir/tokens"
+kill -HUP "$SERVER_PID"
+for ((i = 0; i < 50; i++)); do
+  grep -q "SIGHUP: reloaded 1 tokens" "$workdir/tokens.log" && break
+  sleep 0.1
+done
+expect_refused "tokens: a token removed and SIGHUP -> UNAUTHENTICATED" \
+  "UNAUTHENTICATED" "${tls[@]}" --token="$token_plain" "${call[@]}"
+# A broken file keeps the tokens in force.
+printf 'short\n' >"$workdir/tokens"
+kill -HUP "$SERVER_PID"
+sleep 0.5
+expect_ok "tokens: a broken file on SIGHUP keeps the previous tokens" \
+  "${tls[@]}" --token="$token_saver" "${call[@]}"
+kill -0 "$SERVER_PID" 2>/dev/null && pass "the server survived the broken file" ||
+  fail "the server died on a broken token file"
+stop_server
+if grep -q -e "$token_plain" -e "$token_saver" -e "$token_new" "$workdir"/*.log; then
+  fail "a token appears in the server's log"
+else
+  pass "no token in the server's log"
+fi
+
+# --- 5. client-side checks -----------------------------------------------------------
+if "$attnctl" --target=127.0.0.1:1 --token="$token_plain" health >"$workdir/out" 2>"$workdir/err"; then
+  fail "attnctl --token without TLS ran"
+elif grep -q "\-\-token needs --tls" "$workdir/err"; then
+  pass "attnctl refuses --token without TLS"
+else
+  fail "attnctl --token without TLS: $(head -c 200 "$workdir/err")"
+fi
+
+echo "security: $failures failed"
+((failures == 0))
