@@ -36,10 +36,12 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -173,8 +175,12 @@ ABSL_FLAG(int32_t, client_threads, 1,
 ABSL_FLAG(std::string, output_format, "text", "load: text | json.");
 ABSL_FLAG(bool, allow_remote, false,
           "load: allow a --target that is not loopback (127.0.0.0/8, "
-          "localhost, [::1]). Load against other machines is forbidden in "
-          "this workplace.");
+          "localhost, [::1]). Off by default so that a load test never hits "
+          "a production server by a mistyped --target.");
+ABSL_FLAG(std::string, expect_codes, "OK",
+          "load: the status codes requests may end with, comma-separated "
+          "(e.g. OK,RESOURCE_EXHAUSTED for an overload test); any other "
+          "makes load exit 3 and say which.");
 
 namespace {
 
@@ -187,6 +193,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitUsage = 1;
 constexpr int kExitNotServing = 1;
 constexpr int kExitRpcFailed = 2;
+constexpr int kExitUnexpectedCodes = 3;  // load: see --expect_codes
 
 // Everything a subcommand needs, read from the flags once in main.
 struct Invocation {
@@ -399,7 +406,7 @@ const std::vector<absl::string_view>& LoadOwnFlags() {
       "rpc",       "concurrency",      "rate",          "max_in_flight",
       "duration",  "requests",         "warmup",        "mix",
       "lk_range",  "valid_lens_range", "pool_size",     "client_threads",
-      "output_format", "allow_remote", "seed"};
+      "output_format", "allow_remote", "expect_codes", "seed"};
   return *kFlags;
 }
 
@@ -527,14 +534,15 @@ Load: attnctl load [--rpc RPC] [RPC's request flags] [load flags]
   from sending; open loop: from the scheduled arrival), errors by status
   code, dropped arrivals and the achieved rate; --output_format json prints
   one JSON object.
-  Only loopback targets (127.0.0.0/8, localhost, [::1], unix:): load against
-  other machines is forbidden in this workplace, and --allow_remote is
-  needed to override it.
+  Only loopback targets (127.0.0.0/8, localhost, [::1], unix:) unless
+  --allow_remote: a load test should never reach a production server by a
+  mistyped --target.
 
 Exit status: 0 success; 1 usage error, or health not SERVING; 2 the RPC
-failed, with "attnctl: <CODE>: <message>" on stderr. load: 0 when it ran
-(even with failed calls), 1 usage error, 2 when no call succeeded or it could
-not connect.
+failed, with "attnctl: <CODE>: <message>" on stderr. load: 0 when every
+request ended with a code in --expect_codes (default OK only), 1 usage
+error, 2 when it could not connect or no request completed, 3 when some
+request ended with a code not in --expect_codes (named on stderr).
 
 Examples:
   attnctl health --target localhost:8001
@@ -883,9 +891,35 @@ int RunLoad(const Invocation& invocation) {
   } else {
     absl::PrintF("%s", attnctl::FormatReportText(*report));
   }
-  if (report->ok == 0) {
-    absl::FPrintF(stderr, "attnctl: load: no request succeeded\n");
+  std::set<std::string> expected;
+  for (absl::string_view code :
+       absl::StrSplit(absl::GetFlag(FLAGS_expect_codes), ',', absl::SkipEmpty())) {
+    expected.insert(std::string(absl::StripAsciiWhitespace(code)));
+  }
+  if (report->requests == 0) {
+    absl::FPrintF(stderr, "attnctl: load: no request completed\n");
     return kExitRpcFailed;
+  }
+  std::vector<std::string> unexpected;
+  if (!expected.count("OK") && report->ok > 0) {
+    unexpected.push_back(absl::StrCat("OK ", report->ok));
+  }
+  for (const auto& [code, count] : report->errors) {
+    if (!expected.count(code)) unexpected.push_back(absl::StrCat(code, " ", count));
+  }
+  if (report->dropped > 0) {
+    unexpected.push_back(absl::StrCat("dropped ", report->dropped));
+  }
+  if (!unexpected.empty()) {
+    absl::FPrintF(stderr,
+                  "attnctl: load: requests ended outside --expect_codes=%s: "
+                  "%s%s\n",
+                  absl::GetFlag(FLAGS_expect_codes),
+                  absl::StrJoin(unexpected, ", "),
+                  report->first_error.empty()
+                      ? ""
+                      : absl::StrCat(" (first error: ", report->first_error, ")"));
+    return kExitUnexpectedCodes;
   }
   return kExitOk;
 }

@@ -791,8 +791,7 @@ absl::Status CheckLoadOptions(const LoadOptions& options) {
   if (!options.allow_remote && !IsLoopbackTarget(options.target)) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "--target %s is not a loopback address (127.0.0.0/8, localhost, "
-        "[::1]); load against other machines is forbidden here without "
-        "--allow_remote",
+        "[::1]); pass --allow_remote to load another machine on purpose",
         options.target));
   }
   if (options.client_threads < 1 || options.client_threads > 64) {

@@ -138,8 +138,8 @@ absl::StatusOr<RequestPool> BuildRequestPool(const PoolOptions& options);
 
 struct LoadOptions {
   std::string target;  // host:port or a gRPC target URI
-  // Drive a target that is not loopback. Off by default: load against
-  // anything but this machine is forbidden in this workplace.
+  // Drive a target that is not loopback. Off by default, so that a load
+  // test never reaches a production server by a mistyped target.
   bool allow_remote = false;
   int max_receive_bytes = 256 << 20;
   // TLS and tokens (client/credentials.h); null means plaintext.

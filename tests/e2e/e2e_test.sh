@@ -280,6 +280,22 @@ else
   fail "could not scrape $metrics_url"
 fi
 
+# --- 4b. load's exit status follows --expect_codes ---------------------------------
+# (after the exact metric counts above, which these calls would change)
+bad_load=(load --rpc=attention --shape=queries=2x1x2,keys=2x10x3,values=2x10x4
+  --requests=5 --warmup=0s --duration=inf)
+rc=0
+ctl "${bad_load[@]}" >"$workdir/load.txt" 2>"$workdir/load.err" || rc=$?
+if [[ $rc -eq 3 ]] && grep -q "outside --expect_codes=OK: INVALID_ARGUMENT 5" "$workdir/load.err"; then
+  pass "load with failing requests -> exit 3 naming INVALID_ARGUMENT"
+else
+  fail "load with failing requests -> exit $rc: $(head -c 300 "$workdir/load.err")"
+fi
+rc=0
+ctl "${bad_load[@]}" --expect_codes=INVALID_ARGUMENT >"$workdir/load.txt" 2>"$workdir/load.err" || rc=$?
+[[ $rc -eq 0 ]] && pass "load --expect_codes=INVALID_ARGUMENT -> exit 0" ||
+  fail "load --expect_codes=INVALID_ARGUMENT -> exit $rc: $(head -c 300 "$workdir/load.err")"
+
 # --- 5. graceful drain ------------------------------------------------------------------
 # ~1 s of kernel on one thread (--kernel_threads=1): 1 x 16384^2 x 64.
 slow="queries=1x16384x64,keys=1x16384x64,values=1x16384x64"

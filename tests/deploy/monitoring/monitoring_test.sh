@@ -184,6 +184,7 @@ step "Prometheus scrapes the test server" scraped
 target=127.0.0.1:$GRPC_PORT
 common=(--target "$target" --duration 3s --warmup 0s --output_format json)
 "$attnctl" load "${common[@]}" --rpc attention --concurrency 6 --lk_range 8:64 \
+  --expect_codes OK,INVALID_ARGUMENT,RESOURCE_EXHAUSTED \
   --mix '61:queries=2x1x16,keys=2x64x16,values=2x64x16;2:queries=2x1x16,keys=3x64x16,values=2x64x16;1:queries=1x8192x16,keys=1x64x16,values=1x64x16' \
   >"$workdir/load-attention.json" 2>&1 &
 load_pids+=($!)
