@@ -34,7 +34,7 @@ readonly BUILD_PACKAGES=(
 # on these machines' cgroups) and debootstrap (the local base images).
 readonly TEST_PACKAGES=(
   python3 python3-venv curl prometheus clang nginx
-  buildah podman runc debootstrap
+  buildah podman runc debootstrap procps
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own

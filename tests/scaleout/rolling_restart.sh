@@ -102,9 +102,20 @@ PY
 }
 # reload_nginx [DOWN]: a graceful reload: new workers take the new
 # configuration, old ones finish their calls and close their connections.
+# Returns once the old workers have exited: until then they may still route
+# calls by the old configuration (they finish their clients' streams first).
 reload_nginx() {
+  local old n pid alive
+  old=$(pgrep -P "$nginx_pid" || true)
   write_nginx_conf "${1:-}"
   "$nginx_bin" -c "$workdir/nginx.conf" -e "$workdir/nginx_error.log" -s reload
+  for ((n = 0; n < 100; n++)); do
+    alive=0
+    for pid in $old; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || return 0
+    sleep 0.1
+  done
+  echo "scaleout: old nginx workers still running 10 s after a reload" >&2
 }
 write_nginx_conf
 "$nginx_bin" -t -c "$workdir/nginx.conf" -e "$workdir/nginx_error.log" \
@@ -150,7 +161,7 @@ for ((i = 0; i < replicas; i++)); do
   # Out of the proxy first (without this step, calls that reach a replica in
   # the instant gRPC shuts its server down are cancelled by gRPC itself: see
   # the README, "Scale-out"), then drained and stopped.
-  [[ -z "${NO_RELOAD:-}" ]] && { reload_nginx "$i"; sleep 0.5; }
+  [[ -z "${NO_RELOAD:-}" ]] && reload_nginx "$i"
   kill -TERM "${pids[$i]}"
   wait "${pids[$i]}"
   rc=$?
