@@ -8,7 +8,7 @@ BUILD_TYPE ?= Release
 JOBS       ?= 2
 SERVER     := $(BUILD_DIR)/server/attnserve
 
-.PHONY: all deps test-deps build run test bench clean
+.PHONY: all deps test-deps build run test sanitize fuzz bench clean
 
 all: build
 
@@ -30,8 +30,18 @@ run: build
 test: test-deps build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, and our
+# concurrent code under ThreadSanitizer (build-asan/, build-tsan/).
+sanitize: test-deps
+	bash tests/sanitizers/run_sanitizers.sh
+
+# Every libFuzzer target for FUZZ_SECONDS each (fuzz/README.md).
+FUZZ_SECONDS ?= 60
+fuzz: test-deps
+	bash fuzz/run_fuzzers.sh $(FUZZ_SECONDS)
+
 bench: build
 	bash bench/run_benchmarks.sh
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan fuzz/build

@@ -31,10 +31,15 @@ readonly BUILD_PACKAGES=(
 # clang for the thread-safety analysis test, nginx for the scale-out test
 # (the test runs its own instance), and for the container image test
 # buildah, podman, runc (named: podman would otherwise pull crun, which fails
-# on these machines' cgroups) and debootstrap (the local base images).
+# on these machines' cgroups) and debootstrap (the local base images). The
+# fuzzers (make fuzz) build with clang and need libFuzzer and the sanitizer
+# runtimes (libclang-rt-dev), OpenMP for clang (libomp-dev) and
+# llvm-symbolizer (llvm). The sanitizer passes (make sanitize) use gcc's
+# runtimes, which come with g++.
 readonly TEST_PACKAGES=(
   python3 python3-venv curl prometheus clang nginx
   buildah podman runc debootstrap procps
+  libclang-rt-dev libomp-dev llvm
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own

@@ -94,11 +94,11 @@ AttentionBatcher::AttentionBatcher(const BatchingOptions& options,
                                    Executor executor, BatchObserver observer,
                                    ExecutorAvailable executor_available)
     : options_(options),
-      engine_(engine),
       clock_(clock),
       executor_(std::move(executor)),
-      observer_(std::move(observer)),
-      executor_available_(std::move(executor_available)) {}
+      executor_available_(std::move(executor_available)),
+      runner_(std::make_shared<const Runner>(
+          Runner{engine, clock, std::move(observer)})) {}
 
 AttentionBatcher::~AttentionBatcher() { Shutdown(); }
 
@@ -208,15 +208,19 @@ absl::Time AttentionBatcher::FormDueBatches() {
         ++it;
       }
     }
+    in_hand_ += static_cast<int>(due.size());
   }
+  if (due.empty()) return next;
   for (std::vector<Pending>& batch : due) Dispatch(std::move(batch));
+  absl::MutexLock lock(&mu_);
+  in_hand_ -= static_cast<int>(due.size());
   return next;
 }
 
 void AttentionBatcher::Dispatch(std::vector<Pending> batch) {
   auto shared = std::make_shared<std::vector<Pending>>(std::move(batch));
   const absl::Status status =
-      executor_([this, shared] { RunBatch(*shared); });
+      executor_([runner = runner_, shared] { RunBatch(*runner, *shared); });
   if (!status.ok()) {
     for (Pending& pending : *shared) {
       pending.task->done(status, BatchTiming{clock_->Now()});
@@ -224,9 +228,10 @@ void AttentionBatcher::Dispatch(std::vector<Pending> batch) {
   }
 }
 
-void AttentionBatcher::RunBatch(std::vector<Pending>& batch) {
+void AttentionBatcher::RunBatch(const Runner& runner,
+                                std::vector<Pending>& batch) {
   // Requests that expired or were cancelled while queued are not computed.
-  const absl::Time now = clock_->Now();
+  const absl::Time now = runner.clock->Now();
   BatchTiming timing{now};
   std::vector<Task*> live;
   for (Pending& pending : batch) {
@@ -266,15 +271,15 @@ void AttentionBatcher::RunBatch(std::vector<Pending>& batch) {
   for (const Member& m : members) {
     needs_lengths |= m.params.lq != lq || m.params.lk != lk;
   }
-  if (observer_) {
-    observer_(BatchStats{static_cast<int>(live.size()),
-                         total_batch * heads * lq * lk, useful});
+  if (runner.observer) {
+    runner.observer(BatchStats{static_cast<int>(live.size()),
+                               total_batch * heads * lq * lk, useful});
   }
   timing.batch_requests = static_cast<int>(live.size());
   if (live.size() == 1) {
     absl::StatusOr<attn::OpResult> result =
-        engine_->Attention(live.front()->request);
-    timing.kernel = clock_->Now() - now;
+        runner.engine->Attention(live.front()->request);
+    timing.kernel = runner.clock->Now() - now;
     live.front()->done(std::move(result), timing);
     return;
   }
@@ -323,8 +328,8 @@ void AttentionBatcher::RunBatch(std::vector<Pending>& batch) {
   combined.return_weights = like.return_weights;
   combined.precision = like.precision;
 
-  absl::StatusOr<attn::OpResult> all = engine_->Attention(combined);
-  timing.kernel = clock_->Now() - now;
+  absl::StatusOr<attn::OpResult> all = runner.engine->Attention(combined);
+  timing.kernel = runner.clock->Now() - now;
   for (size_t i = 0; i < live.size(); ++i) {
     if (!all.ok()) {
       live[i]->done(all.status(), timing);
@@ -337,6 +342,8 @@ void AttentionBatcher::RunBatch(std::vector<Pending>& batch) {
 bool AttentionBatcher::HasWorkOrStopping() const {
   return stopping_ || new_work_;
 }
+
+bool AttentionBatcher::NothingInHand() const { return in_hand_ == 0; }
 
 void AttentionBatcher::SchedulerLoop() {
   absl::Time next = absl::InfiniteFuture();
@@ -354,13 +361,14 @@ void AttentionBatcher::SchedulerLoop() {
 }
 
 void AttentionBatcher::StartScheduler() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
   scheduler_ = std::thread([this] { SchedulerLoop(); });
 }
 
 void AttentionBatcher::Shutdown() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_ && !scheduler_.joinable()) return;
     stopping_ = true;
   }
   if (scheduler_.joinable()) {
@@ -368,6 +376,11 @@ void AttentionBatcher::Shutdown() {
   } else {
     FormDueBatches();
   }
+  // Schedule (a due batch) and OnExecutorIdle form batches on their own
+  // threads: one may have taken a batch off its queue, so that the queues
+  // look empty, and not handed it on yet. Wait until it has.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &AttentionBatcher::NothingInHand));
 }
 
 }  // namespace attnserve

@@ -28,7 +28,10 @@
 //
 // Thread-safe. Schedule never blocks. Each task's `done` runs exactly once,
 // on an executor thread (or on the caller's thread when Schedule fails it
-// is not called at all: the status is returned instead).
+// is not called at all: the status is returned instead). The executor must
+// run every closure it accepts (WorkerPool does, Shutdown included). A
+// closure holds what it needs but the engine and the clock, which must
+// outlive it; it may run after the batcher is gone.
 #ifndef ATTNSERVE_SERVER_ATTENTION_BATCHER_H_
 #define ATTNSERVE_SERVER_ATTENTION_BATCHER_H_
 
@@ -130,7 +133,11 @@ class AttentionBatcher {
   void StartScheduler();
 
   // Refuses new tasks, hands every queued one on, stops the scheduler.
-  // Tasks already handed to the executor finish there. Idempotent.
+  // Tasks already handed to the executor finish there. When it returns,
+  // every accepted task is in the executor's hands or answered, including
+  // batches that another thread (Schedule, OnExecutorIdle) had taken off a
+  // queue but not yet handed on. Blocks for that; idempotent, and safe to
+  // call from several threads. Never call it from `done` or the executor.
   void Shutdown();
 
   int queue_depth() const;
@@ -158,17 +165,25 @@ class AttentionBatcher {
   // Takes the tasks of the next batch off `queue` if one is due at `now`.
   std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a handed-on batch needs to run, shared by the executor's closures
+  // so that they do not depend on the batcher's lifetime.
+  struct Runner {
+    attn::Engine* engine;
+    const Clock* clock;
+    BatchObserver observer;
+  };
+
   void Dispatch(std::vector<Pending> batch);
-  void RunBatch(std::vector<Pending>& batch);
+  static void RunBatch(const Runner& runner, std::vector<Pending>& batch);
   void SchedulerLoop();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NothingInHand() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatchingOptions options_;
-  attn::Engine* const engine_;
   const Clock* const clock_;
   const Executor executor_;
-  const BatchObserver observer_;
   const ExecutorAvailable executor_available_;
+  const std::shared_ptr<const Runner> runner_;
 
   mutable absl::Mutex mu_;
   std::map<ClassKey, Queue> queues_ ABSL_GUARDED_BY(mu_);
@@ -177,7 +192,13 @@ class AttentionBatcher {
   // Set by Schedule when a class may have become due, so that the scheduler
   // re-evaluates before its deadline.
   bool new_work_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread scheduler_;
+  // Batches taken off the queues by FormDueBatches and not yet handed to
+  // the executor (Shutdown waits for them).
+  int in_hand_ ABSL_GUARDED_BY(mu_) = 0;
+  // Serialises StartScheduler and Shutdown (the std::thread is not
+  // thread-safe). Taken before mu_, never while holding it.
+  absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread scheduler_ ABSL_GUARDED_BY(lifecycle_mu_);
 };
 
 }  // namespace attnserve

@@ -3,18 +3,23 @@
 // computed, and every request's result equals its result alone.
 #include "server/attention_batcher.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
 #include "attn/testing/engines.h"
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
+#include "server/worker_pool.h"
 
 namespace attnserve {
 namespace {
@@ -83,11 +88,17 @@ class BatcherTest : public ::testing::Test {
     return static_cast<int>(work.size());
   }
 
+  // Members are destroyed in reverse order: the batcher first, while what
+  // it uses still exists. Its destructor shuts it down, which hands every
+  // queued task to the executor, i.e. into executed_; those closures (and
+  // the tasks they own) are then freed, unrun, with executed_. (Declared
+  // before executed_, the batcher once pushed into a destroyed vector and
+  // leaked them: LeakSanitizer's report.)
   FakeClock clock_;
   std::unique_ptr<attn::Engine> engine_;
-  std::unique_ptr<AttentionBatcher> batcher_;
   std::vector<std::function<void()>> executed_;
   std::vector<BatchStats> stats_;
+  std::unique_ptr<AttentionBatcher> batcher_;
 };
 
 TEST_F(BatcherTest, FullBatchIsSentAtOnce) {
@@ -326,6 +337,25 @@ TEST_F(BatcherTest, FreeExecutorThreadTakesRequestsAtOnce) {
   batcher_->OnExecutorIdle();
   EXPECT_EQ(RunExecuted(), 1);  // b and c in one batch
   EXPECT_TRUE(b->result.has_value() && c->result.has_value());
+  batcher_.reset();  // it calls back into `available`, a local of this test
+}
+
+// The destructor shuts down: what still waits is handed to the executor,
+// not dropped.
+TEST_F(BatcherTest, DestroyingTheBatcherHandsQueuedTasksOn) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Hours(1);
+  Make(options);
+  std::mt19937 rng(9);
+  auto a = MakeCall(rng, 1, 2, 3), b = MakeCall(rng, 1, 2, 3);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  EXPECT_EQ(RunExecuted(), 0);
+  batcher_.reset();
+  // One batch of both; its closure runs without the batcher.
+  EXPECT_EQ(RunExecuted(), 1);
+  EXPECT_TRUE(a->result.has_value() && a->result->ok());
+  EXPECT_TRUE(b->result.has_value() && b->result->ok());
 }
 
 TEST_F(BatcherTest, ElementBudgetSplitsBatches) {
@@ -343,6 +373,174 @@ TEST_F(BatcherTest, ElementBudgetSplitsBatches) {
   batcher_->FormDueBatches();
   EXPECT_EQ(RunExecuted(), 2);  // two full batches of 2; one request waits
   EXPECT_EQ(batcher_->queue_depth(), 1);
+}
+
+// Real threads: the executor is a WorkerPool, the scheduler thread waits on
+// the real clock, and clients schedule from several threads at once, as in
+// the server (server/main.cc wires them the same way). Under
+// ThreadSanitizer (tests/sanitizers/run_sanitizers.sh) these are the
+// batcher's and the pool's race checks; their inputs are small so that
+// they stay quick there.
+class BatcherThreadsTest : public ::testing::Test {
+ protected:
+  void Start(const BatchingOptions& options, int workers) {
+    engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+    WorkerPool::Options pool_options;
+    pool_options.threads = workers;
+    pool_options.max_queue = 4096;  // never full here
+    pool_ = WorkerPool::Create(pool_options).value();
+    batcher_ = AttentionBatcher::Create(
+                   options, engine_.get(), &clock_,
+                   [pool = pool_.get()](std::function<void()> work) {
+                     return pool->Schedule(std::move(work));
+                   },
+                   [this](const BatchStats& stats) {
+                     computed_.fetch_add(stats.requests);
+                   },
+                   [pool = pool_.get()] { return pool->available_threads() > 0; })
+                   .value();
+    pool_->SetIdleCallback([batcher = batcher_.get()] {
+      batcher->OnExecutorIdle();
+    });
+    batcher_->StartScheduler();
+  }
+
+  // The server's order: the batcher hands its queues on, then the pool
+  // runs what it holds and joins its threads.
+  void Stop() {
+    batcher_->Shutdown();
+    pool_->Shutdown();
+  }
+
+  void TearDown() override {
+    if (batcher_ != nullptr) Stop();
+  }
+
+  // A task whose `done` stores the result in `call`, then calls `after`.
+  static std::unique_ptr<AttentionBatcher::Task> TaskFor(
+      Call* call, std::function<void()> after) {
+    auto task = std::make_unique<AttentionBatcher::Task>();
+    task->request = call->request;
+    task->done = [call, after = std::move(after)](
+                     absl::StatusOr<attn::OpResult> result, const BatchTiming&) {
+      call->result = std::move(result);
+      after();
+    };
+    return task;
+  }
+
+  RealClock clock_;
+  std::unique_ptr<attn::Engine> engine_;
+  std::atomic<int> computed_{0};
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<AttentionBatcher> batcher_;  // uses the pool: after it
+};
+
+// Four clients, two request classes, ragged shapes: every request is
+// answered exactly once, with its own result.
+TEST_F(BatcherThreadsTest, ConcurrentClientsEachGetTheirOwnResult) {
+  BatchingOptions options;
+  options.max_batch_requests = 8;
+  options.preferred_batch_sizes = {4};
+  options.max_queue_delay = absl::Microseconds(200);
+  Start(options, /*workers=*/2);
+  constexpr int kClients = 4, kCallsEach = 16;
+  std::mt19937 rng(10);
+  std::vector<std::vector<std::unique_ptr<Call>>> calls(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    for (int i = 0; i < kCallsEach; ++i) {
+      calls[c].push_back(MakeCall(rng, 1 + i % 2, 1 + (3 * i + c) % 9,
+                                  1 + (5 * i + c) % 11, 8, 4,
+                                  /*heads=*/i % 3 == 0 ? 2 : 0));
+    }
+  }
+  absl::BlockingCounter answered(kClients * kCallsEach);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (const auto& call : calls[c]) {
+        const absl::Status status = batcher_->Schedule(
+            TaskFor(call.get(), [&answered] { answered.DecrementCount(); }));
+        if (!status.ok()) {
+          ADD_FAILURE() << status;
+          answered.DecrementCount();
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  answered.Wait();
+  EXPECT_EQ(computed_.load(), kClients * kCallsEach);
+  for (const auto& client_calls : calls) {
+    for (const auto& call : client_calls) {
+      ASSERT_TRUE(call->result.has_value());
+      ASSERT_TRUE(call->result->ok()) << call->result->status();
+      attn::AttentionRequest with_weights = call->request;
+      with_weights.return_weights = true;
+      const attn::OpResult exact =
+          attn::testing::ReferenceEngine().Attention(with_weights).value();
+      const attn::testing::ErrorBounds bounds =
+          attn::testing::AttentionBounds(with_weights, exact);
+      EXPECT_TRUE(
+          WithinBounds((*call->result)->output, exact.output, bounds.output));
+    }
+  }
+}
+
+// Shutdown while clients are still scheduling: a request is either refused
+// (UNAVAILABLE, and `done` never runs) or accepted and then computed; none
+// is lost, none is answered twice.
+TEST_F(BatcherThreadsTest, ShutdownUnderLoadLosesNoAcceptedRequest) {
+  BatchingOptions options;
+  options.max_batch_requests = 4;
+  options.max_queue_delay = absl::Microseconds(100);
+  constexpr int kClients = 3, kMaxCallsEach = 400;
+  options.max_queue_size = kClients * kMaxCallsEach;  // never full here
+  Start(options, /*workers=*/2);
+  std::mt19937 rng(11);
+  // One input per client, shared read-only by all of its requests.
+  std::vector<std::unique_ptr<Call>> inputs;
+  for (int c = 0; c < kClients; ++c) inputs.push_back(MakeCall(rng, 1, 4, 6));
+  std::vector<std::atomic<int>> answers(kClients * kMaxCallsEach);
+  std::vector<std::atomic<int>> ok_answers(kClients * kMaxCallsEach);
+  std::vector<char> accepted(kClients * kMaxCallsEach, 0);  // one writer each
+  std::atomic<int> accepted_count{0};
+  absl::Notification enough;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < kMaxCallsEach; ++i) {
+        const int id = c * kMaxCallsEach + i;
+        auto task = std::make_unique<AttentionBatcher::Task>();
+        task->request = inputs[c]->request;
+        task->done = [&answers, &ok_answers, id](
+                         absl::StatusOr<attn::OpResult> result,
+                         const BatchTiming&) {
+          if (result.ok()) ok_answers[id].fetch_add(1);
+          answers[id].fetch_add(1);
+        };
+        const absl::Status status = batcher_->Schedule(std::move(task));
+        if (status.ok()) {
+          accepted[id] = 1;
+          if (accepted_count.fetch_add(1) + 1 == 24) enough.Notify();
+        } else if (status.code() == absl::StatusCode::kUnavailable) {
+          return;  // shutting down: this client is done
+        } else {
+          ADD_FAILURE() << status;
+        }
+      }
+    });
+  }
+  // Shut down with requests in every stage: queued, handed on, running.
+  enough.WaitForNotification();
+  Stop();
+  for (std::thread& client : clients) client.join();
+  ASSERT_GE(accepted_count.load(), 24);
+  for (int id = 0; id < kClients * kMaxCallsEach; ++id) {
+    EXPECT_EQ(answers[id].load(), accepted[id] ? 1 : 0) << "request " << id;
+    EXPECT_EQ(ok_answers[id].load(), accepted[id] ? 1 : 0) << "request " << id;
+  }
+  EXPECT_EQ(computed_.load(), accepted_count.load());
 }
 
 }  // namespace

@@ -84,13 +84,43 @@ AttentionService::AttentionService(attn::Engine* engine, WorkerPool* pool,
                                    AttentionBatcher* batcher,
                                    ServiceMetrics* metrics,
                                    const ServiceLimits& limits,
-                                   ModelRepository* repository)
+                                   ModelRepository* repository,
+                                   Admission* admission)
     : engine_(engine),
       pool_(pool),
       batcher_(batcher),
       metrics_(metrics),
       limits_(limits),
-      repository_(repository) {}
+      repository_(repository),
+      admission_(admission) {}
+
+class AttentionService::CallReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void Hold(Admission::Ticket ticket) { ticket_ = std::move(ticket); }
+  void OnDone() override { delete this; }
+  void OnCancel() override {}
+
+ private:
+  Admission::Ticket ticket_;
+};
+
+AttentionService::CallReactor* AttentionService::NewReactor(
+    absl::Status* refused) const {
+  *refused = admission_ != nullptr ? admission_->CheckAccepting()
+                                   : absl::OkStatus();
+  return new CallReactor();
+}
+
+absl::Status AttentionService::AdmitCall(grpc::CallbackServerContext* context,
+                                         const ElementBudget& budget,
+                                         CallReactor* reactor) const {
+  if (admission_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<Admission::Ticket> ticket =
+      admission_->Admit(context->peer(), 4 * budget.payload_elements());
+  if (!ticket.ok()) return ticket.status();
+  reactor->Hold(*std::move(ticket));
+  return absl::OkStatus();
+}
 
 AttentionService::Finish AttentionService::StartCall(
     Rpc rpc, grpc::ServerUnaryReactor* reactor, absl::Time received,
@@ -137,18 +167,47 @@ void AttentionService::Complete(
   finish(absl::OkStatus());
 }
 
+absl::Status AttentionService::CheckResultFits(
+    const absl::StatusOr<attn::ResultSize>& size, ElementBudget* budget) const {
+  if (!size.ok()) return absl::OkStatus();
+  budget->CountResult(size->elements);
+  const int64_t bytes = size->elements * int64_t{4};
+  if (bytes <= limits_.max_response_bytes) return absl::OkStatus();
+  std::string what = absl::StrCat("output ", attn::ShapeToString(size->output_shape));
+  if (!size->weights_shape.empty()) {
+    absl::StrAppend(&what, " and weights ",
+                    attn::ShapeToString(size->weights_shape));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the result (", what, ") would take at least ", bytes,
+      " bytes, over the response limit of ", limits_.max_response_bytes,
+      " (--max_message_bytes); it was not computed: ask for less (smaller "
+      "shapes, no weights)"));
+}
+
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
     const Prepare& prepare, CallObserver observer) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status refused;
+  CallReactor* reactor = NewReactor(&refused);
   const absl::Time received = absl::Now();
   auto record = std::make_shared<CallRecord>();
   const Finish finish =
       StartCall(rpc, reactor, received, std::move(observer), record);
+  if (!refused.ok()) {
+    finish(refused);
+    return reactor;
+  }
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<Work> work = prepare(&budget, storage.get());
+  if (work.ok()) {
+    if (absl::Status admitted = AdmitCall(context, budget, reactor);
+        !admitted.ok()) {
+      work = admitted;
+    }
+  }
   if (!work.ok()) {
     finish(work.status());
     return reactor;
@@ -189,6 +248,7 @@ grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
         ASSIGN_OR_RETURN(op.x, DecodeTensor("x", request->x(), budget, storage));
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
+        RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::OpResult result, engine_->MaskedSoftmax(op));
           EncodeResult(result, request->output_encoding(), response);
@@ -211,6 +271,7 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
         RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
                                   v1::Precision_IsValid(request->precision())));
         op.precision = PrecisionOf(request->precision());
+        RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::OpResult result, engine_->BatchMatmul(op));
           EncodeResult(result, request->output_encoding(), response);
@@ -276,6 +337,7 @@ grpc::ServerUnaryReactor* AttentionService::ServeAttention(
                      -> absl::StatusOr<Work> {
                    ASSIGN_OR_RETURN(attn::AttentionRequest op,
                                     decode(budget, storage));
+                   RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
                    return Work([this, op, encode]() -> absl::StatusOr<std::string> {
                      ASSIGN_OR_RETURN(attn::OpResult result,
                                       engine_->Attention(op));
@@ -285,14 +347,25 @@ grpc::ServerUnaryReactor* AttentionService::ServeAttention(
                  },
                  std::move(observer));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status refused;
+  CallReactor* reactor = NewReactor(&refused);
   const absl::Time received = absl::Now();
   auto record = std::make_shared<CallRecord>();
   const Finish finish =
       StartCall(rpc, reactor, received, std::move(observer), record);
+  if (!refused.ok()) {
+    finish(refused);
+    return reactor;
+  }
   auto storage = std::make_shared<DecodeStorage>();
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<attn::AttentionRequest> op = decode(&budget, storage.get());
+  if (op.ok()) {
+    absl::Status admitted =
+        CheckResultFits(attn::SizeOfResult(*op), &budget);
+    if (admitted.ok()) admitted = AdmitCall(context, budget, reactor);
+    if (!admitted.ok()) op = admitted;
+  }
   if (!op.ok()) {
     finish(op.status());
     return reactor;
@@ -360,6 +433,7 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
         op.return_weights = request->return_weights();
+        RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
         // `held` keeps repository weights alive while the kernel reads them.
         return Work([this, op, held, request, response]() -> absl::StatusOr<std::string> {
           absl::StatusOr<attn::OpResult> computed =
@@ -394,6 +468,7 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
         op.kernel = KernelOf(request->kernel());
         if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
         op.return_weights = request->return_weights();
+        RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
         return Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::OpResult result, engine_->NadarayaWatson(op));
           EncodeResult(result, request->output_encoding(), response);

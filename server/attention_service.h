@@ -20,6 +20,8 @@
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "attn/engine.h"
+#include "attn/validate.h"
+#include "server/admission.h"
 #include "server/attention_batcher.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
@@ -47,11 +49,13 @@ class AttentionService final
   // ScaledDotProductAttention requests go through the batcher when given;
   // the other RPCs always run alone.
   // `repository` may be null: weights_name and save_as then fail with
-  // FAILED_PRECONDITION.
+  // FAILED_PRECONDITION. `admission` may be null: every decoded call is
+  // then admitted (no bound on bytes in flight, no drain).
   AttentionService(attn::Engine* engine, WorkerPool* pool,
                    AttentionBatcher* batcher, ServiceMetrics* metrics,
                    const ServiceLimits& limits,
-                   ModelRepository* repository = nullptr);
+                   ModelRepository* repository = nullptr,
+                   Admission* admission = nullptr);
 
   grpc::ServerUnaryReactor* MaskedSoftmax(
       grpc::CallbackServerContext* context,
@@ -97,6 +101,15 @@ class AttentionService final
   using EncodeAttention = std::function<void(const attn::OpResult&)>;
 
   attn::Engine* engine() const { return engine_; }
+
+  // Refuses, before anything is allocated or computed, a request whose
+  // result could not be sent: RESOURCE_EXHAUSTED naming the result's shape,
+  // its size and --max_message_bytes. (4 bytes per element is the least any
+  // encoding takes.) OK for an invalid request: the kernel step reports
+  // that, in the words of its API.
+  // Counts the result in `budget` (the call's payload, for admission).
+  absl::Status CheckResultFits(const absl::StatusOr<attn::ResultSize>& size,
+                               ElementBudget* budget) const;
   ModelRepository* repository() const { return repository_; }
 
   // What one call came to, for per-model statistics.
@@ -129,6 +142,18 @@ class AttentionService final
  private:
   using Finish = std::function<void(const absl::Status&)>;
 
+  // A kernel call's reactor: it holds the call's admission ticket until
+  // gRPC is done with the call (OnDone), then deletes itself.
+  class CallReactor;
+  // The reactor of a new kernel call, and the status that refuses it at
+  // once when the server is draining (then finish it with that).
+  CallReactor* NewReactor(absl::Status* refused) const;
+  // Admits the decoded call (its payload counted in `budget`) and gives
+  // the reactor its ticket.
+  absl::Status AdmitCall(grpc::CallbackServerContext* context,
+                         const ElementBudget& budget,
+                         CallReactor* reactor) const;
+
   // Starts a call: counts it in flight and returns what finishes it (and
   // reports to `observer`, with what `record` holds by then).
   Finish StartCall(Rpc rpc, grpc::ServerUnaryReactor* reactor,
@@ -148,6 +173,7 @@ class AttentionService final
   ServiceMetrics* const metrics_;
   const ServiceLimits limits_;
   ModelRepository* const repository_;
+  Admission* const admission_;
 };
 
 }  // namespace attnserve

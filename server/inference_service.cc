@@ -87,7 +87,13 @@ absl::Status DecodeInputs(const inference::ModelInferRequest& request,
       inputs.floats[input.name()] = *std::move(view);
       continue;
     }
-    // Valid lengths: INT32 or INT64, raw or typed.
+    // Valid lengths: INT32 or INT64, raw or typed. A scalar would read as
+    // "no valid lengths" downstream (an empty shape), silently unmasked.
+    if (shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": shape [] is a scalar; valid lengths need shape [B], "
+          "[B, 1] (one per batch entry) or [B, Q] (one per query)"));
+    }
     ASSIGN_OR_RETURN(const int64_t count, attn::CheckedNumElements(field, shape));
     RETURN_IF_ERROR(budget->Take(field, count));
     std::vector<int32_t>& values = inputs.owned_lengths.emplace_back();
@@ -595,6 +601,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             attn::MaskedSoftmaxRequest op;
             op.x = inputs->floats["X"];
             op.valid_lens = lengths();
+            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
             return AttentionService::Work(
                 [engine, op, inputs, request, response, names]() -> absl::StatusOr<std::string> {
                   absl::StatusOr<attn::OpResult> r = engine->MaskedSoftmax(op);
@@ -607,6 +614,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             attn::BatchMatmulRequest op;
             op.a = inputs->floats["X"];
             op.b = inputs->floats["Y"];
+            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
             return AttentionService::Work(
                 [engine, op, request, response, names]() -> absl::StatusOr<std::string> {
                   absl::StatusOr<attn::OpResult> r = engine->BatchMatmul(op);
@@ -626,6 +634,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
             op.w_k = tensors.at("W_k").view();
             op.w_v = tensors.at("w_v").view();
             op.return_weights = Wants(names, "attention_weights");
+            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
             return AttentionService::Work(
                 [engine, op, held, inputs, request, response, names]()
                     -> absl::StatusOr<std::string> {
@@ -654,6 +663,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
               ASSIGN_OR_RETURN(op.bandwidth, BandwidthParameter(*request));
             }
             op.return_weights = Wants(names, "attention_weights");
+            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
             return AttentionService::Work(
                 [engine, op, request, response, names]() -> absl::StatusOr<std::string> {
                   ASSIGN_OR_RETURN(attn::OpResult r, engine->NadarayaWatson(op));

@@ -20,6 +20,7 @@
 // Logging: one line per event to stderr through absl::FPrintF (Abseil
 // 20220623 has no absl/log).
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -37,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
@@ -53,6 +55,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
+#include "server/admission.h"
 #include "server/attention_batcher.h"
 #include "server/attention_service.h"
 #include "server/auth.h"
@@ -99,12 +102,15 @@ ABSL_FLAG(bool, reflection, true,
           "Serve gRPC server reflection (lets grpcurl-like tools discover the "
           "API); turn off on a public port.");
 ABSL_FLAG(int32_t, grace_period_ms, 5000,
-          "On SIGTERM/SIGINT, how long in-flight calls may run before they "
-          "are cancelled.");
+          "On SIGTERM/SIGINT, after the drain notice, how long the calls "
+          "accepted before it may take to finish; calls arriving meanwhile "
+          "are answered UNAVAILABLE (not started: retry elsewhere). The "
+          "process exits as soon as every accepted call is answered, or at "
+          "the end of this period, abandoning what still runs.");
 ABSL_FLAG(int32_t, drain_notice_ms, 1000,
           "On SIGTERM/SIGINT, how long to keep serving while health reports "
           "NOT_SERVING, so that load balancers polling health stop sending "
-          "before the listener closes. 0 stops accepting at once.");
+          "before new calls are refused. 0 refuses them at once.");
 ABSL_FLAG(int32_t, metrics_port, 8002,
           "TCP port of the Prometheus /metrics endpoint; 0 picks a free one.");
 ABSL_FLAG(int32_t, worker_threads, 0,
@@ -134,8 +140,29 @@ ABSL_FLAG(int32_t, grpc_max_connection_age_ms, 300000,
 ABSL_FLAG(int32_t, grpc_max_connection_age_grace_ms, 60000,
           "Calls in flight on an aged-out connection may finish within this "
           "long before it is closed.");
-ABSL_FLAG(int32_t, grpc_max_connection_idle_ms, 0,
-          "Close a connection with no call for this long; 0 never.");
+ABSL_FLAG(int32_t, grpc_max_connection_idle_ms, 600000,
+          "Close a connection with no call for this long (GOAWAY; clients "
+          "reconnect when they next call); 0 never.");
+ABSL_FLAG(int32_t, grpc_handshake_timeout_ms, 20000,
+          "Close a new connection that has not completed its TLS and HTTP/2 "
+          "handshake in this long (idle sockets that never speak).");
+ABSL_FLAG(int32_t, grpc_max_concurrent_streams, 128,
+          "Calls one connection may have open at once; a client with more "
+          "waits on its side (HTTP/2 flow control), not in server memory.");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{1} << 30,
+          "gRPC's resource quota: the memory its transport may hold for "
+          "requests not yet handed to attnserve (read buffers, messages "
+          "being received); under pressure gRPC shrinks its buffers and "
+          "refuses new streams.");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
+          "Request and response payload bytes of all admitted calls "
+          "together, held until each response has been sent; a call that "
+          "would pass it is answered RESOURCE_EXHAUSTED at once. A call "
+          "alone is always admitted.");
+ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, int64_t{512} << 20,
+          "The same for the calls of one client connection, so that a "
+          "client that never reads its responses cannot hold the whole "
+          "--max_inflight_bytes.");
 ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, model_repository, "",
@@ -296,13 +323,28 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_grpc_min_client_ping_interval_ms) < 0 ||
       absl::GetFlag(FLAGS_grpc_max_connection_age_ms) < 0 ||
       absl::GetFlag(FLAGS_grpc_max_connection_age_grace_ms) < 0 ||
-      absl::GetFlag(FLAGS_grpc_max_connection_idle_ms) < 0) {
+      absl::GetFlag(FLAGS_grpc_max_connection_idle_ms) < 0 ||
+      absl::GetFlag(FLAGS_grpc_handshake_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_grpc_max_concurrent_streams) < 1 ||
+      absl::GetFlag(FLAGS_grpc_memory_quota_bytes) < (int64_t{1} << 20)) {
     absl::FPrintF(stderr,
                   "attnserve: --metrics_port must be in [0, 65535]; "
                   "--max_message_bytes and --max_request_elements at least 1; "
                   "--kernel_threads and --worker_threads not negative; "
                   "--grpc_keepalive_time_ms and --grpc_keepalive_timeout_ms "
-                  "at least 1, the other --grpc_* times not negative\n");
+                  "at least 1, the other --grpc_* times not negative; "
+                  "--grpc_handshake_timeout_ms and "
+                  "--grpc_max_concurrent_streams at least 1; "
+                  "--grpc_memory_quota_bytes at least 1 MiB\n");
+    return 1;
+  }
+  attnserve::Admission::Options admission_options;
+  admission_options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  admission_options.max_inflight_bytes_per_peer =
+      absl::GetFlag(FLAGS_max_inflight_bytes_per_connection);
+  if (absl::Status valid = attnserve::Admission::Check(admission_options);
+      !valid.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", valid.message());
     return 1;
   }
 
@@ -365,6 +407,8 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: %s\n", metrics.status().ToString());
     return 1;
   }
+  // Declared before the pool and the batcher, which use it until they stop.
+  attnserve::RealClock clock;
   attnserve::WorkerPool::Options pool_options;
   pool_options.threads = absl::GetFlag(FLAGS_worker_threads) > 0
                              ? absl::GetFlag(FLAGS_worker_threads)
@@ -383,26 +427,8 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: %s\n", pool.status().ToString());
     return 1;
   }
-  // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
-  std::unique_ptr<prometheus::Exposer> exposer;
-  const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host).empty()
-                                       ? host
-                                       : absl::GetFlag(FLAGS_metrics_host);
-  const std::string metrics_address =
-      absl::StrCat(metrics_host, ":", metrics_port);
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
-  } catch (const std::exception& e) {
-    absl::FPrintF(stderr, "attnserve: cannot serve metrics on %s: %s\n",
-                  metrics_address, e.what());
-    return 1;
-  }
-  exposer->RegisterCollectable((*metrics)->registry());
-  exposer->RegisterCollectable((*metrics)->sampled());
-  const std::vector<int> metrics_ports = exposer->GetListeningPorts();
 
   std::unique_ptr<attnserve::AttentionBatcher> batcher;
-  attnserve::RealClock clock;
   attnserve::BatchingOptions batching;
   if (absl::GetFlag(FLAGS_batching)) {
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
@@ -447,6 +473,34 @@ int main(int argc, char** argv) {
         return raw_pool->queue_depth() +
                (raw_batcher != nullptr ? raw_batcher->queue_depth() : 0);
       });
+  attnserve::Admission admission(admission_options);
+  (*metrics)->SetInflightBytesSource(
+      [&admission] { return admission.inflight_bytes(); });
+  // Every return from here on first stops the scheduler and the workers,
+  // which use what main() owns. (The normal exit is _Exit, below.)
+  absl::Cleanup stop_workers = [&batcher, &pool] {
+    if (batcher != nullptr) batcher->Shutdown();
+    (*pool)->Shutdown();
+  };
+
+  // After the queue-depth source is set: a scrape may come at once.
+  // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host).empty()
+                                       ? host
+                                       : absl::GetFlag(FLAGS_metrics_host);
+  const std::string metrics_address =
+      absl::StrCat(metrics_host, ":", metrics_port);
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
+  } catch (const std::exception& e) {
+    absl::FPrintF(stderr, "attnserve: cannot serve metrics on %s: %s\n",
+                  metrics_address, e.what());
+    return 1;
+  }
+  exposer->RegisterCollectable((*metrics)->registry());
+  exposer->RegisterCollectable((*metrics)->sampled());
+  const std::vector<int> metrics_ports = exposer->GetListeningPorts();
 
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
       attnserve::ModelRepository::Load(absl::GetFlag(FLAGS_model_repository));
@@ -497,7 +551,7 @@ int main(int argc, char** argv) {
   limits.max_response_bytes = max_message_bytes;
   attnserve::AttentionService service(engine->get(), pool->get(),
                                       batcher.get(), metrics->get(), limits,
-                                      repository->get());
+                                      repository->get(), &admission);
   attnserve::InferenceService inference(
       &service, batcher != nullptr ? &batching : nullptr,
       absl::GetFlag(FLAGS_max_batch_size));
@@ -535,6 +589,16 @@ int main(int argc, char** argv) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                absl::GetFlag(FLAGS_grpc_max_connection_idle_ms));
   }
+  // What the transport may hold before a call reaches the service's own
+  // admission (server/admission.h): streams per connection, handshakes,
+  // and the memory of requests still being received.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_grpc_max_concurrent_streams));
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(absl::GetFlag(FLAGS_grpc_memory_quota_bytes)));
+  builder.SetResourceQuota(quota);
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.RegisterService(&service);
   builder.RegisterService(&inference);
@@ -576,8 +640,31 @@ int main(int argc, char** argv) {
     });
   }
 
+  // Returns memory to the system after a burst. glibc keeps freed memory
+  // in its per-thread arenas, so RSS would stay at a burst's peak (~1.2 GB
+  // after 256 calls of 2.6 MB in a trial) long after it ended; malloc_trim
+  // gives back every free page. Run when no call is in flight and enough
+  // was freed since the last time: it walks every arena (milliseconds), so
+  // never under load.
+  absl::Notification stop_memory_return;
+  std::thread memory_return([&stop_memory_return, &admission] {
+    constexpr int64_t kWorthTrimming = int64_t{64} << 20;
+    int64_t released_at_last_trim = 0;
+    while (!stop_memory_return.WaitForNotificationWithTimeout(
+        absl::Seconds(1))) {
+      const int64_t released = admission.released_bytes();
+      if (admission.inflight_calls() == 0 &&
+          released - released_at_last_trim >= kWorthTrimming) {
+        malloc_trim(0);
+        released_at_last_trim = released;
+      }
+    }
+  });
+
   const int signal_number =
       WaitForTerminationSignal(termination_signals, tokens.get());
+  stop_memory_return.Notify();
+  memory_return.join();
   if (token_watch.joinable()) {
     stop_token_watch.Notify();
     token_watch.join();
@@ -590,26 +677,36 @@ int main(int argc, char** argv) {
   health->SetServingStatus(false);
   inference.SetReady(false);
   absl::SleepFor(absl::Milliseconds(drain_notice_ms));
-  const absl::Time drain_deadline =
-      absl::Now() + absl::Milliseconds(grace_period_ms);
-  // Server::Shutdown cancels the calls still running at the deadline, but
-  // then waits for each to finish, and a call finishes only when its kernel
-  // returns: a kernel cannot be interrupted, and its request message must
-  // outlive it. So the shutdown runs on a thread of its own, and when it
-  // overruns the grace period (plus a moment for cancelled calls to report)
-  // the process exits with the kernels still running.
-  absl::Notification drained;
-  std::thread shutdown([&] {
-    server->Shutdown(absl::ToChronoTime(drain_deadline));
-    server->Wait();
-    if (batcher != nullptr) batcher->Shutdown();
-    (*pool)->Shutdown();
-    drained.Notify();
-  });
-  const bool clean = drained.WaitForNotificationWithDeadline(
-      drain_deadline + absl::Milliseconds(500));
-  absl::FPrintF(stderr, "attnserve: stopped%s\n",
-                clean ? "" : " (abandoning kernels of cancelled calls)");
+  // The drain. gRPC's own Server::Shutdown is not used: it cancels (as
+  // CANCELLED, which no client retries) every call whose request is still
+  // arriving, and a client cannot tell that from its own cancellation. So
+  // the service itself refuses what arrives from now on with UNAVAILABLE
+  // (not started; retry elsewhere), waits until every call it accepted has
+  // been answered and its response sent (admission tickets are held until
+  // gRPC is done with a call), and the process then exits; a call still in
+  // transit sees its connection close: UNAVAILABLE too.
+  const absl::Time drain_started = absl::Now();
+  const int64_t accepted = admission.inflight_calls();
+  admission.StartDraining();
+  const bool drained =
+      admission.WaitUntilIdle(drain_started + absl::Milliseconds(grace_period_ms));
+  if (drained) {
+    // Responses handed to the sockets are on their way; give the clients a
+    // moment to read them before the sockets close.
+    absl::SleepFor(absl::Milliseconds(100));
+    absl::FPrintF(stderr,
+                  "attnserve: drained: the %d calls in flight were answered "
+                  "in %s; stopped\n",
+                  accepted, absl::FormatDuration(absl::Now() - drain_started));
+  } else {
+    // Past the grace period: the calls still running get UNAVAILABLE as
+    // their connections close (a kernel cannot be interrupted).
+    absl::FPrintF(stderr,
+                  "attnserve: grace period over with %d calls unanswered "
+                  "(kernels still running or responses not read); stopped, "
+                  "abandoning them\n",
+                  admission.inflight_calls());
+  }
   // Exit without destructors: an abandoned kernel may still be running, and
   // the metrics exposer's web server takes ~2 s to stop; nothing is left to
   // flush but stdio.

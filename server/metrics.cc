@@ -53,12 +53,21 @@ class SampledCollector : public prometheus::Collectable {
   void SetQueueDepthSource(std::function<int()> source) {
     queue_depth_ = std::move(source);
   }
+  void SetInflightBytesSource(std::function<int64_t()> source) {
+    inflight_bytes_ = std::move(source);
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> families;
     families.push_back(Single(
         "attnserve_queue_depth", "Requests waiting for a worker thread.",
         prometheus::MetricType::Gauge, queue_depth_ ? queue_depth_() : 0));
+    families.push_back(Single(
+        "attnserve_inflight_bytes",
+        "Request and response payload bytes of admitted calls whose "
+        "responses are not yet sent (--max_inflight_bytes bounds it).",
+        prometheus::MetricType::Gauge,
+        inflight_bytes_ ? static_cast<double>(inflight_bytes_()) : 0));
     const long ticks = sysconf(_SC_CLK_TCK);
     const long page = sysconf(_SC_PAGESIZE);
     std::ifstream stat_file("/proc/self/stat");
@@ -122,6 +131,7 @@ class SampledCollector : public prometheus::Collectable {
   }
 
   std::function<int()> queue_depth_;
+  std::function<int64_t()> inflight_bytes_;
 };
 
 }  // namespace
@@ -258,6 +268,11 @@ void ServiceMetrics::Unauthenticated(bool token_missing) {
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {
   static_cast<SampledCollector*>(sampled_.get())
       ->SetQueueDepthSource(std::move(source));
+}
+
+void ServiceMetrics::SetInflightBytesSource(std::function<int64_t()> source) {
+  static_cast<SampledCollector*>(sampled_.get())
+      ->SetInflightBytesSource(std::move(source));
 }
 
 std::shared_ptr<prometheus::Collectable> ServiceMetrics::sampled() const {

@@ -18,6 +18,9 @@
 //                                                  invalid_token
 //   attnserve_inflight_requests                    gauge
 //   attnserve_queue_depth                          gauge (sampled at scrape)
+//   attnserve_inflight_bytes                       gauge (sampled at scrape):
+//                                                  payload bytes of admitted
+//                                                  calls not yet sent
 //   process_cpu_seconds_total, process_resident_memory_bytes,
 //   process_virtual_memory_bytes, process_open_fds, process_start_time_seconds
 //
@@ -67,8 +70,10 @@ class ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<prometheus::Collectable> sampled() const;
 
-  // Samples the queue depth on every scrape. Call before serving.
+  // Sample the queue depth and the payload bytes of admitted calls
+  // (server/admission.h) on every scrape. Call before serving.
   void SetQueueDepthSource(std::function<int()> source);
+  void SetInflightBytesSource(std::function<int64_t()> source);
 
   void RequestStarted();
   void RequestFinished(Rpc rpc, absl::StatusCode code, absl::Duration total);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -90,6 +91,24 @@ absl::Status CheckModel(const std::string& where, const RepositoryModel& model) 
       "' is not one of additive_attention, nadaraya_watson"));
 }
 
+// A JSON number that must be a count (a dimension, a byte offset): JSON
+// has only doubles, so 20.5, -1 and 1e30 parse too; each is refused rather
+// than cast (a cast truncates, and one past int64 is undefined).
+absl::StatusOr<int64_t> JsonCount(absl::string_view field,
+                                  const google::protobuf::Value& value) {
+  constexpr double kLargest = 9007199254740992.0;  // 2^53: exact in a double
+  const double number = value.number_value();
+  if (value.kind_case() != google::protobuf::Value::kNumberValue ||
+      !(number >= 0.0 && number <= kLargest) || std::floor(number) != number) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: ", field, " must hold whole numbers in [0, 2^53], got ",
+        value.kind_case() == google::protobuf::Value::kNumberValue
+            ? absl::StrCat(number)
+            : std::string("a non-number")));
+  }
+  return static_cast<int64_t>(number);
+}
+
 }  // namespace
 
 absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
@@ -130,14 +149,21 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
     }
     attn::Tensor tensor;
     for (const auto& dim : shape->second.list_value().values()) {
-      tensor.shape.push_back(static_cast<int64_t>(dim.number_value()));
+      ASSIGN_OR_RETURN(const int64_t size,
+                       JsonCount(absl::StrCat("tensor '", name, "' shape"), dim));
+      tensor.shape.push_back(size);
     }
     ASSIGN_OR_RETURN(const int64_t count,
                      attn::CheckedNumElements(name, tensor.shape));
-    const double begin = offsets->second.list_value().values(0).number_value();
-    const double end = offsets->second.list_value().values(1).number_value();
-    if (begin < 0 || end > static_cast<double>(data_size) ||
-        end - begin != 4.0 * count) {
+    const std::string offsets_field =
+        absl::StrCat("tensor '", name, "' data_offsets");
+    ASSIGN_OR_RETURN(const int64_t begin,
+                     JsonCount(offsets_field,
+                               offsets->second.list_value().values(0)));
+    ASSIGN_OR_RETURN(const int64_t end,
+                     JsonCount(offsets_field,
+                               offsets->second.list_value().values(1)));
+    if (end > static_cast<int64_t>(data_size) || end - begin != 4 * count) {
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors: tensor '", name, "' data_offsets [", begin, ", ", end,
           ") do not hold ", count, " float32 values inside the ", data_size,

@@ -69,6 +69,30 @@ TEST(SafetensorsTest, MalformedFilesAreRefused) {
                       .status()
                       .message()),
       HasSubstr("do not hold 4 float32 values"));
+  // JSON numbers that are not whole counts are refused, not cast (found by
+  // fuzz/safetensors: 1e30 overflowed int64, 20.5 was read as 20, offsets
+  // [0.5, 4.5] read the data from byte 0).
+  const std::string eight(8, '\0');
+  for (const char* header : {
+           R"({"x":{"dtype":"F32","shape":[1e30],"data_offsets":[0,4]}})",
+           R"({"x":{"dtype":"F32","shape":[-9.3e18],"data_offsets":[0,4]}})",
+           R"({"x":{"dtype":"F32","shape":[1.9],"data_offsets":[0,4]}})",
+           R"({"x":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}})",
+           R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0.5,4.5]}})",
+           R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})",
+       }) {
+    const absl::Status status =
+        ParseSafetensors(with_header(header, eight)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << header;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("must hold whole numbers")) << header;
+  }
+  // The same file with whole numbers is read.
+  EXPECT_TRUE(
+      ParseSafetensors(
+          with_header(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                      eight))
+          .ok());
 }
 
 TEST(ModelRepositoryTest, LoadsTheShippedExample) {

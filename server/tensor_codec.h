@@ -24,16 +24,25 @@
 
 namespace attnserve {
 
-// Counts the elements of every tensor one request decodes against a limit.
+// Counts the elements of every tensor one request decodes against a limit,
+// and the elements of its result once they are known: together, the call's
+// payload (server/admission.h charges it).
 class ElementBudget {
  public:
   explicit ElementBudget(int64_t limit) : remaining_(limit), limit_(limit) {}
   // RESOURCE_EXHAUSTED once the request's tensors together exceed the limit.
   absl::Status Take(absl::string_view field, int64_t elements);
+  void CountResult(int64_t elements) { result_elements_ += elements; }
+
+  // The request's decoded elements and the result's counted ones.
+  int64_t payload_elements() const {
+    return (limit_ - remaining_) + result_elements_;
+  }
 
  private:
   int64_t remaining_;
   const int64_t limit_;
+  int64_t result_elements_ = 0;
 };
 
 // Owns the copies decoding had to make (unaligned raw bytes); keep it alive

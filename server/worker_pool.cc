@@ -58,6 +58,7 @@ void WorkerPool::Shutdown() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  absl::MutexLock join_lock(&join_mu_);
   for (std::thread& thread : threads_) {
     if (thread.joinable()) thread.join();
   }

@@ -51,7 +51,10 @@ class WorkerPool {
   // Set before scheduling anything; not thread-safe against Schedule.
   void SetIdleCallback(std::function<void()> on_idle);
 
-  // Refuses new tasks, runs the queued ones, joins the threads. Idempotent.
+  // Refuses new tasks, runs the queued ones, joins the threads. Blocks
+  // until they have run; idempotent, and safe to call from several threads
+  // at once (each returns once the threads are joined). Never call it from
+  // a task or the idle callback.
   void Shutdown();
 
  private:
@@ -65,7 +68,9 @@ class WorkerPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads blocked in Await
   std::function<void()> on_idle_;
-  std::vector<std::thread> threads_;  // written only in Create and Shutdown
+  // Serialises Shutdown's joins (std::thread is not thread-safe).
+  absl::Mutex join_mu_;
+  std::vector<std::thread> threads_;  // started in Create, joined in Shutdown
 };
 
 }  // namespace attnserve

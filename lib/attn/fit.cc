@@ -64,6 +64,19 @@ LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
 absl::StatusOr<FitBandwidthResult> FitBandwidth(
     const NadarayaWatsonParams& data, double learning_rate, int epochs,
     const std::function<bool()>& stop_requested) {
+  // A step too large for the data's scale sends w off to infinity (or
+  // overflows the scores, which then give NaN): the fit has diverged, and
+  // no bandwidth it reached means anything. Said so, naming the knob.
+  const auto diverged = [&](int epoch, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learning_rate: the fit diverged at epoch ", epoch + 1, " of ", epochs,
+        " (", what, ") with learning_rate ", learning_rate,
+        "; use a smaller learning_rate, or scale x_train and y_train"));
+  };
+  const auto representable = [](double w) {
+    return std::isfinite(w) &&
+           std::abs(w) <= std::numeric_limits<float>::max();
+  };
   FitBandwidthResult result;
   double w = data.bandwidth;
   for (int epoch = 0; epoch < epochs; ++epoch) {
@@ -72,11 +85,23 @@ absl::StatusOr<FitBandwidthResult> FitBandwidth(
           "the fit was stopped after ", epoch, " of ", epochs, " epochs"));
     }
     const LossAndGradient step = LeaveOneOutLoss(data, w);
+    if (!std::isfinite(step.loss) || !std::isfinite(step.gradient)) {
+      return diverged(epoch, "the loss or its gradient is not finite");
+    }
     result.loss_per_epoch.push_back(step.loss);
     w -= learning_rate * step.gradient;
+    if (!representable(w)) {
+      return diverged(epoch, "the bandwidth left float's range");
+    }
   }
+  // Only w^2 enters the model: report the positive one, which is also the
+  // form a saved model must take.
+  w = std::abs(w);
   result.bandwidth = static_cast<float>(w);
   result.final_loss = LeaveOneOutLoss(data, w).loss;
+  if (!std::isfinite(result.final_loss)) {
+    return diverged(epochs - 1, "the final loss is not finite");
+  }
   return result;
 }
 

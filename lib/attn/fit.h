@@ -5,7 +5,8 @@
 //   yhat_i(w) = sum_{j != i} softmax_j(-(w * ||x_i - x_j||)^2 / 2) y_j,
 // and the loss is L(w) = sum_i ||yhat_i(w) - y_i||^2 (the textbook sums the
 // per-point squared errors). The gradient is exact (analytic), in double.
-// Only w^2 enters the model, so the sign of the fitted w carries no meaning.
+// Only w^2 enters the model, so the sign of w carries no meaning: the fitted
+// bandwidth is returned as |w|.
 //
 // Pure functions: thread-safe, blocking, O(epochs * n^2 * (dx + dy)) time and
 // O(n) memory.
@@ -29,8 +30,11 @@ struct LossAndGradient {
 LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
                                 double bandwidth);
 
-// Runs `epochs` full-batch gradient steps from data.bandwidth. CANCELLED
-// when `stop_requested` (may be empty) returns true before an epoch.
+// Runs `epochs` full-batch gradient steps from data.bandwidth and returns
+// |w|, finite and within float's range. INVALID_ARGUMENT naming
+// learning_rate when the descent diverges (w leaves float's range, or the
+// loss or gradient is not finite); CANCELLED when `stop_requested` (may be
+// empty) returns true before an epoch.
 absl::StatusOr<FitBandwidthResult> FitBandwidth(
     const NadarayaWatsonParams& data, double learning_rate, int epochs,
     const std::function<bool()>& stop_requested = {});

@@ -289,5 +289,82 @@ TEST(FitStopTest, StopRequestedEndsTheFit) {
   EXPECT_EQ(polls, 4);
 }
 
+// Alternating targets: the nearest neighbours of each point disagree with
+// it, so the loss grows with w (a positive gradient at w = 1).
+struct Alternating {
+  std::vector<float> x = {0.0f, 1.0f, 2.0f, 3.0f};
+  std::vector<float> y = {0.0f, 10.0f, 0.0f, 10.0f};
+  FitBandwidthRequest Request(float learning_rate, int epochs) const {
+    FitBandwidthRequest r;
+    r.x_train = TensorView{x.data(), {4}};
+    r.y_train = TensorView{y.data(), {4}};
+    r.initial_bandwidth = 1.0f;
+    r.learning_rate = learning_rate;
+    r.epochs = epochs;
+    return r;
+  }
+};
+
+// A step that overshoots past zero gives a negative w; the fit reports |w|
+// (only w^2 enters the model), which is also what a saved model needs.
+TEST(FitBandwidthSignTest, NegativeStepIsReportedAsItsMagnitude) {
+  const Alternating data;
+  absl::StatusOr<Plan<NadarayaWatsonParams>> plan =
+      ValidateFitBandwidth(data.Request(0.5f, 1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double gradient = LeaveOneOutLoss(plan->params, 1.0).gradient;
+  ASSERT_GT(gradient, 0.0);
+  // One step of 3 / gradient takes w from 1 to -2.
+  const float learning_rate = static_cast<float>(3.0 / gradient);
+  absl::StatusOr<FitBandwidthResult> fit =
+      GetEngine().FitBandwidth(data.Request(learning_rate, 1));
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const double w = 1.0 - static_cast<double>(learning_rate) * gradient;
+  ASSERT_LT(w, 0.0);
+  EXPECT_FLOAT_EQ(fit->bandwidth, static_cast<float>(-w));
+  EXPECT_DOUBLE_EQ(fit->final_loss, LeaveOneOutLoss(plan->params, -w).loss);
+}
+
+// A learning rate far too large sends w past float's range: the fit says it
+// diverged, naming learning_rate, instead of answering an infinite
+// bandwidth (found by fuzz/typed_request).
+TEST(FitBandwidthDivergenceTest, HugeLearningRateIsRefused) {
+  const Alternating data;
+  absl::StatusOr<FitBandwidthResult> fit =
+      GetEngine().FitBandwidth(data.Request(1e38f, 1));
+  EXPECT_EQ(fit.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fit.status().message().find("learning_rate"), std::string::npos)
+      << fit.status();
+}
+
+// Inputs near float's range at the default learning rate: the first step
+// overflows w, then the scores (inf * 0 = NaN). Refused, never OK with NaN.
+TEST(FitBandwidthDivergenceTest, HugeInputsAreRefusedNotAnsweredWithNaN) {
+  std::vector<float> x(20), y(20);
+  for (int i = 0; i < 20; ++i) {
+    x[i] = static_cast<float>(i);
+    y[i] = static_cast<float>(i % 2) * 10.0f;
+  }
+  x[7] = 3e25f;
+  x[13] = -2e29f;
+  y[3] = 1e28f;
+  FitBandwidthRequest r;
+  r.x_train = TensorView{x.data(), {20}};
+  r.y_train = TensorView{y.data(), {20}};
+  r.initial_bandwidth = 1.0f;
+  r.learning_rate = 0.5f;
+  r.epochs = 5;
+  absl::StatusOr<FitBandwidthResult> fit = GetEngine().FitBandwidth(r);
+  if (fit.ok()) {
+    // Whatever the arithmetic did, an answer must be a usable bandwidth.
+    EXPECT_TRUE(std::isfinite(fit->bandwidth) && fit->bandwidth >= 0.0f)
+        << fit->bandwidth;
+    EXPECT_TRUE(std::isfinite(fit->final_loss)) << fit->final_loss;
+  } else {
+    EXPECT_EQ(fit.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(fit.status().message().find("learning_rate"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace attn

@@ -366,4 +366,43 @@ absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
   return plan;
 }
 
+namespace {
+
+template <typename Params>
+absl::StatusOr<ResultSize> SizeOfPlan(
+    const absl::StatusOr<Plan<Params>>& plan) {
+  if (!plan.ok()) return plan.status();
+  ResultSize size;
+  size.output_shape = plan->output_shape;
+  size.weights_shape = plan->weights_shape;
+  // Each shape's count was checked by validation (at most 2^31 - 1), so
+  // the sum cannot overflow.
+  for (const Shape* shape : {&size.output_shape, &size.weights_shape}) {
+    if (shape->empty()) continue;
+    int64_t count = 1;
+    for (int64_t dim : *shape) count *= dim;
+    size.elements += count;
+  }
+  return size;
+}
+
+}  // namespace
+
+absl::StatusOr<ResultSize> SizeOfResult(const MaskedSoftmaxRequest& request) {
+  return SizeOfPlan(ValidateMaskedSoftmax(request));
+}
+absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {
+  return SizeOfPlan(ValidateBatchMatmul(request));
+}
+absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request) {
+  return SizeOfPlan(ValidateAttention(request));
+}
+absl::StatusOr<ResultSize> SizeOfResult(
+    const AdditiveAttentionRequest& request) {
+  return SizeOfPlan(ValidateAdditiveAttention(request));
+}
+absl::StatusOr<ResultSize> SizeOfResult(const NadarayaWatsonRequest& request) {
+  return SizeOfPlan(ValidateNadarayaWatson(request));
+}
+
 }  // namespace attn

@@ -36,6 +36,22 @@ absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateNadarayaWatson(
 absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
     const FitBandwidthRequest& request);
 
+// A valid request's result, from its shapes alone: what a caller must be
+// ready to hold and send before anything is allocated or computed (a server
+// refuses a result it could not send, rather than computing it first). The
+// request's validation error when it is not valid.
+struct ResultSize {
+  Shape output_shape;
+  Shape weights_shape;   // empty when the weights were not requested
+  int64_t elements = 0;  // output and weights together, float32 each
+};
+absl::StatusOr<ResultSize> SizeOfResult(const MaskedSoftmaxRequest& request);
+absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request);
+absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request);
+absl::StatusOr<ResultSize> SizeOfResult(
+    const AdditiveAttentionRequest& request);
+absl::StatusOr<ResultSize> SizeOfResult(const NadarayaWatsonRequest& request);
+
 }  // namespace attn
 
 #endif  // ATTN_VALIDATE_H_

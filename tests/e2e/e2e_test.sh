@@ -297,8 +297,24 @@ ctl "${bad_load[@]}" --expect_codes=INVALID_ARGUMENT >"$workdir/load.txt" 2>"$wo
   fail "load --expect_codes=INVALID_ARGUMENT -> exit $rc: $(head -c 300 "$workdir/load.err")"
 
 # --- 5. graceful drain ------------------------------------------------------------------
-# ~1 s of kernel on one thread (--kernel_threads=1): 1 x 16384^2 x 64.
-slow="queries=1x16384x64,keys=1x16384x64,values=1x16384x64"
+# ~1 s of kernel on one thread (--kernel_threads=1), on any machine and in
+# any build. A fixed shape (it was 16384 queries) took from ~1 s to past the
+# 5 s grace period depending on the CPU, the load and the build (the
+# sanitizer builds of tests/sanitizers run the kernel several times slower),
+# and the call was then cancelled. So a probe of 1024 queries against the
+# same 16384 keys times the kernel (linear in the queries), and the slow
+# call takes as many queries as fit in ~1 s (64 to 16384).
+probe="queries=1x1024x64,keys=1x16384x64,values=1x16384x64"
+probe_s=$(ctl attention --shape="$probe" --encoding=raw --summary --deadline=60s 2>/dev/null |
+  "$py" -c 'import json, sys; print(json.load(sys.stdin)["info"]["kernel_seconds"])' 2>/dev/null)
+if [[ -z "$probe_s" ]]; then
+  fail "drain: the probe call (queries=1x1024x64) failed"
+  probe_s=0.0625
+fi
+slow_q=$(awk -v t="$probe_s" 'BEGIN { q = int(1024 * 1.0 / (t > 0 ? t : 1e-9));
+  print (q < 64 ? 64 : (q > 16384 ? 16384 : q)) }')
+echo "e2e: drain: probe kernel ${probe_s} s for 1024 queries; the slow call takes $slow_q"
+slow="queries=1x${slow_q}x64,keys=1x16384x64,values=1x16384x64"
 ctl attention --shape="$slow" --encoding=raw --summary --deadline=30s \
   >"$workdir/slow.json" 2>"$workdir/slow.err" &
 slow_pid=$!
@@ -330,7 +346,7 @@ rc=0
 wait "$slow_pid" || rc=$?
 slow_pid=""
 slow_done=$(date +%s.%N)
-if [[ $rc -eq 0 ]] && "$py" "$here/expect.py" output=1x16384x64 <"$workdir/slow.json"; then
+if [[ $rc -eq 0 ]] && "$py" "$here/expect.py" "output=1x${slow_q}x64" <"$workdir/slow.json"; then
   pass "drain: the in-flight call completed ($(awk "BEGIN{printf \"%.2f\", $slow_done - $sigterm_at}") s after SIGTERM)"
 else
   fail "drain: the in-flight call failed: exit $rc: $(head -c 400 "$workdir/slow.err")"

@@ -819,6 +819,14 @@ class ErrorTest(KServeTestCase):
             [("X", self.randn(2, 3, 4)),
              ("valid_lens", np.array([1, 2, 3], np.int32))], "valid_lens")
 
+    def test_scalar_lengths(self):
+        # Shape [] once read as "no valid lengths" (fuzz/kserve_infer).
+        self.assertInvalid(
+            "dot_product_attention",
+            self.attention_inputs() + [("valid_lens",
+                                        np.array(1, np.int32))],
+            "valid_lens")
+
     def test_lengths_of_wrong_datatype(self):
         self.assertInvalid(
             "masked_softmax",

@@ -1,0 +1,197 @@
+// Shared state of the server touched from many threads at once, for the
+// sanitizer passes (tests/sanitizers/run_sanitizers.sh; under ThreadSanitizer
+// this is the race check of each):
+//  - the oneDNN backend's primitive cache (lib/attn/onednn_backend.cc):
+//    hits, misses and evictions from several threads, every result checked;
+//  - the model repository (server/model_repository.h): Find and Names while
+//    SaveBandwidth replaces models;
+//  - the service metrics (server/metrics.h): the hot path from several
+//    threads while a scrape collects.
+// The batcher and the worker pool have theirs beside them
+// (server/attention_batcher_test.cc, server/worker_pool_test.cc).
+#include <stdlib.h>
+
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "attn/engine.h"
+#include "attn/onednn_backend.h"
+#include "attn/testing/engines.h"
+#include "attn/testing/error_bounds.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+
+namespace attnserve {
+namespace {
+
+using ::attn::testing::RandomNormal;
+using ::attn::testing::WithinBounds;
+
+// One input and its exact answer, made on the test's thread.
+struct MatmulCase {
+  attn::Tensor a, b;
+  attn::OpResult exact;
+  attn::testing::ErrorBounds bounds;
+};
+struct SoftmaxCase {
+  attn::Tensor x;
+  attn::OpResult exact;
+  attn::testing::ErrorBounds bounds;
+};
+
+// A cache of 3 shapes against 7 shapes in use: threads keep missing, creating
+// and evicting primitives while others execute theirs (a primitive handle is
+// reference-counted, so an evicted one stays valid while it runs).
+TEST(EngineConcurrencyTest, PrimitiveCacheUnderContention) {
+  attn::OneDnnBackend::Options backend_options;
+  backend_options.primitive_cache_capacity = 3;
+  backend_options.max_threads = 1;
+  std::vector<std::unique_ptr<attn::Backend>> backends;
+  backends.push_back(attn::OneDnnBackend::Create(backend_options).value());
+  std::unique_ptr<attn::Engine> engine =
+      attn::Engine::CreateWithBackends(std::move(backends)).value();
+  ASSERT_EQ(engine->backend_names().front(), "onednn-cpu");
+
+  std::mt19937 rng(12);
+  std::vector<MatmulCase> matmuls;
+  std::vector<SoftmaxCase> softmaxes;
+  for (int i = 0; i < 4; ++i) {
+    MatmulCase c;
+    c.a = RandomNormal(rng, {1 + i % 2, 3 + i, 5});
+    c.b = RandomNormal(rng, {1 + i % 2, 5, 2 + i});
+    const attn::BatchMatmulRequest request{c.a.view(), c.b.view()};
+    c.exact = attn::testing::ReferenceEngine().BatchMatmul(request).value();
+    c.bounds = attn::testing::BatchMatmulBounds(request, c.exact);
+    matmuls.push_back(std::move(c));
+  }
+  for (int i = 0; i < 3; ++i) {
+    SoftmaxCase c;
+    c.x = RandomNormal(rng, {2, 3, 4 + 3 * i});
+    const attn::MaskedSoftmaxRequest request{c.x.view(), {}};
+    c.exact = attn::testing::ReferenceEngine().MaskedSoftmax(request).value();
+    c.bounds = attn::testing::MaskedSoftmaxBounds(request, c.exact);
+    softmaxes.push_back(std::move(c));
+  }
+
+  constexpr int kThreads = 4, kRounds = 12;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        const MatmulCase& m = matmuls[(t + round) % matmuls.size()];
+        absl::StatusOr<attn::OpResult> product =
+            engine->BatchMatmul({m.a.view(), m.b.view()});
+        ASSERT_TRUE(product.ok()) << product.status();
+        EXPECT_EQ(product->implementation, "onednn-cpu");
+        EXPECT_TRUE(WithinBounds(product->output, m.exact.output,
+                                 m.bounds.output));
+        const SoftmaxCase& s = softmaxes[(t * 2 + round) % softmaxes.size()];
+        absl::StatusOr<attn::OpResult> softmax =
+            engine->MaskedSoftmax({s.x.view(), {}});
+        ASSERT_TRUE(softmax.ok()) << softmax.status();
+        EXPECT_TRUE(WithinBounds(softmax->output, s.exact.output,
+                                 s.bounds.output));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+std::string TempDir() {
+  char pattern[] = "/tmp/attnserve-concurrency-XXXXXX";
+  const char* dir = mkdtemp(pattern);
+  return dir == nullptr ? std::string() : std::string(dir);
+}
+
+// Readers see either no model or a whole one, never half of a replaced one.
+TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<ModelRepository> repository =
+      ModelRepository::Load(dir).value();
+  constexpr int kModels = 3, kSaves = 8;
+  std::atomic<bool> saving{true};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      while (saving.load()) {
+        for (int m = 0; m < kModels; ++m) {
+          const std::string name = "fitted-" + std::to_string(m);
+          std::shared_ptr<const RepositoryModel> model =
+              repository->Find(name);
+          if (model == nullptr) continue;
+          EXPECT_EQ(model->config.name(), name);
+          const attn::Tensor& bandwidth = model->tensors.at("bandwidth");
+          ASSERT_EQ(bandwidth.data.size(), 1u);
+          EXPECT_GE(bandwidth.data[0], 1.0f);
+        }
+        EXPECT_LE(repository->Names().size(), static_cast<size_t>(kModels));
+        if (r == 1) std::this_thread::yield();
+      }
+    });
+  }
+  for (int save = 0; save < kSaves; ++save) {
+    for (int m = 0; m < kModels; ++m) {
+      ASSERT_TRUE(repository
+                      ->SaveBandwidth("fitted-" + std::to_string(m),
+                                      1.0f + save + m)
+                      .ok());
+    }
+  }
+  saving.store(false);
+  for (std::thread& reader : readers) reader.join();
+  EXPECT_EQ(repository->Find("fitted-2")->tensors.at("bandwidth").data[0],
+            1.0f + (kSaves - 1) + 2);
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// The hot path (counters and histograms bound at start-up) from several
+// threads while the registry and the sampled collector are scraped.
+TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
+  std::unique_ptr<ServiceMetrics> metrics =
+      ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
+  std::atomic<int> depth{0};
+  // Before anything is served, as its contract asks.
+  metrics->SetQueueDepthSource([&depth] { return depth.load(); });
+  constexpr int kThreads = 3, kCalls = 200;
+  absl::Notification done;
+  std::thread scraper([&] {
+    while (!done.HasBeenNotified()) {
+      EXPECT_FALSE(metrics->registry()->Collect().empty());
+      EXPECT_FALSE(metrics->sampled()->Collect().empty());
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const Rpc rpc = static_cast<Rpc>((t + i) % kRpcCount);
+        depth.fetch_add(1);
+        metrics->RequestStarted();
+        metrics->QueueWait(rpc, absl::Microseconds(i));
+        metrics->KernelRun(rpc, i % 3 == 0 ? "reference" : "onednn-cpu",
+                           absl::Microseconds(2 * i));
+        metrics->KernelRun(rpc, "unknown-backend", absl::Microseconds(1));
+        metrics->BatchExecuted(rpc, 1 + i % 4, 100, 80);
+        metrics->RequestFinished(rpc, absl::StatusCode::kOk,
+                                 absl::Microseconds(3 * i));
+        metrics->Unauthenticated(i % 2 == 0);
+        depth.fetch_sub(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  done.Notify();
+  scraper.join();
+}
+
+}  // namespace
+}  // namespace attnserve
