@@ -35,10 +35,12 @@ test: test-deps build
 sanitize: test-deps
 	bash tests/sanitizers/run_sanitizers.sh
 
-# Every libFuzzer target for FUZZ_SECONDS each (fuzz/README.md).
+# Every libFuzzer target (fuzz/README.md): a clang + sanitizer build in
+# fuzz/build, the regression inputs of fuzz/regressions/ replayed, then
+# FUZZ_SECONDS of fuzzing each (CI: 30).
 FUZZ_SECONDS ?= 60
 fuzz: test-deps
-	bash fuzz/run_fuzzers.sh $(FUZZ_SECONDS)
+	FUZZ_JOBS=$(JOBS) bash fuzz/run_fuzzers.sh $(FUZZ_SECONDS)
 
 bench: build
 	bash bench/run_benchmarks.sh

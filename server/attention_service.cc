@@ -195,6 +195,9 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
   auto record = std::make_shared<CallRecord>();
   const Finish finish =
       StartCall(rpc, reactor, received, std::move(observer), record);
+  // A full queue refuses before decoding: under overload, refusals must
+  // not take the workers' CPU.
+  if (refused.ok()) refused = pool_->CheckRoom();
   if (!refused.ok()) {
     finish(refused);
     return reactor;

@@ -146,7 +146,7 @@ ABSL_FLAG(int32_t, grpc_max_connection_idle_ms, 600000,
 ABSL_FLAG(int32_t, grpc_handshake_timeout_ms, 20000,
           "Close a new connection that has not completed its TLS and HTTP/2 "
           "handshake in this long (idle sockets that never speak).");
-ABSL_FLAG(int32_t, grpc_max_concurrent_streams, 128,
+ABSL_FLAG(int32_t, grpc_max_concurrent_streams, 64,
           "Calls one connection may have open at once; a client with more "
           "waits on its side (HTTP/2 flow control), not in server memory.");
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{1} << 30,
@@ -492,7 +492,15 @@ int main(int argc, char** argv) {
   const std::string metrics_address =
       absl::StrCat(metrics_host, ":", metrics_port);
   try {
-    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
+    // civetweb gives each connection a thread until its request is read or
+    // request_timeout_ms passes: with prometheus-cpp's default of 2
+    // threads and civetweb's 30 s, two half-sent requests silenced
+    // /metrics for 30 s (tests/faults hostile). 16 threads and 10 s keep
+    // scrapes answered through a few slow or hostile clients; keep the
+    // port private (--metrics_host) against more.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", metrics_address, "num_threads", "16",
+        "request_timeout_ms", "10000"});
   } catch (const std::exception& e) {
     absl::FPrintF(stderr, "attnserve: cannot serve metrics on %s: %s\n",
                   metrics_address, e.what());

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attn/status_macros.h"
 
 namespace attnserve {
 
@@ -25,8 +26,7 @@ WorkerPool::WorkerPool(const Options& options) : options_(options) {}
 
 WorkerPool::~WorkerPool() { Shutdown(); }
 
-absl::Status WorkerPool::Schedule(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
+absl::Status WorkerPool::RoomLocked() const {
   if (stopping_) {
     return absl::UnavailableError("the server is shutting down");
   }
@@ -35,6 +35,17 @@ absl::Status WorkerPool::Schedule(std::function<void()> task) {
         "the work queue is full (", options_.max_queue,
         " requests waiting, --max_queue); retry later"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::CheckRoom() const {
+  absl::MutexLock lock(&mu_);
+  return RoomLocked();
+}
+
+absl::Status WorkerPool::Schedule(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RoomLocked());
   queue_.push_back(std::move(task));
   return absl::OkStatus();
 }

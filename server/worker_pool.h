@@ -38,6 +38,10 @@ class WorkerPool {
   // waiting (retryable: the queue drains at the kernels' pace); UNAVAILABLE
   // once Shutdown has begun. The task runs exactly once if OK is returned.
   absl::Status Schedule(std::function<void()> task);
+  // What Schedule would answer now, without queueing anything: a caller
+  // refuses work it has not yet prepared at once (a full server's refusals
+  // then cost it little). Schedule still decides.
+  absl::Status CheckRoom() const;
 
   // Tasks waiting for a thread now.
   int queue_depth() const;
@@ -61,6 +65,7 @@ class WorkerPool {
   explicit WorkerPool(const Options& options);
   void Work();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;

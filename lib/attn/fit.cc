@@ -95,8 +95,12 @@ absl::StatusOr<FitBandwidthResult> FitBandwidth(
     }
   }
   // Only w^2 enters the model: report the positive one, which is also the
-  // form a saved model must take.
-  w = std::abs(w);
+  // form a saved model must take. Data best fit by the plain mean drives w
+  // towards 0, where it would round to a bandwidth of 0 that no model
+  // accepts; it stops at float's smallest normal value instead (w^2 is then
+  // 0 in float: the kernel is already flat there).
+  w = std::max(std::abs(w),
+               static_cast<double>(std::numeric_limits<float>::min()));
   result.bandwidth = static_cast<float>(w);
   result.final_loss = LeaveOneOutLoss(data, w).loss;
   if (!std::isfinite(result.final_loss)) {

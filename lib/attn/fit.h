@@ -31,7 +31,8 @@ LossAndGradient LeaveOneOutLoss(const NadarayaWatsonParams& data,
                                 double bandwidth);
 
 // Runs `epochs` full-batch gradient steps from data.bandwidth and returns
-// |w|, finite and within float's range. INVALID_ARGUMENT naming
+// |w|, finite, within float's range and at least its smallest normal value
+// (a fit that drives w to 0 stops there). INVALID_ARGUMENT naming
 // learning_rate when the descent diverges (w leaves float's range, or the
 // loss or gradient is not finite); CANCELLED when `stop_requested` (may be
 // empty) returns true before an epoch.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -364,6 +365,25 @@ TEST(FitBandwidthDivergenceTest, HugeInputsAreRefusedNotAnsweredWithNaN) {
     EXPECT_EQ(fit.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(fit.status().message().find("learning_rate"), std::string::npos);
   }
+}
+
+// A fit from a bandwidth near 0 stays there (the gradient vanishes with w)
+// and would answer 0 or a subnormal that rounds to 0, a bandwidth no model
+// accepts; it stops at float's smallest normal value instead (found by
+// fuzz/typed_request and fuzz/validate).
+TEST(FitBandwidthSignTest, BandwidthNeverReachesZero) {
+  const std::vector<float> x = {-0.3f, -1.78f, 1.48f, 0.28f};
+  const std::vector<float> y = {-1.2f, 0.02f, -0.06f, -0.57f};
+  FitBandwidthRequest r;
+  r.x_train = TensorView{x.data(), {4}};
+  r.y_train = TensorView{y.data(), {4}};
+  r.initial_bandwidth = 9.80908925e-45f;  // subnormal, positive: valid
+  r.learning_rate = 0.5f;
+  r.epochs = 5;
+  absl::StatusOr<FitBandwidthResult> fit = GetEngine().FitBandwidth(r);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->bandwidth, std::numeric_limits<float>::min());
+  EXPECT_TRUE(std::isfinite(fit->final_loss));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "attn/bfloat16.h"
 #include "attn/status_macros.h"
 
 namespace attn {
@@ -33,19 +34,28 @@ absl::Status CheckTensor(absl::string_view name, const TensorView& view,
   return absl::OkStatus();
 }
 
-// float16 operands: every input must be within float16's range, else the
-// rounded operand would be infinite and the result NaN.
+// Reduced-precision operands: every input must round to a finite value of
+// the product's type, else the rounded operand would be infinite and the
+// result NaN: float16 up to +-65504; bfloat16 up to its largest finite value
+// (~3.39e38: float's top few values round past it).
 absl::Status CheckOperandRange(absl::string_view name, const TensorView& view,
                                Precision precision) {
-  if (precision != Precision::kFloat16) return absl::OkStatus();
-  constexpr float kFloat16Max = 65504.0f;
+  if (precision == Precision::kFloat32) return absl::OkStatus();
+  const bool half = precision == Precision::kFloat16;
   const int64_t count = view.num_elements();
   for (int64_t i = 0; i < count; ++i) {
-    if (std::isfinite(view.data[i]) && std::fabs(view.data[i]) > kFloat16Max) {
+    const float x = view.data[i];
+    if (!std::isfinite(x)) continue;  // reported by the finiteness check
+    const bool overflows = half ? std::fabs(x) > 65504.0f
+                                : std::isinf(RoundToBFloat16(x));
+    if (overflows) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": element ", i, " is ", view.data[i],
-          ", beyond float16's range +-65504 (precision fp16); scale the "
-          "input or use fp32 or bf16"));
+          name, ": element ", i, " is ", x, ", beyond ",
+          half ? "float16's range +-65504 (precision fp16); scale the input "
+                 "or use fp32 or bf16"
+               : "bfloat16's range +-3.39e38 (precision bf16); scale the "
+                 "input or use fp32",
+          ""));
     }
   }
   return absl::OkStatus();

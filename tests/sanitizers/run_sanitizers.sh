@@ -11,14 +11,18 @@
 #         (thread_safety_analysis, isa_objects_*, isa_program_attnserve),
 #         which inspect source or machine code, not behaviour, and the
 #         instrumentation changes the code they check (extra `__odr_asan.*`
-#         globals, unvectorised loops); and `container` (the image build,
+#         globals, unvectorised loops); `container` (the image build,
 #         ~5-8 min), which compiles its own unsanitized binaries inside the
-#         image. The project's own code is compiled at -Og (the kernels keep
-#         their -O3), which halves the instrumented build's time against -O2.
+#         image; and `faults` (tests/faults), whose bounds are on the
+#         unsanitized server's memory and throughput (AddressSanitizer's
+#         shadow memory and slowdown are not the product's). The project's
+#         own code is compiled at -Og (the kernels keep their -O3), which
+#         halves the instrumented build's time against -O2.
 #   tsan  ThreadSanitizer over the tests of our concurrent code, which start
 #         real threads: the batcher with a real worker pool and scheduler
 #         thread (server/attention_batcher_test), the worker pool
-#         (server/worker_pool_test), and the oneDNN primitive cache, the
+#         (server/worker_pool_test), admission's drain wait
+#         (server/admission_test), and the oneDNN primitive cache, the
 #         model repository and the metrics under contention
 #         (tests/sanitizers/concurrency_test.cc). Not the in-process gRPC
 #         service tests: Debian's gRPC and protobuf are not built with TSan,
@@ -161,7 +165,7 @@ run_asan() {
   ASAN_OPTIONS=$asan_options \
   LSAN_OPTIONS="log_path=$reports_dir/lsan" \
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports_dir/ubsan" \
-    ctest --test-dir "$dir" -j"$jobs" --output-on-failure -LE 'static|container' \
+    ctest --test-dir "$dir" -j"$jobs" --output-on-failure -LE 'static|container|faults' \
       >"$dir/ctest.log" 2>&1
   local rc=$?
   tested=$(now)
@@ -309,7 +313,8 @@ run_tsan() {
   absl_libs+=" -labsl_raw_logging_internal -labsl_stacktrace -labsl_symbolize"
   absl_libs+=" -labsl_debugging_internal -labsl_demangle_internal"
   absl_libs+=" -labsl_time -labsl_time_zone -labsl_int128"
-  local targets=(attention_batcher_test worker_pool_test sanitizer_concurrency_test)
+  local targets=(attention_batcher_test worker_pool_test admission_test
+    sanitizer_concurrency_test)
   # The archive is not a dependency CMake knows of: relink after it changed.
   local target
   for target in "${targets[@]}"; do
