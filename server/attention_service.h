@@ -5,11 +5,15 @@
 // kernel work to the WorkerPool and returns its reactor at once; the worker
 // runs the engine, encodes the response and finishes the call. Work for a
 // call that was cancelled, or whose deadline passed while it waited, is not
-// started (CANCELLED / DEADLINE_EXCEEDED). A full queue answers
-// RESOURCE_EXHAUSTED at once (retryable); a draining server UNAVAILABLE.
+// started (CANCELLED / DEADLINE_EXCEEDED). Refused at once, before any
+// work: a full queue (before decoding) and a call whose payload would pass
+// the admission's byte bounds with RESOURCE_EXHAUSTED (retryable), a result
+// that could not be sent with RESOURCE_EXHAUSTED (not as is), and every call
+// of a draining server with UNAVAILABLE (server/admission.h). A kernel call
+// holds its admission ticket until gRPC is done with it (its response sent).
 //
-// Thread-safe; borrows the engine, pool and metrics, which must outlive it
-// and the gRPC server it is registered with.
+// Thread-safe; borrows the engine, pool, metrics and admission, which must
+// outlive it and the gRPC server it is registered with.
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
