@@ -77,7 +77,7 @@ bool Weights(const NadarayaWatsonParams& p, const float* x, float* row) {
       const float factor = -0.5f * p.bandwidth * p.bandwidth;
       Scale(row, n, factor);
       const float max = MaxOf(row, n, -std::numeric_limits<float>::infinity());
-      if (!std::isfinite(max)) {
+      if (!std::isfinite(max) || factor == 0.0f) {
         ExactGaussianRow(p, x, row);
         return true;
       }
@@ -113,6 +113,90 @@ bool Weights(const NadarayaWatsonParams& p, const float* x, float* row) {
   return true;
 }
 
+// d - d_min for stored distances: never negative, as d_min is one of them;
+// the clamp only guards the assumption.
+inline float Gap(float d, float d_min) {
+  const float gap = d - d_min;
+  return gap > 0.0f ? gap : 0.0f;
+}
+
+// The Gaussian prediction of one query with one output column (dy == 1) in
+// two sweeps over the training points instead of six: the smallest squared
+// distance d_min, then e_j = exp(-w^2/2 (d_j - d_min)) with their sum and
+// the sum of e_j y_j in one pass (the softmax's shift by its largest score,
+// without a scores row). For dx == 1 the distances are recomputed in each
+// sweep (cheaper than storing them); otherwise `row` holds them. Writes the
+// normalised weights into `weights` when it is not null (it may be `row`).
+// Returns false, having written nothing, when w^2 d_min is beyond float's
+// range or w^2 below it: the caller then redoes the row exactly.
+bool GaussianPredictOne(const NadarayaWatsonParams& p, const float* x,
+                        const float* row, float* weights, float* out) {
+  const int64_t n = p.n_train;
+  const float factor = -0.5f * p.bandwidth * p.bandwidth;
+  const float* xt = p.x_train;
+  const float x0 = x[0];
+  // For dx == 1, the distance |x - x_j| itself: the nearest point's gap is
+  // then (a - a_min)(a + a_min) = 0 exactly. (diff * diff - d_min would
+  // not be: the compiler may fuse it into one FMA, whose exact product
+  // differs from the rounded d_min by up to half an ulp of d, and w^2/2
+  // times that is enough to zero every weight of a query 1e6 away.)
+  float a_min = std::numeric_limits<float>::infinity();
+  float d_min = std::numeric_limits<float>::infinity();
+  if (p.dx == 1) {
+#pragma omp simd reduction(min : a_min)
+    for (int64_t j = 0; j < n; ++j) {
+      const float a = std::fabs(x0 - xt[j]);
+      a_min = a < a_min ? a : a_min;
+    }
+    d_min = a_min * a_min;
+  } else {
+#pragma omp simd reduction(min : d_min)
+    for (int64_t j = 0; j < n; ++j) d_min = row[j] < d_min ? row[j] : d_min;
+  }
+  // factor == 0 (w^2 below float's range): a flat kernel, but 0 * an
+  // infinite distance would be NaN; the exact row has neither problem.
+  if (!std::isfinite(factor * d_min) || factor == 0.0f) return false;
+  float sum = 0.0f, acc = 0.0f;
+  const float* y = p.y_train;
+  if (p.dx == 1 && weights == nullptr) {
+#pragma omp simd reduction(+ : sum, acc)
+    for (int64_t j = 0; j < n; ++j) {
+      const float a = std::fabs(x0 - xt[j]);
+      const float e = FastExp(factor * ((a - a_min) * (a + a_min)));
+      sum += e;
+      acc += e * y[j];
+    }
+  } else if (p.dx == 1) {
+#pragma omp simd reduction(+ : sum, acc)
+    for (int64_t j = 0; j < n; ++j) {
+      const float a = std::fabs(x0 - xt[j]);
+      const float e = FastExp(factor * ((a - a_min) * (a + a_min)));
+      weights[j] = e;
+      sum += e;
+      acc += e * y[j];
+    }
+  } else if (weights == nullptr) {
+#pragma omp simd reduction(+ : sum, acc)
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = FastExp(factor * Gap(row[j], d_min));
+      sum += e;
+      acc += e * y[j];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum, acc)
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = FastExp(factor * Gap(row[j], d_min));
+      weights[j] = e;
+      sum += e;
+      acc += e * y[j];
+    }
+  }
+  // sum >= 1: the nearest point's term is exp(0).
+  *out = acc / sum;
+  if (weights != nullptr) Scale(weights, n, 1.0f / sum);
+  return true;
+}
+
 }  // namespace
 
 absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
@@ -120,6 +204,14 @@ absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
     float* row = p.weights != nullptr ? p.weights + i * p.n_train
                                       : scratch.data();
     const float* x = p.x_query + i * p.dx;
+    if (p.kernel == RegressionKernel::kGaussian && p.dy == 1) {
+      if (p.dx != 1) SquaredDistances(p, x, row);
+      if (GaussianPredictOne(p, x, row, p.weights != nullptr ? row : nullptr,
+                             p.out + i)) {
+        return;
+      }
+      // Beyond float's range: the exact row, then the plain dot below.
+    }
     SquaredDistances(p, x, row);
     const bool any = Weights(p, x, row);
     for (int64_t c = 0; c < p.dy; ++c) {
