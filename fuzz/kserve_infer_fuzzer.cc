@@ -60,22 +60,7 @@ const Spec* FindModel(const std::string& name, Spec* storage) {
   }
   auto held = ServiceHarness::Get().repository().Find(name);
   if (held == nullptr) return nullptr;
-  if (held->config.backend() == "additive_attention") {
-    *storage = Spec{name,
-                    attnserve::Rpc::kAdditiveAttention,
-                    {{"queries", "FP32", {-1, -1, -1}},
-                     {"keys", "FP32", {-1, -1, -1}},
-                     {"values", "FP32", {-1, -1, -1}},
-                     {"valid_lens", "INT32", {-1, -1}, true}},
-                    {{"output", "FP32", {-1, -1, -1}},
-                     {"attention_weights", "FP32", {-1, -1, -1}}},
-                    {"output"}};
-  } else {
-    for (const Spec& spec : attnserve::InferenceService::Models()) {
-      if (spec.rpc == attnserve::Rpc::kNadarayaWatson) *storage = spec;
-    }
-    storage->name = name;
-  }
+  *storage = attnserve::InferenceService::RepositorySpec(name, *held);
   return storage;
 }
 

@@ -309,6 +309,18 @@ std::vector<std::string> InferenceService::ModelNames() const {
   return names;
 }
 
+InferenceService::ModelSpec InferenceService::RepositorySpec(
+    const std::string& name, const RepositoryModel& model) {
+  if (model.config.backend() == "additive_attention") return AdditiveSpec(name);
+  // A fitted bandwidth: the built-in nadaraya_watson's tensors.
+  ModelSpec spec;
+  for (const ModelSpec& built_in : Models()) {
+    if (built_in.rpc == Rpc::kNadarayaWatson) spec = built_in;
+  }
+  spec.name = name;
+  return spec;
+}
+
 absl::StatusOr<InferenceService::Resolved> InferenceService::Resolve(
     const std::string& name, const std::string& version) const {
   Resolved resolved;
@@ -323,15 +335,7 @@ absl::StatusOr<InferenceService::Resolved> InferenceService::Resolve(
     resolved.held = calls_->repository()->Find(name);
     if (resolved.held != nullptr) {
       found = true;
-      if (resolved.held->config.backend() == "additive_attention") {
-        resolved.spec = AdditiveSpec(name);
-      } else {
-        // A fitted bandwidth: the built-in nadaraya_watson's tensors.
-        for (const ModelSpec& model : Models()) {
-          if (model.rpc == Rpc::kNadarayaWatson) resolved.spec = model;
-        }
-        resolved.spec.name = name;
-      }
+      resolved.spec = RepositorySpec(name, *resolved.held);
     }
   }
   if (!found) {

@@ -105,6 +105,11 @@ class InferenceService final
   };
   // The built-in models.
   static const std::vector<ModelSpec>& Models();
+  // The tensors a repository model is served with, by its backend: an
+  // additive_attention model's own, or a fitted bandwidth's (those of the
+  // built-in nadaraya_watson), under `name`.
+  static ModelSpec RepositorySpec(const std::string& name,
+                                  const RepositoryModel& model);
 
  private:
   struct Resolved {

@@ -54,8 +54,7 @@ absl::Status CheckOperandRange(absl::string_view name, const TensorView& view,
           half ? "float16's range +-65504 (precision fp16); scale the input "
                  "or use fp32 or bf16"
                : "bfloat16's range +-3.39e38 (precision bf16); scale the "
-                 "input or use fp32",
-          ""));
+                 "input or use fp32"));
     }
   }
   return absl::OkStatus();
@@ -385,13 +384,11 @@ absl::StatusOr<ResultSize> SizeOfPlan(
   ResultSize size;
   size.output_shape = plan->output_shape;
   size.weights_shape = plan->weights_shape;
-  // Each shape's count was checked by validation (at most 2^31 - 1), so
-  // the sum cannot overflow.
-  for (const Shape* shape : {&size.output_shape, &size.weights_shape}) {
-    if (shape->empty()) continue;
-    int64_t count = 1;
-    for (int64_t dim : *shape) count *= dim;
-    size.elements += count;
+  // Validation checked both counts (at most 2^31 - 1 each): the sum cannot
+  // overflow.
+  size.elements = *CheckedNumElements("output", size.output_shape);
+  if (!size.weights_shape.empty()) {
+    size.elements += *CheckedNumElements("weights", size.weights_shape);
   }
   return size;
 }
@@ -401,11 +398,17 @@ absl::StatusOr<ResultSize> SizeOfPlan(
 absl::StatusOr<ResultSize> SizeOfResult(const MaskedSoftmaxRequest& request) {
   return SizeOfPlan(ValidateMaskedSoftmax(request));
 }
+// Shapes alone decide the size: the reduced precisions' range check, which
+// reads every operand, is left to the validation before the kernel.
 absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {
-  return SizeOfPlan(ValidateBatchMatmul(request));
+  BatchMatmulRequest shapes = request;
+  shapes.precision = Precision::kFloat32;
+  return SizeOfPlan(ValidateBatchMatmul(shapes));
 }
 absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request) {
-  return SizeOfPlan(ValidateAttention(request));
+  AttentionRequest shapes = request;
+  shapes.precision = Precision::kFloat32;
+  return SizeOfPlan(ValidateAttention(shapes));
 }
 absl::StatusOr<ResultSize> SizeOfResult(
     const AdditiveAttentionRequest& request) {

@@ -39,7 +39,9 @@ absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
 // A valid request's result, from its shapes alone: what a caller must be
 // ready to hold and send before anything is allocated or computed (a server
 // refuses a result it could not send, rather than computing it first). The
-// request's validation error when it is not valid.
+// request's validation error when it is not valid, except that operands
+// beyond a reduced precision's range are not looked for here (reading every
+// element; the kernel's own validation refuses them). Pure, like the rest.
 struct ResultSize {
   Shape output_shape;
   Shape weights_shape;   // empty when the weights were not requested

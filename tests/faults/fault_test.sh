@@ -86,17 +86,10 @@ if [[ ${#positional[@]} -ne 0 && ${#positional[@]} -ne 2 ]]; then
   echo "usage: $0 [--quick] [--only=LIST] [--venv DIR] [ATTNSERVE ATTNCTL]" >&2
   exit 64
 fi
-server_bin=${positional[0]:-${ATTNSERVE:-$repo/build/server/attnserve}}
-attnctl=${positional[1]:-${ATTNCTL:-$repo/build/client/attnctl}}
-for tool in "$server_bin" "$attnctl"; do
-  [[ -x "$tool" ]] || { echo "fault_test: FATAL: no executable at $tool" >&2; exit 1; }
-done
-server_bin=$(realpath "$server_bin")
-attnctl=$(realpath "$attnctl")
-command -v curl >/dev/null || { echo "fault_test: FATAL: curl not found" >&2; exit 1; }
-
 # shellcheck source=tests/lib/server.sh
 source "$repo/tests/lib/server.sh"
+resolve_binaries fault_test "$repo" "${positional[@]}"
+command -v curl >/dev/null || { echo "fault_test: FATAL: curl not found" >&2; exit 1; }
 # shellcheck source=tests/lib/venv.sh
 source "$repo/tests/lib/venv.sh"
 

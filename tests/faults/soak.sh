@@ -56,17 +56,11 @@ if [[ ${#positional[@]} -ne 0 && ${#positional[@]} -ne 2 ]]; then
   echo "usage: $0 [--duration=S] [--round=S] [--interval=S] [--warmup=S] [ATTNSERVE ATTNCTL]" >&2
   exit 64
 fi
-server_bin=${positional[0]:-${ATTNSERVE:-$repo/build/server/attnserve}}
-attnctl=${positional[1]:-${ATTNCTL:-$repo/build/client/attnctl}}
-for tool in "$server_bin" "$attnctl"; do
-  [[ -x "$tool" ]] || { echo "soak: FATAL: no executable at $tool" >&2; exit 1; }
-done
-server_bin=$(realpath "$server_bin")
-attnctl=$(realpath "$attnctl")
 [[ $warmup -lt $duration ]] || { echo "soak: --warmup must be below --duration" >&2; exit 64; }
 
 # shellcheck source=tests/lib/server.sh
 source "$repo/tests/lib/server.sh"
+resolve_binaries soak "$repo" "${positional[@]}"
 
 workdir=$(mktemp -d -t attnserve-soak.XXXXXX)
 load_pids=()

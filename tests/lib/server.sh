@@ -14,6 +14,21 @@ SERVER_PID=""
 GRPC_PORT=""
 METRICS_PORT=""
 
+# resolve_binaries NAME REPO [ATTNSERVE ATTNCTL]: sets the globals
+# server_bin and attnctl to absolute paths: the arguments when given, else
+# $ATTNSERVE / $ATTNCTL, else REPO's build/. Exits 1, naming NAME (the
+# calling script), when one is not an executable.
+resolve_binaries() {
+  local name=$1 repo=$2 tool
+  server_bin=${3:-${ATTNSERVE:-$repo/build/server/attnserve}}
+  attnctl=${4:-${ATTNCTL:-$repo/build/client/attnctl}}
+  for tool in "$server_bin" "$attnctl"; do
+    [[ -x "$tool" ]] || { echo "$name: FATAL: no executable at $tool" >&2; exit 1; }
+  done
+  server_bin=$(realpath "$server_bin")
+  attnctl=$(realpath "$attnctl")
+}
+
 # Prints a TCP port that was free on 127.0.0.1 a moment ago.
 free_port() {
   /usr/bin/python3 -c 'import socket

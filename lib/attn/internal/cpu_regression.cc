@@ -156,40 +156,36 @@ bool GaussianPredictOne(const NadarayaWatsonParams& p, const float* x,
   // factor == 0 (w^2 below float's range): a flat kernel, but 0 * an
   // infinite distance would be NaN; the exact row has neither problem.
   if (!std::isfinite(factor * d_min) || factor == 0.0f) return false;
-  float sum = 0.0f, acc = 0.0f;
+  // One sweep: e_j = exp(-w^2/2 gap(j)), their sum and the sum of e_j y_j,
+  // storing e_j when asked; the store is decided outside the loop so that
+  // each instantiation vectorizes without a branch inside.
   const float* y = p.y_train;
-  if (p.dx == 1 && weights == nullptr) {
+  float sum = 0.0f, acc = 0.0f;
+  auto sweep = [&](auto gap) {
+    if (weights == nullptr) {
 #pragma omp simd reduction(+ : sum, acc)
-    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = FastExp(factor * gap(j));
+        sum += e;
+        acc += e * y[j];
+      }
+    } else {
+#pragma omp simd reduction(+ : sum, acc)
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = FastExp(factor * gap(j));
+        weights[j] = e;
+        sum += e;
+        acc += e * y[j];
+      }
+    }
+  };
+  if (p.dx == 1) {
+    sweep([&](int64_t j) {
       const float a = std::fabs(x0 - xt[j]);
-      const float e = FastExp(factor * ((a - a_min) * (a + a_min)));
-      sum += e;
-      acc += e * y[j];
-    }
-  } else if (p.dx == 1) {
-#pragma omp simd reduction(+ : sum, acc)
-    for (int64_t j = 0; j < n; ++j) {
-      const float a = std::fabs(x0 - xt[j]);
-      const float e = FastExp(factor * ((a - a_min) * (a + a_min)));
-      weights[j] = e;
-      sum += e;
-      acc += e * y[j];
-    }
-  } else if (weights == nullptr) {
-#pragma omp simd reduction(+ : sum, acc)
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = FastExp(factor * Gap(row[j], d_min));
-      sum += e;
-      acc += e * y[j];
-    }
+      return (a - a_min) * (a + a_min);
+    });
   } else {
-#pragma omp simd reduction(+ : sum, acc)
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = FastExp(factor * Gap(row[j], d_min));
-      weights[j] = e;
-      sum += e;
-      acc += e * y[j];
-    }
+    sweep([&](int64_t j) { return Gap(row[j], d_min); });
   }
   // sum >= 1: the nearest point's term is exp(0).
   *out = acc / sum;
