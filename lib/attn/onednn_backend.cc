@@ -4,6 +4,7 @@
 
 #include <array>
 #include <deque>
+#include <memory>
 #include <new>
 #include <utility>
 #include <vector>
@@ -97,14 +98,31 @@ class OneDnnBackend::Impl {
     return flops < options_.single_thread_below_flops ? 1 : max_threads_;
   }
 
+  // A cached primitive and the scratchpad each execution must bring. The
+  // primitives are made with scratchpad_mode::user: with the library's own
+  // scratchpad, one primitive must not run on two threads at once (oneDNN's
+  // scratchpad_mode docs), and the server's workers run the same cached
+  // shape concurrently: two threads sharing one scratchpad gave a wrong
+  // product once on an AVX-512 machine
+  // (EngineConcurrencyTest.PrimitiveCacheUnderContention, under TSan).
+  struct Cached {
+    dnnl::primitive primitive;
+    dnnl::memory::desc scratchpad;
+  };
+  static dnnl::primitive_attr UserScratchpad() {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
   // Returns the cached primitive for `key`, creating it with `make` on a miss.
   template <typename Make>
-  absl::StatusOr<dnnl::primitive> GetOrCreate(const PrimitiveKey& key,
-                                              const Make& make) {
+  absl::StatusOr<Cached> GetOrCreate(const PrimitiveKey& key,
+                                     const Make& make) {
     absl::MutexLock lock(&mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    dnnl::primitive primitive;
+    Cached primitive;
     try {
       primitive = make();
     } catch (const dnnl::error& e) {
@@ -128,11 +146,13 @@ class OneDnnBackend::Impl {
     const dnnl::memory::desc b_md({n, k, p}, dt::f32, tag::abc);
     const dnnl::memory::desc c_md({n, m, p}, dt::f32, tag::abc);
     ASSIGN_OR_RETURN(
-        dnnl::primitive matmul,
+        Cached matmul,
         GetOrCreate({static_cast<int64_t>(PrimitiveKind::kMatmul), n, m, k, p},
                     [&] {
-                      return dnnl::matmul(dnnl::matmul::primitive_desc(
-                          dnnl::matmul::desc(a_md, b_md, c_md), engine_));
+                      const dnnl::matmul::primitive_desc pd(
+                          dnnl::matmul::desc(a_md, b_md, c_md),
+                          UserScratchpad(), engine_);
+                      return Cached{dnnl::matmul(pd), pd.scratchpad_desc()};
                     }));
     return Execute(matmul, {{DNNL_ARG_SRC, {a_md, a}},
                             {DNNL_ARG_WEIGHTS, {b_md, b}},
@@ -144,14 +164,15 @@ class OneDnnBackend::Impl {
     const dnnl::memory::desc md({rows, columns}, dnnl::memory::data_type::f32,
                                 dnnl::memory::format_tag::ab);
     ASSIGN_OR_RETURN(
-        dnnl::primitive softmax,
+        Cached softmax,
         GetOrCreate(
             {static_cast<int64_t>(PrimitiveKind::kSoftmax), rows, columns, 0, 0},
             [&] {
-              return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
+              const dnnl::softmax_forward::primitive_desc pd(
                   dnnl::softmax_forward::desc(
                       dnnl::prop_kind::forward_inference, md, 1),
-                  engine_));
+                  UserScratchpad(), engine_);
+              return Cached{dnnl::softmax_forward(pd), pd.scratchpad_desc()};
             }));
     return Execute(softmax,
                    {{DNNL_ARG_SRC, {md, x}}, {DNNL_ARG_DST, {md, y}}});
@@ -163,7 +184,7 @@ class OneDnnBackend::Impl {
     const float* data;
   };
 
-  absl::Status Execute(const dnnl::primitive& primitive,
+  absl::Status Execute(const Cached& cached,
                        const std::vector<std::pair<int, Argument>>& arguments) {
     try {
       dnnl::stream stream(engine_);
@@ -174,7 +195,21 @@ class OneDnnBackend::Impl {
         memories.emplace(slot, dnnl::memory(argument.desc, engine_,
                                             const_cast<float*>(argument.data)));
       }
-      primitive.execute(stream, memories);
+      // This thread's own scratchpad, kept between calls (a call runs on
+      // one thread; oneDNN's OpenMP threads share it within the call).
+      if (const size_t bytes = cached.scratchpad.get_size(); bytes > 0) {
+        constexpr size_t kAlignment = 64;
+        thread_local std::vector<char> scratchpad;
+        if (scratchpad.size() < bytes + kAlignment) {
+          scratchpad.resize(bytes + kAlignment);
+        }
+        void* aligned = scratchpad.data();
+        size_t space = scratchpad.size();
+        std::align(kAlignment, bytes, aligned, space);
+        memories.emplace(DNNL_ARG_SCRATCHPAD,
+                         dnnl::memory(cached.scratchpad, engine_, aligned));
+      }
+      cached.primitive.execute(stream, memories);
       stream.wait();
     } catch (const dnnl::error& e) {
       return absl::InternalError(
@@ -189,7 +224,7 @@ class OneDnnBackend::Impl {
   const internal::CpuKernels& kernels_;
   const dnnl::engine engine_;
   absl::Mutex mu_;
-  absl::flat_hash_map<PrimitiveKey, dnnl::primitive> cache_
+  absl::flat_hash_map<PrimitiveKey, Cached> cache_
       ABSL_GUARDED_BY(mu_);
   std::deque<PrimitiveKey> insertion_order_ ABSL_GUARDED_BY(mu_);
 };
