@@ -72,8 +72,9 @@ ABSL_FLAG(std::string, backend, "auto",
           "the CPU; start-up says which and why).");
 ABSL_FLAG(std::string, max_cpu_isa, "auto",
           "Highest instruction set for attnserve's own CPU kernels: auto (the "
-          "best this CPU has), avx2 or baseline. Every value gives results "
-          "within the same documented bounds; lower ones pin a fleet of mixed "
+          "best this CPU has), avx512, avx2 or baseline. Every value gives "
+          "results within the same documented bounds; lower ones pin a fleet "
+          "of mixed "
           "CPUs to one code path. oneDNN's own kernels follow "
           "ONEDNN_MAX_CPU_ISA; start-up logs both.");
 ABSL_FLAG(int32_t, cuda_device, 0, "The GPU's CUDA ordinal (--backend=cuda|auto).");

@@ -21,6 +21,16 @@ bool CpuSupports(CpuIsa isa) {
 #else
       return false;
 #endif
+    case CpuIsa::kAvx512:
+#if defined(__x86_64__) || defined(__i386__)
+      // GCC's check includes the OS saving the AVX-512 registers (XGETBV).
+      return CpuSupports(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+      return false;
+#endif
   }
   return false;
 }
@@ -33,6 +43,8 @@ const char* CpuIsaName(CpuIsa isa) {
       return "baseline";
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -40,7 +52,7 @@ const char* CpuIsaName(CpuIsa isa) {
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   std::vector<std::string> names;
-  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2}) {
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     if (lower == CpuIsaName(isa)) return isa;
     names.push_back(CpuIsaName(isa));
   }
@@ -53,6 +65,9 @@ std::vector<CpuIsa> CompiledCpuIsas() {
   std::vector<CpuIsa> isas = {CpuIsa::kBaseline};
 #if ATTN_HAVE_AVX2_KERNELS
   isas.push_back(CpuIsa::kAvx2);
+#endif
+#if ATTN_HAVE_AVX512_KERNELS
+  isas.push_back(CpuIsa::kAvx512);
 #endif
   return isas;
 }

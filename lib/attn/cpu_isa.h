@@ -27,12 +27,13 @@ namespace attn {
 enum class CpuIsa {
   kBaseline,  // what every x86-64 CPU has (SSE2); the only copy elsewhere
   kAvx2,      // AVX2 and FMA: AMD Zen, Intel Haswell and later
+  kAvx512,    // and AVX-512 F/BW/DQ/VL: Intel Skylake-SP and later, AMD Zen 4
 };
 
 // The process-wide cap's environment variable.
 inline constexpr char kMaxCpuIsaVariable[] = "ATTN_MAX_CPU_ISA";
 
-// "baseline", "avx2".
+// "baseline", "avx2", "avx512".
 const char* CpuIsaName(CpuIsa isa);
 
 // Case-insensitive inverse of CpuIsaName. INVALID_ARGUMENT naming the

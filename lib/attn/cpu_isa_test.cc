@@ -5,6 +5,7 @@
 // caps must be the ones in force.
 #include "attn/cpu_isa.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -60,16 +61,28 @@ bool CpuHasAvx2() {
 #endif
 }
 
+bool CpuHasAvx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 TEST(CpuIsaTest, NamesRoundTrip) {
-  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2}) {
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     auto parsed = ParseCpuIsa(CpuIsaName(isa));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, isa);
   }
   EXPECT_EQ(ParseCpuIsa("AVX2").value(), CpuIsa::kAvx2);
+  EXPECT_EQ(ParseCpuIsa("AVX512").value(), CpuIsa::kAvx512);
   auto unknown = ParseCpuIsa("avx9000");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("baseline, avx2"),
+  EXPECT_NE(unknown.status().message().find("baseline, avx2, avx512"),
             std::string::npos)
       << unknown.status();
 }
@@ -79,18 +92,24 @@ TEST(CpuIsaTest, DetectionFollowsTheCpu) {
   ASSERT_FALSE(compiled.empty());
   EXPECT_EQ(compiled.front(), CpuIsa::kBaseline);
 #if defined(__x86_64__)
-  EXPECT_EQ(compiled.back(), CpuIsa::kAvx2) << "x86-64 builds have AVX2 kernels";
+  EXPECT_EQ(compiled, (std::vector<CpuIsa>{CpuIsa::kBaseline, CpuIsa::kAvx2,
+                                           CpuIsa::kAvx512}))
+      << "x86-64 builds have AVX2 and AVX-512 kernels";
+  EXPECT_EQ(DetectCpuIsa(), CpuHasAvx512()  ? CpuIsa::kAvx512
+                            : CpuHasAvx2() ? CpuIsa::kAvx2
+                                           : CpuIsa::kBaseline);
+#else
+  EXPECT_EQ(DetectCpuIsa(), CpuIsa::kBaseline);
 #endif
-  const bool avx2_compiled = compiled.back() == CpuIsa::kAvx2;
-  EXPECT_EQ(DetectCpuIsa(), avx2_compiled && CpuHasAvx2() ? CpuIsa::kAvx2
-                                                          : CpuIsa::kBaseline);
 }
 
 TEST(CpuIsaTest, CapsLowerTheChoiceAndNeverRaiseIt) {
   ScopedEnv no_cap(kMaxCpuIsaVariable, nullptr);
   EXPECT_EQ(SelectCpuIsa(std::nullopt).value(), DetectCpuIsa());
   EXPECT_EQ(SelectCpuIsa(CpuIsa::kBaseline).value(), CpuIsa::kBaseline);
-  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx2).value(), DetectCpuIsa());
+  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx512).value(), DetectCpuIsa());
+  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx2).value(),
+            std::min(DetectCpuIsa(), CpuIsa::kAvx2));
   {
     ScopedEnv cap(kMaxCpuIsaVariable, "baseline");
     EXPECT_EQ(SelectCpuIsa(std::nullopt).value(), CpuIsa::kBaseline);
@@ -136,7 +155,7 @@ TEST(CpuIsaTest, EnginesRunTheSelectedCopy) {
     const std::string cap = absl::AsciiStrToLower(onednn_cap);
     // Caps every x86-64 CPU of these machines reaches.
     if (cap == "sse41" || (cap == "avx2" && CpuHasAvx2())) {
-      EXPECT_NE(description.find("oneDNN: " + cap + ")"), std::string::npos)
+      EXPECT_NE(description.find("oneDNN: " + cap + ";"), std::string::npos)
           << description;
     }
   }

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "attn/bfloat16.h"
 #include "attn/cpu_isa.h"
+#include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu_kernels.h"
 #include "attn/status_macros.h"
 
@@ -89,9 +90,11 @@ class OneDnnBackend::Impl {
                                              : omp_get_max_threads()),
         isa_(isa),
         kernels_(internal::CpuKernelsFor(isa)),
+        native_bfloat16_(internal::HasNativeBFloat16Products()),
         engine_(std::move(engine)) {}
 
   CpuIsa isa() const { return isa_; }
+  bool native_bfloat16() const { return native_bfloat16_; }
   const internal::CpuKernels& kernels() const { return kernels_; }
 
   int ThreadsFor(double flops) const {
@@ -222,6 +225,7 @@ class OneDnnBackend::Impl {
   const int max_threads_;
   const CpuIsa isa_;
   const internal::CpuKernels& kernels_;
+  const bool native_bfloat16_;
   const dnnl::engine engine_;
   absl::Mutex mu_;
   absl::flat_hash_map<PrimitiveKey, Cached> cache_
@@ -256,7 +260,11 @@ CpuIsa OneDnnBackend::isa() const { return impl_->isa(); }
 std::string OneDnnBackend::description() const {
   return absl::StrCat(name(), " (own kernels: ", CpuIsaName(isa()),
                       "; oneDNN: ", OneDnnIsaName(dnnl::get_effective_cpu_isa()),
-                      ")");
+                      "; bf16 attention: ", bfloat16_attention(), ")");
+}
+
+const char* OneDnnBackend::bfloat16_attention() const {
+  return impl_->native_bfloat16() ? "native" : "emulated";
 }
 
 absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
@@ -288,6 +296,13 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
   const double flops = 2.0 * p.batch * p.heads * p.lq * p.lk * (p.d + p.dv);
   const int threads = impl_->ThreadsFor(flops);
   ScopedOmpThreads scoped(threads);
+  if (p.precision == Precision::kBFloat16 && impl_->native_bfloat16()) {
+    try {
+      return impl_->kernels().attention(p, /*bfloat16_products=*/true, threads);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("no memory for 16-bit operands");
+    }
+  }
   if (p.precision != Precision::kFloat32) {
     try {
       const int64_t bh = p.batch * p.heads;
@@ -298,12 +313,13 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
       rounded.q = q.data();
       rounded.k = k.data();
       rounded.v = v.data();
-      return impl_->kernels().attention(rounded, threads);
+      return impl_->kernels().attention(rounded, /*bfloat16_products=*/false,
+                                        threads);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
   }
-  return impl_->kernels().attention(p, threads);
+  return impl_->kernels().attention(p, /*bfloat16_products=*/false, threads);
 }
 
 absl::Status OneDnnBackend::AdditiveAttention(

@@ -17,10 +17,12 @@
 // chooses (attn/cpu_isa.h), so the backend works on every CPU. description()
 // names both.
 //
-// Precision::kBFloat16: this build rounds the product operands to bfloat16
-// and runs the float32 kernels on them, which reproduces the numerics of
-// bfloat16 hardware but not its speed; on CPUs without AVX512-BF16/AMX there
-// is no faster way. Status codes: INVALID_ARGUMENT from Create for bad options
+// Precision::kBFloat16: attention runs real bfloat16 products (oneDNN matmul
+// on AVX512-BF16 or AMX; see attn/internal/cpu_kernels.h) on CPUs that have
+// them after ONEDNN_MAX_CPU_ISA's cap ("native"); elsewhere, and for the
+// other operations and float16, the operands are rounded and the float32
+// kernels run on them, which reproduces the numerics of 16-bit products but
+// not their speed ("emulated"). Status codes: INVALID_ARGUMENT from Create for bad options
 // or an unknown ATTN_MAX_CPU_ISA; INTERNAL when oneDNN fails;
 // RESOURCE_EXHAUSTED when scratch memory cannot be had.
 #ifndef ATTN_ONEDNN_BACKEND_H_
@@ -54,10 +56,13 @@ class OneDnnBackend final : public Backend {
   ~OneDnnBackend() override;
 
   std::string name() const override { return "onednn-cpu"; }
-  // E.g. "onednn-cpu (own kernels: avx2; oneDNN: avx512_core_amx)".
+  // E.g. "onednn-cpu (own kernels: avx512; oneDNN: avx512_core_amx; bf16
+  // attention: native)".
   std::string description() const override;
   // The instruction set of the backend's own kernels.
   CpuIsa isa() const;
+  // How bfloat16 attention runs here: "native" or "emulated".
+  const char* bfloat16_attention() const;
 
   absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
   absl::Status BatchMatmul(const BatchMatmulParams& params) override;

@@ -5,10 +5,12 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu_kernels_impl.h"
 #include "attn/internal/isa.h"
 
@@ -48,17 +50,43 @@ void ParallelFor(int64_t tasks, int threads, const Body& body) {
   for (int64_t task = 0; task < tasks; ++task) body(task);
 }
 
-// Gaussian score: -scale * ||q - k||^2 / 2 = scale * q.k - scale * ||k||^2 / 2
-// - scale * ||q||^2 / 2. The last term is constant along a softmax row, so
-// it is dropped; the key term is subtracted from each score column.
-void SubtractKeyNorms(const float* keys, int64_t count, int64_t d,
-                      float half_scale, float* scores, int64_t rows,
-                      int64_t ld, float* norms) {
+// What the attention products read: the float32 inputs, or bfloat16 copies
+// of them.
+struct Operands {
+  BlockOperands type = BlockOperands::kFloat32;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+
+  int64_t ElementBytes() const {
+    return type == BlockOperands::kBFloat16 ? 2 : 4;
+  }
+  // &base[index] for a base of this operand type.
+  const void* At(const void* base, int64_t index) const {
+    return static_cast<const char*>(base) + index * ElementBytes();
+  }
+  // Element `index` of `base`, widened to float.
+  float Load(const void* base, int64_t index) const {
+    return type == BlockOperands::kBFloat16
+               ? FromBFloat16(static_cast<const uint16_t*>(base)[index])
+               : static_cast<const float*>(base)[index];
+  }
+};
+
+// Gaussian score: -scale * ||q - k||^2 / 2 = scale * (q.k - ||k||^2 / 2 -
+// ||q||^2 / 2). The last term is constant along a softmax row, so it is
+// dropped; half the key's squared norm is subtracted from each raw dot
+// product (the scale is applied in the exponential's argument).
+void SubtractKeyNorms(const Operands& ops, const void* keys, int64_t count,
+                      int64_t d, float* scores, int64_t rows, int64_t ld,
+                      float* norms) {
   for (int64_t j = 0; j < count; ++j) {
     float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < d; ++c) sum += keys[j * d + c] * keys[j * d + c];
-    norms[j] = half_scale * sum;
+    for (int64_t c = 0; c < d; ++c) {
+      const float x = ops.Load(keys, j * d + c);
+      sum += x * x;
+    }
+    norms[j] = 0.5f * sum;
   }
   for (int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * ld;
@@ -70,23 +98,28 @@ void SubtractKeyNorms(const float* keys, int64_t count, int64_t d,
 // Per-thread buffers, sized for the call (a toy call must not pay for
 // full-size blocks).
 struct Scratch {
-  int64_t key_block = 0;      // min(kKeyBlock, lk): the row stride of scores
-  std::vector<float> scores;  // query block x key_block
-  std::vector<float> acc;     // kQueryBlock x dv
-  std::vector<float> max;     // kQueryBlock
-  std::vector<float> sum;     // kQueryBlock
-  std::vector<float> norms;   // key_block
+  int64_t key_block = 0;       // min(kKeyBlock, lk): the row stride of scores
+  std::vector<float> scores;   // query block x key_block
+  std::vector<uint16_t> rounded;  // bfloat16 probabilities: scores' shape,
+                                  // or query block x lk with weights
+  std::vector<float> acc;      // kQueryBlock x dv
+  std::vector<float> max;      // kQueryBlock
+  std::vector<float> sum;      // kQueryBlock
+  std::vector<float> norms;    // key_block
   std::vector<int64_t> limit;  // kQueryBlock
 };
 
-// One (batch, head, query block) task of the online-softmax kernel.
-bool FusedBlock(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
-                Scratch& s) {
+// One (batch, head, query block) task of the online-softmax kernel. Scores
+// are raw dot products (minus half the key norms for the Gaussian score);
+// the scale enters in the exponentials.
+bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
+                int64_t q0, int64_t rows, Scratch& s) {
   const int64_t b = bh / p.heads;
-  const float* q = p.q + (bh * p.lq + q0) * p.d;
-  const float* k = p.k + bh * p.lk * p.d;
-  const float* v = p.v + bh * p.lk * p.dv;
+  const void* q = ops.At(ops.q, (bh * p.lq + q0) * p.d);
+  const void* k = ops.At(ops.k, bh * p.lk * p.d);
+  const void* v = ops.At(ops.v, bh * p.lk * p.dv);
   float* out = p.out + (bh * p.lq + q0) * p.dv;
+  const bool bf16 = ops.type == BlockOperands::kBFloat16;
 
   int64_t key_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -100,28 +133,45 @@ bool FusedBlock(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
   const int64_t block = s.key_block;
   for (int64_t j0 = 0; j0 < key_end; j0 += block) {
     const int64_t count = std::min(block, key_end - j0);
-    if (!Gemm(true, rows, count, p.d, p.scale, q, p.d, k + j0 * p.d, p.d, 0.0f,
-              s.scores.data(), block)) {
+    // Full blocks recur across the call's tasks: they get primitives
+    // compiled for their shape.
+    const bool recurring = rows == kQueryBlock && count == kKeyBlock;
+    BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
+                        rows, count, p.d, p.d, p.d, block};
+    if (!RunBlockProduct(scores, recurring, q, ops.At(k, j0 * p.d),
+                         s.scores.data())) {
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
-      SubtractKeyNorms(k + j0 * p.d, count, p.d, 0.5f * p.scale,
-                       s.scores.data(), rows, block, s.norms.data());
+      SubtractKeyNorms(ops, ops.At(k, j0 * p.d), count, p.d, s.scores.data(),
+                       rows, block, s.norms.data());
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* row = s.scores.data() + r * block;
+      uint16_t* rounded = s.rounded.data() + r * block;
       const int64_t valid = std::clamp<int64_t>(s.limit[r] - j0, 0, count);
-      std::fill(row + valid, row + count, 0.0f);
+      if (bf16) {
+        std::fill(rounded + valid, rounded + count, uint16_t{0});
+      } else {
+        std::fill(row + valid, row + count, 0.0f);
+      }
       if (valid == 0) continue;
       const float new_max = MaxOf(row, valid, s.max[r]);
       // exp(-inf - finite) == 0: the first block rescales nothing.
-      const float correction = FastExp(s.max[r] - new_max);
-      s.sum[r] = s.sum[r] * correction + ExpShiftedAndSum(row, valid, new_max);
+      const float correction = FastExp((s.max[r] - new_max) * p.scale);
+      const float block_sum =
+          bf16 ? ExpShiftedSumAndRound(row, valid, new_max, p.scale, rounded)
+               : ExpShiftedAndSum(row, valid, new_max, p.scale);
+      s.sum[r] = s.sum[r] * correction + block_sum;
       s.max[r] = new_max;
       if (correction != 1.0f) Scale(s.acc.data() + r * p.dv, p.dv, correction);
     }
-    if (!Gemm(false, rows, p.dv, count, 1.0f, s.scores.data(), block,
-              v + j0 * p.dv, p.dv, 1.0f, s.acc.data(), p.dv)) {
+    BlockProduct pooled{ops.type, /*transpose_b=*/false, /*accumulate=*/true,
+                        rows, p.dv, count, block, p.dv, p.dv};
+    const void* probabilities = bf16 ? static_cast<const void*>(s.rounded.data())
+                                     : static_cast<const void*>(s.scores.data());
+    if (!RunBlockProduct(pooled, recurring, probabilities,
+                         ops.At(v, j0 * p.dv), s.acc.data())) {
       return false;
     }
   }
@@ -134,15 +184,16 @@ bool FusedBlock(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
   return true;
 }
 
-// One task when the weights are requested: scores of the query block go
+// One task when the weights are requested: raw scores of the query block go
 // straight into the weights output (row stride lk), are normalised there, and
-// the output is one product with the values.
-bool WeightsBlock(const AttentionParams& p, int64_t bh, int64_t q0,
-                  int64_t rows, Scratch& s) {
+// the output is one product with the values (of the weights rounded to
+// bfloat16 when the products are).
+bool WeightsBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
+                  int64_t q0, int64_t rows, Scratch& s) {
   const int64_t b = bh / p.heads;
-  const float* q = p.q + (bh * p.lq + q0) * p.d;
-  const float* k = p.k + bh * p.lk * p.d;
-  const float* v = p.v + bh * p.lk * p.dv;
+  const void* q = ops.At(ops.q, (bh * p.lq + q0) * p.d);
+  const void* k = ops.At(ops.k, bh * p.lk * p.d);
+  const void* v = ops.At(ops.v, bh * p.lk * p.dv);
   float* out = p.out + (bh * p.lq + q0) * p.dv;
   float* weights = p.weights + (bh * p.lq + q0) * p.lk;
 
@@ -152,35 +203,97 @@ bool WeightsBlock(const AttentionParams& p, int64_t bh, int64_t q0,
     key_end = std::max(key_end, s.limit[r]);
   }
   if (key_end > 0) {
-    if (!Gemm(true, rows, key_end, p.d, p.scale, q, p.d, k, p.d, 0.0f, weights,
-              p.lk)) {
+    BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
+                        rows, key_end, p.d, p.d, p.d, p.lk};
+    if (!RunBlockProduct(scores, /*recurring=*/false, q, k, weights)) {
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
       for (int64_t j0 = 0; j0 < key_end; j0 += s.key_block) {
         const int64_t count = std::min(s.key_block, key_end - j0);
-        SubtractKeyNorms(k + j0 * p.d, count, p.d, 0.5f * p.scale,
-                         weights + j0, rows, p.lk, s.norms.data());
+        SubtractKeyNorms(ops, ops.At(k, j0 * p.d), count, p.d, weights + j0,
+                         rows, p.lk, s.norms.data());
       }
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    SoftmaxPrefixInPlace(weights + r * p.lk, s.limit[r], p.lk);
+    SoftmaxPrefixInPlace(weights + r * p.lk, s.limit[r], p.lk, p.scale);
   }
   if (key_end == 0) {
     std::fill(out, out + rows * p.dv, 0.0f);
     return true;
   }
-  return Gemm(false, rows, p.dv, key_end, 1.0f, weights, p.lk, v, p.dv, 0.0f,
-              out, p.dv);
+  const void* probabilities = weights;
+  int64_t ld = p.lk;
+  if (ops.type == BlockOperands::kBFloat16) {
+    for (int64_t r = 0; r < rows; ++r) {
+      ToBFloat16(weights + r * p.lk, key_end, s.rounded.data() + r * key_end);
+    }
+    probabilities = s.rounded.data();
+    ld = key_end;
+  }
+  BlockProduct pooled{ops.type, /*transpose_b=*/false, /*accumulate=*/false,
+                      rows, p.dv, key_end, ld, p.dv, p.dv};
+  return RunBlockProduct(pooled, /*recurring=*/false, probabilities, v, out);
 }
+
+// The bfloat16 copies of one call's operands, in a buffer the calling thread
+// keeps for its next call: a fresh allocation of this size comes from the OS
+// as pages that fault in one by one, which cost a third of a large bfloat16
+// call. Buffers beyond kKeptElements are released at the end of the call.
+class RoundedOperands {
+ public:
+  RoundedOperands() = default;
+  RoundedOperands(const RoundedOperands&) = delete;
+  RoundedOperands& operator=(const RoundedOperands&) = delete;
+  ~RoundedOperands() {
+    if (Buffer().size > kKeptElements) Buffer() = Kept{};
+  }
+
+  // Rounds p's Q, K and V, in parallel; the pointers stay valid until this
+  // object is destroyed.
+  void Round(const AttentionParams& p, int threads) {
+    const int64_t bh = p.batch * p.heads;
+    const size_t q_size = bh * p.lq * p.d, k_size = bh * p.lk * p.d;
+    const size_t total = q_size + k_size + bh * p.lk * p.dv;
+    Kept& buffer = Buffer();
+    if (buffer.size < total) {
+      buffer.data.reset(new uint16_t[total]);  // uninitialised: all written
+      buffer.size = total;
+    }
+    q = buffer.data.get();
+    k = q + q_size;
+    v = k + k_size;
+    ParallelFor(bh, threads, [&](int64_t i) {
+      ToBFloat16(p.q + i * p.lq * p.d, p.lq * p.d, q + i * p.lq * p.d);
+      ToBFloat16(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
+      ToBFloat16(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
+    });
+  }
+
+  uint16_t* q = nullptr;
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+
+ private:
+  static constexpr size_t kKeptElements = size_t{16} << 20;  // 32 MiB
+  struct Kept {
+    std::unique_ptr<uint16_t[]> data;
+    size_t size = 0;
+  };
+  static Kept& Buffer() {
+    thread_local Kept kept;
+    return kept;
+  }
+};
 
 }  // namespace
 
-void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns) {
+void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
+                          float scale) {
   if (limit > 0) {
     const float max = MaxOf(row, limit, kNegativeInfinity);
-    const float sum = ExpShiftedAndSum(row, limit, max);
+    const float sum = ExpShiftedAndSum(row, limit, max, scale);
     Scale(row, limit, 1.0f / sum);
   }
   std::fill(row + limit, row + columns, 0.0f);
@@ -192,20 +305,28 @@ void CpuMaskedSoftmax(const MaskedSoftmaxParams& p, int threads) {
     const int64_t r = task % p.rows;
     float* row = p.out + task * p.columns;
     std::copy(p.x + task * p.columns, p.x + (task + 1) * p.columns, row);
-    SoftmaxPrefixInPlace(row, p.valid.Limit(b, r, p.columns), p.columns);
+    SoftmaxPrefixInPlace(row, p.valid.Limit(b, r, p.columns), p.columns, 1.0f);
   });
 }
 
-absl::Status CpuAttention(const AttentionParams& p, int threads) {
+absl::Status CpuAttention(const AttentionParams& p, bool bfloat16_products,
+                          int threads) {
   const int64_t query_blocks = (p.lq + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = p.batch * p.heads * query_blocks;
+  Operands ops{BlockOperands::kFloat32, p.q, p.k, p.v};
+  RoundedOperands rounded;
+  if (bfloat16_products) {
+    rounded.Round(p, threads);
+    ops = Operands{BlockOperands::kBFloat16, rounded.q, rounded.k, rounded.v};
+  }
   std::atomic<bool> failed{false};
   auto run = [&](int64_t task, Scratch& scratch) {
     const int64_t bh = task / query_blocks;
     const int64_t q0 = (task % query_blocks) * kQueryBlock;
     const int64_t rows = std::min(kQueryBlock, p.lq - q0);
-    const bool ok = p.weights != nullptr ? WeightsBlock(p, bh, q0, rows, scratch)
-                                         : FusedBlock(p, bh, q0, rows, scratch);
+    const bool ok = p.weights != nullptr
+                        ? WeightsBlock(p, ops, bh, q0, rows, scratch)
+                        : FusedBlock(p, ops, bh, q0, rows, scratch);
     if (!ok) failed.store(true, std::memory_order_relaxed);
   };
   const int64_t query_block = std::min(kQueryBlock, p.lq);
@@ -217,6 +338,9 @@ absl::Status CpuAttention(const AttentionParams& p, int threads) {
       s.acc.resize(query_block * p.dv);
       s.max.resize(query_block);
       s.sum.resize(query_block);
+    }
+    if (bfloat16_products) {
+      s.rounded.resize(query_block * (p.weights == nullptr ? s.key_block : p.lk));
     }
     if (p.score == ScoreKind::kGaussian) s.norms.resize(s.key_block);
     s.limit.resize(query_block);
@@ -233,7 +357,7 @@ absl::Status CpuAttention(const AttentionParams& p, int threads) {
       for (int64_t task = 0; task < tasks; ++task) run(task, scratch);
     }
   }
-  if (failed.load()) return absl::InternalError("oneDNN sgemm failed");
+  if (failed.load()) return absl::InternalError("oneDNN matmul failed");
   return absl::OkStatus();
 }
 
@@ -278,7 +402,7 @@ absl::Status CpuAdditiveAttention(const AdditiveAttentionParams& p,
 #pragma omp simd
         for (int64_t j = 0; j < limit; ++j) row[j] += w * FastTanh(a + kf[j]);
       }
-      SoftmaxPrefixInPlace(row, limit, p.lk);
+      SoftmaxPrefixInPlace(row, limit, p.lk, 1.0f);
     }
     float* out = p.out + b * p.lq * p.dv;
     if (key_end == 0) {

@@ -10,6 +10,11 @@ namespace avx2 {
 extern const CpuKernels kKernels;
 }  // namespace avx2
 #endif
+#if ATTN_HAVE_AVX512_KERNELS
+namespace avx512 {
+extern const CpuKernels kKernels;
+}  // namespace avx512
+#endif
 
 const CpuKernels& CpuKernelsFor(CpuIsa isa) {
   switch (isa) {
@@ -18,6 +23,12 @@ const CpuKernels& CpuKernelsFor(CpuIsa isa) {
     case CpuIsa::kAvx2:
 #if ATTN_HAVE_AVX2_KERNELS
       return avx2::kKernels;
+#else
+      break;
+#endif
+    case CpuIsa::kAvx512:
+#if ATTN_HAVE_AVX512_KERNELS
+      return avx512::kKernels;
 #else
       break;
 #endif

@@ -1,13 +1,14 @@
 // The hand-written CPU kernels behind OneDnnBackend: the loops oneDNN cannot
 // express (valid-length masks, online softmax, tanh scores, regression
-// kernels), with oneDNN's sgemm for the small matrix products inside them.
+// kernels), with oneDNN matmul primitives (attn/internal/block_matmul.h) and
+// sgemm for the small matrix products inside them.
 //
 // They are compiled once per instruction set (attn/internal/isa.h) and reached
 // through a table of entry points, one table per copy. `threads` is the number
 // of OpenMP threads to use; 1 runs on the calling thread alone. Params are
 // validated (attn/validate.h). Each entry blocks, writes every element of
 // every non-null output, and is safe to call concurrently (scratch is per
-// call). Status codes: INTERNAL when oneDNN's sgemm fails.
+// call). Status codes: INTERNAL when oneDNN fails.
 #ifndef ATTN_INTERNAL_CPU_KERNELS_H_
 #define ATTN_INTERNAL_CPU_KERNELS_H_
 
@@ -25,8 +26,15 @@ struct CpuKernels {
   // dv)) whatever Lq and Lk are. With weights, the scores of a query block
   // are written straight into the weights output and normalised in place.
   // Key blocks past every row's limit (valid length, causal) are never
-  // computed.
-  absl::Status (*attention)(const AttentionParams& params, int threads);
+  // computed. With bfloat16_products (for Precision::kBFloat16 on CPUs with
+  // bfloat16 hardware: HasNativeBFloat16Products()), Q, K and V are rounded
+  // to bfloat16 copies and both products run in bfloat16 with float32
+  // accumulation; softmax stays in float32 and the probabilities are rounded
+  // to bfloat16 for the second product (as PyTorch's and oneDNN Graph's
+  // bf16 attention do). Otherwise every product is float32 on the inputs as
+  // given.
+  absl::Status (*attention)(const AttentionParams& params,
+                            bool bfloat16_products, int threads);
   // Additive attention: projections W_q q and W_k k with sgemm, fused
   // tanh-score rows, masked softmax, and the value product with sgemm.
   absl::Status (*additive_attention)(const AdditiveAttentionParams& params,

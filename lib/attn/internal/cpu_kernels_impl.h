@@ -16,12 +16,14 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 // This copy's table (defined in cpu_attention.cc).
 extern const CpuKernels kKernels;
 
-// Softmax of row[0, limit) in place; row[limit, columns) = 0. A row with
-// limit 0 becomes all zeros.
-void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns);
+// Softmax of scale * row[0, limit) in place (scale > 0); row[limit, columns)
+// = 0. A row with limit 0 becomes all zeros.
+void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
+                          float scale);
 
 void CpuMaskedSoftmax(const MaskedSoftmaxParams& params, int threads);
-absl::Status CpuAttention(const AttentionParams& params, int threads);
+absl::Status CpuAttention(const AttentionParams& params, bool bfloat16_products,
+                          int threads);
 absl::Status CpuAdditiveAttention(const AdditiveAttentionParams& params,
                                   int threads);
 absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& params,

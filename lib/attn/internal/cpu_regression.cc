@@ -81,7 +81,7 @@ bool Weights(const NadarayaWatsonParams& p, const float* x, float* row) {
         ExactGaussianRow(p, x, row);
         return true;
       }
-      SoftmaxPrefixInPlace(row, n, n);
+      SoftmaxPrefixInPlace(row, n, n, 1.0f);
       return true;
     }
     case RegressionKernel::kBoxcar:

@@ -1,7 +1,8 @@
 // How a CPU kernel source is compiled once per instruction set.
 //
 // CMake compiles each kernel source once per CpuIsa (attn/cpu_isa.h) the
-// build has, defining ATTN_ISA_BASELINE or ATTN_ISA_AVX2 (lib/CMakeLists.txt).
+// build has, defining ATTN_ISA_BASELINE, ATTN_ISA_AVX2 or ATTN_ISA_AVX512
+// (lib/CMakeLists.txt).
 // A kernel source includes everything it needs first, then writes
 //
 //   ATTN_ISA_BEGIN
@@ -20,7 +21,22 @@
 #ifndef ATTN_INTERNAL_ISA_H_
 #define ATTN_INTERNAL_ISA_H_
 
-#if defined(ATTN_ISA_AVX2)
+#if defined(ATTN_ISA_AVX512)
+#define ATTN_ISA_NAMESPACE avx512
+// 512-bit vectors preferred: GCC's generic tuning would otherwise keep the
+// auto-vectorized loops at 256 bits.
+#if defined(__clang__)
+// clang-format off
+#define ATTN_ISA_BEGIN _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,avx2,fma\"))), apply_to = function)")
+// clang-format on
+#define ATTN_ISA_END _Pragma("clang attribute pop")
+#else
+#define ATTN_ISA_BEGIN                                                      \
+  _Pragma("GCC push_options") _Pragma(                                      \
+      "GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512\")")
+#define ATTN_ISA_END _Pragma("GCC pop_options")
+#endif
+#elif defined(ATTN_ISA_AVX2)
 #define ATTN_ISA_NAMESPACE avx2
 #if defined(__clang__)
 // clang-format off

@@ -39,16 +39,74 @@ inline float FastExp(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
+// exp(x) for the softmax sweeps' arguments, x = (score - row max) * scale
+// <= 0: FastExp without its upper clamp. Exactly 0 below -87 as FastExp (a
+// weight that underflows is exactly zero: one-hot rows stay one-hot). NaN
+// stays NaN (scores that overflowed to infinity give inf - inf, and the
+// engine then redoes the call on the reference).
+inline float ExpOfNonPositive(float x) {
+  const float clamped = x < -87.0f ? -87.0f : x;
+  const float kShift = 12582912.0f;
+  const float shifted = clamped * 1.44269504088896341f + kShift;
+  const float n = shifted - kShift;
+  const uint32_t exponent = __builtin_bit_cast(uint32_t, shifted) -
+                            __builtin_bit_cast(uint32_t, kShift);
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = __builtin_bit_cast(float, (exponent + 127u) << 23);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
 // tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error about 1e-7.
 inline float FastTanh(float x) { return 1.0f - 2.0f / (FastExp(2.0f * x) + 1.0f); }
 
-// In place: row[c] = exp(row[c] - max) for c < count; returns their sum.
-inline float ExpShiftedAndSum(float* row, int64_t count, float max) {
+// In place: row[c] = exp((row[c] - max) * scale) for c < count; returns
+// their sum. The difference is taken before scaling, so the argument's
+// rounding error stays relative to |row[c] - max| (scale > 0).
+inline float ExpShiftedAndSum(float* row, int64_t count, float max,
+                              float scale) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < count; ++c) {
-    row[c] = FastExp(row[c] - max);
+    row[c] = ExpOfNonPositive((row[c] - max) * scale);
     sum += row[c];
+  }
+  return sum;
+}
+
+// bfloat16 (the top half of a float's bits), rounded to nearest, ties to
+// even. Only for finite values that round to a finite bfloat16 (the kernels'
+// operands are validated so; probabilities are in [0, 1]).
+inline uint16_t ToBFloat16(float x) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float FromBFloat16(uint16_t h) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
+}
+
+inline void ToBFloat16(const float* from, int64_t count, uint16_t* to) {
+#pragma omp simd
+  for (int64_t c = 0; c < count; ++c) to[c] = ToBFloat16(from[c]);
+}
+
+// As ExpShiftedAndSum, but the exponentials go to `rounded` as bfloat16 (the
+// operand of the next product) while their float sum is returned.
+inline float ExpShiftedSumAndRound(const float* row, int64_t count, float max,
+                                   float scale, uint16_t* rounded) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < count; ++c) {
+    const float e = ExpOfNonPositive((row[c] - max) * scale);
+    rounded[c] = ToBFloat16(e);
+    sum += e;
   }
   return sum;
 }

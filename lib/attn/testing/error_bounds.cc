@@ -18,12 +18,13 @@ constexpr double kFlushFloor = 0x1p-120;
 // Bounds of one softmax row (see the header): `score` holds the exact scores
 // of entries [0, limit), `max_error` bounds each one's float32 error, `p`
 // the exact weights. Writes p_bound[0, limit) and, when dv > 0, adds the
-// row's pooling bound to out_bound[0, dv) for values value(j, c).
+// row's pooling bound to out_bound[0, dv) for values value(j, c), whose
+// product may round the probabilities by `probability_rounding` relative.
 template <typename Value>
 void SoftmaxRow(const std::vector<double>& score, int64_t limit,
                 double max_error, const float* p, float* p_bound,
                 int64_t dv, const Value& value, const float* out_exact,
-                float* out_bound) {
+                float* out_bound, double probability_rounding = 0.0) {
   double max_score = -INFINITY, min_score = INFINITY;
   for (int64_t j = 0; j < limit; ++j) {
     max_score = std::max(max_score, score[j]);
@@ -43,7 +44,9 @@ void SoftmaxRow(const std::vector<double>& score, int64_t limit,
     p_bound[j] = static_cast<float>(p[j] * rho + kFlushFloor);
     for (int64_t c = 0; c < dv; ++c) {
       out[c] += std::fabs(value(j, c)) *
-                (p[j] * (rho + Gamma(limit + 2)) + kFlushFloor);
+                (p[j] * (rho + Gamma(limit + 2) +
+                         probability_rounding * (1.0 + rho)) +
+                 kFlushFloor);
     }
   }
   for (int64_t c = 0; c < dv; ++c) {
@@ -89,6 +92,10 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
   const AttentionParams& p = plan->params;
   auto operand = [&](float x) -> double { return RoundOperand(x, p.precision); };
   const bool gaussian = p.score == ScoreKind::kGaussian;
+  // bfloat16 products round the probabilities too (attn/internal/
+  // cpu_kernels.h), to 8 significant bits.
+  const double probability_rounding =
+      p.precision == Precision::kBFloat16 ? 0x1p-9 : 0.0;
   std::vector<double> score(p.lk);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads; ++h) {
@@ -119,7 +126,7 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
                    &bounds.weights.data[row * p.lk], p.dv,
                    [&](int64_t j, int64_t c) { return operand(v[j * p.dv + c]); },
                    &exact.output.data[row * p.dv],
-                   &bounds.output.data[row * p.dv]);
+                   &bounds.output.data[row * p.dv], probability_rounding);
       }
     }
   }
