@@ -14,6 +14,7 @@
 #include <memory>
 #include <new>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -155,6 +156,14 @@ void BM_Attention(benchmark::State& state) {
   state.counters["GFLOPs"] = benchmark::Counter(
       flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["extra_MiB"] = extra;
+  if (request.precision == Precision::kBFloat16) {
+    // Which bfloat16 path ran: "native" products or "emulated" (rounded
+    // operands, float32 products), as the backend's description says.
+    const std::string description = engine.backend_descriptions().front();
+    state.SetLabel(description.find("bf16 attention: native") != std::string::npos
+                       ? "bf16 native"
+                       : "bf16 emulated");
+  }
 }
 
 void BM_Additive(benchmark::State& state) {
@@ -257,6 +266,10 @@ BENCHMARK(BM_Attention)
     ->Args({8, 512, 64, 0, 0, 0, 1})
     ->Args({1, 4096, 64, 1, 0, 0, 0})
     ->Args({1, 4096, 64, 0, 0, 0, 0})
+    // bfloat16 with the peer's lengths and at length 4096.
+    ->Args({8, 512, 64, 1, 0, 1, 0})
+    ->Args({1, 4096, 64, 0, 0, 1, 0})
+    ->Args({1, 4096, 64, 1, 0, 1, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);
