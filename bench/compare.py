@@ -9,6 +9,7 @@ time over ours at the case's own precision (above 1: attnserve is faster).
 usage: compare.py ours.json peer.json [threads]
 """
 import json
+import os
 import sys
 
 from machine import cpu_line
@@ -79,7 +80,12 @@ def main():
             name = b.get("run_name", b["name"])
             medians[name.removesuffix("/real_time")] = b
     peer_rows = {(r["case"], r["impl"]): r for r in peer["rows"]}
-    print(f"{cpu_line()}; {threads} threads\n")
+    # Instruction-set caps stand in for another CPU kind (e.g. AVX2 only).
+    caps = [f"{name}={os.environ[name]}" for name in (
+        "ATTN_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+        "ATEN_CPU_CAPABILITY") if os.environ.get(name)]
+    capped = f"; capped: {' '.join(caps)}" if caps else ""
+    print(f"{cpu_line()}; {threads} threads{capped}\n")
     print("| case | attnserve ms | GFLOP/s | extra MiB | torch fp32 ms | torch bf16 ms "
           "| vs torch, same precision |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -296,9 +296,13 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
   const double flops = 2.0 * p.batch * p.heads * p.lq * p.lk * (p.d + p.dv);
   const int threads = impl_->ThreadsFor(flops);
   ScopedOmpThreads scoped(threads);
-  if (p.precision == Precision::kBFloat16 && impl_->native_bfloat16()) {
+  if (p.precision == Precision::kBFloat16) {
     try {
-      return impl_->kernels().attention(p, /*bfloat16_products=*/true, threads);
+      return impl_->kernels().attention(
+          p,
+          impl_->native_bfloat16() ? internal::BFloat16Mode::kNative
+                                   : internal::BFloat16Mode::kEmulated,
+          threads);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
@@ -313,13 +317,13 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
       rounded.q = q.data();
       rounded.k = k.data();
       rounded.v = v.data();
-      return impl_->kernels().attention(rounded, /*bfloat16_products=*/false,
+      return impl_->kernels().attention(rounded, internal::BFloat16Mode::kOff,
                                         threads);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("no memory for 16-bit operands");
     }
   }
-  return impl_->kernels().attention(p, /*bfloat16_products=*/false, threads);
+  return impl_->kernels().attention(p, internal::BFloat16Mode::kOff, threads);
 }
 
 absl::Status OneDnnBackend::AdditiveAttention(

@@ -136,8 +136,9 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   const int64_t block = s.key_block;
   for (int64_t j0 = 0; j0 < key_end; j0 += block) {
     const int64_t count = std::min(block, key_end - j0);
-    // Full blocks recur across the call's tasks: they get primitives
-    // compiled for their shape.
+    // Full blocks recur across tasks and calls: they get primitives
+    // compiled for their shape. (Smaller calls' blocks gained nothing
+    // measurable from them: 64 x 64 x 64 runs as fast on sgemm.)
     const bool recurring = rows == kQueryBlock && count == kKeyBlock;
     BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
                         rows, count, p.d, p.d, p.d, block};
@@ -240,10 +241,14 @@ bool WeightsBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   return RunBlockProduct(pooled, /*recurring=*/false, probabilities, v, out);
 }
 
-// The bfloat16 copies of one call's operands, in a buffer the calling thread
-// keeps for its next call: a fresh allocation of this size comes from the OS
-// as pages that fault in one by one, which cost a third of a large bfloat16
-// call. Buffers beyond kKeptElements are released at the end of the call.
+// Copies of one call's operands rounded to bfloat16, stored as bfloat16
+// (T = uint16_t, for bfloat16 products) or as the floats they round to
+// (T = float, for float32 products that emulate them), in a buffer the
+// calling thread keeps for its next call: a fresh allocation of this size
+// comes from the OS as pages that fault in one by one, which cost a third of
+// a large bfloat16 call. Buffers beyond 32 MiB are released at the end of
+// the call.
+template <typename T>
 class RoundedOperands {
  public:
   RoundedOperands() = default;
@@ -261,29 +266,36 @@ class RoundedOperands {
     const size_t total = q_size + k_size + bh * p.lk * p.dv;
     Kept& buffer = Buffer();
     if (buffer.size < total) {
-      buffer.data.reset(new uint16_t[total]);  // uninitialised: all written
+      buffer.data.reset(new T[total]);  // uninitialised: all written
       buffer.size = total;
     }
     q = buffer.data.get();
     k = q + q_size;
     v = k + k_size;
     ParallelFor(bh, threads, [&](int64_t i) {
-      ToBFloat16(p.q + i * p.lq * p.d, p.lq * p.d, q + i * p.lq * p.d);
-      ToBFloat16(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
-      ToBFloat16(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
+      RoundInto(p.q + i * p.lq * p.d, p.lq * p.d, q + i * p.lq * p.d);
+      RoundInto(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
+      RoundInto(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
     });
   }
 
-  uint16_t* q = nullptr;
-  uint16_t* k = nullptr;
-  uint16_t* v = nullptr;
+  T* q = nullptr;
+  T* k = nullptr;
+  T* v = nullptr;
 
  private:
-  static constexpr size_t kKeptElements = size_t{16} << 20;  // 32 MiB
+  static constexpr size_t kKeptElements = (size_t{32} << 20) / sizeof(T);
   struct Kept {
-    std::unique_ptr<uint16_t[]> data;
+    std::unique_ptr<T[]> data;
     size_t size = 0;
   };
+  static void RoundInto(const float* from, int64_t count, uint16_t* to) {
+    ToBFloat16(from, count, to);
+  }
+  static void RoundInto(const float* from, int64_t count, float* to) {
+#pragma omp simd
+    for (int64_t c = 0; c < count; ++c) to[c] = FromBFloat16(ToBFloat16(from[c]));
+  }
   static Kept& Buffer() {
     thread_local Kept kept;
     return kept;
@@ -312,16 +324,21 @@ void CpuMaskedSoftmax(const MaskedSoftmaxParams& p, int threads) {
   });
 }
 
-absl::Status CpuAttention(const AttentionParams& p, bool bfloat16_products,
+absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
                           int threads) {
   const int64_t query_blocks = (p.lq + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = p.batch * p.heads * query_blocks;
   Operands ops{BlockOperands::kFloat32, p.q, p.k, p.v};
-  RoundedOperands rounded;
-  if (bfloat16_products) {
+  RoundedOperands<uint16_t> rounded;
+  RoundedOperands<float> emulated;
+  if (bfloat16 == BFloat16Mode::kNative) {
     rounded.Round(p, threads);
     ops = Operands{BlockOperands::kBFloat16, rounded.q, rounded.k, rounded.v};
+  } else if (bfloat16 == BFloat16Mode::kEmulated) {
+    emulated.Round(p, threads);
+    ops = Operands{BlockOperands::kFloat32, emulated.q, emulated.k, emulated.v};
   }
+  const bool bfloat16_products = bfloat16 == BFloat16Mode::kNative;
   std::atomic<bool> failed{false};
   auto run = [&](int64_t task, Scratch& scratch) {
     const int64_t bh = task / query_blocks;

@@ -18,6 +18,14 @@
 
 namespace attn::internal {
 
+// How attention runs Precision::kBFloat16 (the kernels do not read the
+// params' precision).
+enum class BFloat16Mode {
+  kOff,       // products on the inputs as given, in float32
+  kNative,    // bfloat16 copies, bfloat16 products (AVX512-BF16 or AMX)
+  kEmulated,  // copies rounded to bfloat16 kept as floats, float32 products
+};
+
 struct CpuKernels {
   // Masked softmax of every row (any ValidLengths kind).
   void (*masked_softmax)(const MaskedSoftmaxParams& params, int threads);
@@ -26,15 +34,15 @@ struct CpuKernels {
   // dv)) whatever Lq and Lk are. With weights, the scores of a query block
   // are written straight into the weights output and normalised in place.
   // Key blocks past every row's limit (valid length, causal) are never
-  // computed. With bfloat16_products (for Precision::kBFloat16 on CPUs with
-  // bfloat16 hardware: HasNativeBFloat16Products()), Q, K and V are rounded
-  // to bfloat16 copies and both products run in bfloat16 with float32
+  // computed. kNative (for Precision::kBFloat16 on CPUs with bfloat16
+  // hardware: HasNativeBFloat16Products()): Q, K and V are rounded to
+  // bfloat16 copies and both products run in bfloat16 with float32
   // accumulation; softmax stays in float32 and the probabilities are rounded
   // to bfloat16 for the second product (as PyTorch's and oneDNN Graph's
-  // bf16 attention do). Otherwise every product is float32 on the inputs as
-  // given.
+  // bf16 attention do). kEmulated: the copies are the floats the inputs round
+  // to, multiplied in float32.
   absl::Status (*attention)(const AttentionParams& params,
-                            bool bfloat16_products, int threads);
+                            BFloat16Mode bfloat16, int threads);
   // Additive attention: projections W_q q and W_k k with sgemm, fused
   // tanh-score rows, masked softmax, and the value product with sgemm.
   absl::Status (*additive_attention)(const AdditiveAttentionParams& params,

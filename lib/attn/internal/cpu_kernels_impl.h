@@ -22,7 +22,7 @@ void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
                           float scale);
 
 void CpuMaskedSoftmax(const MaskedSoftmaxParams& params, int threads);
-absl::Status CpuAttention(const AttentionParams& params, bool bfloat16_products,
+absl::Status CpuAttention(const AttentionParams& params, BFloat16Mode bfloat16,
                           int threads);
 absl::Status CpuAdditiveAttention(const AdditiveAttentionParams& params,
                                   int threads);
