@@ -1,5 +1,5 @@
 // Fuzz target: KServe v2 ModelInfer decoding (inference.GRPCInferenceService,
-// server/inference_service.cc: model resolution, requested outputs, inputs
+// server/api/inference_service.cc: model resolution, requested outputs, inputs
 // as raw_input_contents or typed contents, FP32 tensors and INT32/INT64
 // valid lengths, parameters), then the library's validation and the kernels.
 //

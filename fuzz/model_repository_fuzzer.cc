@@ -1,5 +1,5 @@
 // Fuzz target: the model repository loader (attnserve::ModelRepository::Load,
-// server/model_repository.cc): config.pbtxt in protobuf text format
+// server/repository/model_repository.cc): config.pbtxt in protobuf text format
 // (inference.ModelConfig), the folder-name check, weights.safetensors and
 // the per-backend checks of the tensors, as at start-up.
 //
@@ -33,7 +33,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
 #include "inference/model_config.pb.h"
-#include "server/model_repository.h"
+#include "server/repository/model_repository.h"
 
 namespace {
 

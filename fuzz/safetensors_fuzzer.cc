@@ -1,5 +1,5 @@
 // Fuzz target: the safetensors reader (attnserve::ParseSafetensors,
-// server/model_repository.cc), which reads every model's
+// server/repository/model_repository.cc), which reads every model's
 // weights.safetensors at start-up.
 //
 // Feeds: the bytes of a weights.safetensors file (8-byte little-endian
@@ -30,7 +30,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/model_repository.h"
+#include "server/repository/model_repository.h"
 
 namespace {
 

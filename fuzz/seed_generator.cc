@@ -35,7 +35,7 @@
 #include "fuzz/common/check.h"
 #include "fuzz/common/service_harness.h"
 #include "inference/grpc_service.pb.h"
-#include "server/model_repository.h"
+#include "server/repository/model_repository.h"
 
 namespace v1 = ::attention::v1;
 

@@ -1,6 +1,6 @@
 // Fuzz target: the typed API's request decoding and validation
-// (attention.v1.AttentionService, server/attention_service.cc and
-// server/tensor_codec.cc, then attn/validate.cc through the engine).
+// (attention.v1.AttentionService, server/api/attention_service.cc and
+// server/api/tensor_codec.cc, then attn/validate.cc through the engine).
 //
 // Feeds: byte 0 picks the RPC (byte % 6: MaskedSoftmax, BatchMatmul,
 // ScaledDotProductAttention, AdditiveAttention, NadarayaWatson,

@@ -10,7 +10,7 @@
 //
 // Security (all off by default): TLS and mutual TLS on the gRPC port
 // (--tls_cert/--tls_key, --tls_client_ca), bearer tokens (--auth_tokens_file,
-// server/auth.h; reloaded on SIGHUP and when the file changes), reflection
+// server/api/auth.h; reloaded on SIGHUP and when the file changes), reflection
 // off (--reflection=false), metrics on another address (--metrics_host).
 //
 // Lifecycle: SIGTERM or SIGINT flips health to NOT_SERVING, lets in-flight
@@ -55,16 +55,16 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
-#include "server/admission.h"
-#include "server/attention_batcher.h"
-#include "server/attention_service.h"
-#include "server/auth.h"
-#include "server/clock.h"
-#include "server/inference_service.h"
-#include "server/model_repository.h"
-#include "server/cpu_budget.h"
-#include "server/metrics.h"
-#include "server/worker_pool.h"
+#include "server/core/admission.h"
+#include "server/core/attention_batcher.h"
+#include "server/api/attention_service.h"
+#include "server/api/auth.h"
+#include "server/core/clock.h"
+#include "server/api/inference_service.h"
+#include "server/repository/model_repository.h"
+#include "server/core/cpu_budget.h"
+#include "server/core/metrics.h"
+#include "server/core/worker_pool.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
@@ -95,7 +95,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "by one of these CAs (mutual TLS). Needs --tls_cert.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "File of bearer tokens (one per line, optionally followed by the "
-          "permission save_as; see server/auth.h). Every call but health "
+          "permission save_as; see server/api/auth.h). Every call but health "
           "checks then needs `authorization: Bearer <token>`. Reloaded on "
           "SIGHUP and when the file changes. Needs --tls_cert: a token sent "
           "in clear text is a token given away.");
@@ -558,11 +558,12 @@ int main(int argc, char** argv) {
   limits.save_as_needs_permission = tokens != nullptr;
   limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   limits.max_response_bytes = max_message_bytes;
-  attnserve::AttentionService service(engine->get(), pool->get(),
-                                      batcher.get(), metrics->get(), limits,
-                                      repository->get(), &admission);
+  // The serving core, and the two APIs in front of it.
+  attnserve::CallRunner calls(engine->get(), pool->get(), batcher.get(),
+                              metrics->get(), limits, &admission);
+  attnserve::AttentionService service(&calls, repository->get());
   attnserve::InferenceService inference(
-      &service, batcher != nullptr ? &batching : nullptr,
+      &calls, repository->get(), batcher != nullptr ? &batching : nullptr,
       absl::GetFlag(FLAGS_max_batch_size));
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -599,7 +600,7 @@ int main(int argc, char** argv) {
                                absl::GetFlag(FLAGS_grpc_max_connection_idle_ms));
   }
   // What the transport may hold before a call reaches the service's own
-  // admission (server/admission.h): streams per connection, handshakes,
+  // admission (server/core/admission.h): streams per connection, handshakes,
   // and the memory of requests still being received.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));

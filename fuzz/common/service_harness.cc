@@ -181,11 +181,14 @@ ServiceHarness& ServiceHarness::Get() {
 
     attnserve::ServiceLimits limits;
     limits.max_response_bytes = kMaxResponseBytes;
-    h->typed_ = std::make_unique<attnserve::AttentionService>(
+    h->calls_ = std::make_unique<attnserve::CallRunner>(
         h->engine_.get(), h->pool_.get(), /*batcher=*/nullptr,
-        h->metrics_.get(), limits, h->repository_.get());
+        h->metrics_.get(), limits);
+    h->typed_ = std::make_unique<attnserve::AttentionService>(
+        h->calls_.get(), h->repository_.get());
     h->kserve_ = std::make_unique<attnserve::InferenceService>(
-        h->typed_.get(), /*batching=*/nullptr, /*max_batch_size=*/0);
+        h->calls_.get(), h->repository_.get(), /*batching=*/nullptr,
+        /*max_batch_size=*/0);
     return h;
   }();
   return *harness;

@@ -25,11 +25,11 @@
 
 #include "attn/engine.h"
 #include "grpcpp/grpcpp.h"
-#include "server/attention_service.h"
-#include "server/inference_service.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
-#include "server/worker_pool.h"
+#include "server/api/attention_service.h"
+#include "server/api/inference_service.h"
+#include "server/core/metrics.h"
+#include "server/repository/model_repository.h"
+#include "server/core/worker_pool.h"
 
 namespace attn_fuzz {
 
@@ -68,6 +68,7 @@ class ServiceHarness {
   std::unique_ptr<attnserve::WorkerPool> pool_;
   std::unique_ptr<attnserve::ServiceMetrics> metrics_;
   std::unique_ptr<attnserve::ModelRepository> repository_;
+  std::unique_ptr<attnserve::CallRunner> calls_;
   std::unique_ptr<attnserve::AttentionService> typed_;
   std::unique_ptr<attnserve::InferenceService> kserve_;
 };

@@ -3,12 +3,12 @@
 // this is the race check of each):
 //  - the oneDNN backend's primitive cache (lib/attn/onednn_backend.cc):
 //    hits, misses and evictions from several threads, every result checked;
-//  - the model repository (server/model_repository.h): Find and Names while
+//  - the model repository (server/repository/model_repository.h): Find and Names while
 //    SaveBandwidth replaces models;
-//  - the service metrics (server/metrics.h): the hot path from several
+//  - the service metrics (server/core/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
-// (server/attention_batcher_test.cc, server/worker_pool_test.cc).
+// (server/core/attention_batcher_test.cc, server/core/worker_pool_test.cc).
 #include <stdlib.h>
 
 #include <atomic>
@@ -26,8 +26,8 @@
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
+#include "server/core/metrics.h"
+#include "server/repository/model_repository.h"
 
 namespace attnserve {
 namespace {

@@ -20,14 +20,14 @@
 #         halves the instrumented build's time against -O2.
 #   tsan  ThreadSanitizer over the tests of our concurrent code, which start
 #         real threads: the batcher with a real worker pool and scheduler
-#         thread (server/attention_batcher_test), the worker pool
-#         (server/worker_pool_test), admission's drain wait
-#         (server/admission_test), and the oneDNN primitive cache, the
+#         thread (server/core/attention_batcher_test), the worker pool
+#         (server/core/worker_pool_test), admission's drain wait
+#         (server/core/admission_test), and the oneDNN primitive cache, the
 #         model repository and the metrics under contention
 #         (tests/sanitizers/concurrency_test.cc). Not the in-process gRPC
 #         service tests: Debian's gRPC and protobuf are not built with TSan,
 #         and the hand-offs inside them (their own atomics) are invisible.
-#         server/attention_service_test gave 2,391 reports in a first trial
+#         server/api/attention_service_test gave 2,391 reports in a first trial
 #         and still 157 with the instrumented Abseil below, none with a
 #         frame of ours among the top two of either access (sendmsg,
 #         memcpy, free and new inside gRPC's and protobuf's frames); a

@@ -1,0 +1,78 @@
+// attention.v1.AttentionService on gRPC's callback API: a front end of the
+// serving core (server/core/call_runner.h).
+//
+// Each handler decodes and checks the request's tensors on the gRPC thread
+// (cheap, and malformed requests never take a queue slot) and hands the call
+// to the core, which queues, batches (ScaledDotProductAttention, when
+// batching is on), computes on a worker, and answers through the call's
+// reactor (server/api/unary_call.h); the handler returns that reactor at
+// once. What the core refuses, and with which status, is said there.
+//
+// Thread-safe; borrows the core and the repository, which must outlive it and
+// the gRPC server it is registered with.
+#ifndef ATTNSERVE_SERVER_API_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_API_ATTENTION_SERVICE_H_
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "server/api/tensor_codec.h"
+#include "server/core/call_runner.h"
+#include "server/repository/model_repository.h"
+
+namespace attnserve {
+
+class AttentionService final
+    : public attention::v1::AttentionService::CallbackService {
+ public:
+  // `repository` may be null: weights_name and save_as then fail with
+  // FAILED_PRECONDITION.
+  explicit AttentionService(CallRunner* calls,
+                            ModelRepository* repository = nullptr);
+
+  grpc::ServerUnaryReactor* MaskedSoftmax(
+      grpc::CallbackServerContext* context,
+      const attention::v1::MaskedSoftmaxRequest* request,
+      attention::v1::MaskedSoftmaxResponse* response) override;
+  grpc::ServerUnaryReactor* BatchMatmul(
+      grpc::CallbackServerContext* context,
+      const attention::v1::BatchMatmulRequest* request,
+      attention::v1::BatchMatmulResponse* response) override;
+  grpc::ServerUnaryReactor* ScaledDotProductAttention(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AttentionRequest* request,
+      attention::v1::AttentionResponse* response) override;
+  grpc::ServerUnaryReactor* AdditiveAttention(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AdditiveAttentionRequest* request,
+      attention::v1::AdditiveAttentionResponse* response) override;
+  grpc::ServerUnaryReactor* NadarayaWatson(
+      grpc::CallbackServerContext* context,
+      const attention::v1::NadarayaWatsonRequest* request,
+      attention::v1::NadarayaWatsonResponse* response) override;
+  grpc::ServerUnaryReactor* FitBandwidth(
+      grpc::CallbackServerContext* context,
+      const attention::v1::FitBandwidthRequest* request,
+      attention::v1::FitBandwidthResponse* response) override;
+
+
+ private:
+  // The decode step of a typed call, on the gRPC thread: checks the request
+  // and returns the core's Work. Views it makes may point into `storage`,
+  // which lives as long as the Work.
+  using Prepare = std::function<absl::StatusOr<CallRunner::Work>(
+      ElementBudget*, DecodeStorage*)>;
+  // Hands one call to the core and returns its reactor.
+  grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
+                                  google::protobuf::Message* response,
+                                  attention::v1::ExecutionInfo* info,
+                                  const Prepare& prepare);
+
+  CallRunner* const calls_;
+  ModelRepository* const repository_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_API_ATTENTION_SERVICE_H_

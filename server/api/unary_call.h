@@ -1,0 +1,53 @@
+// What the gRPC front ends share to hand a unary call to the serving core
+// (server/core/call_runner.h): the call's context in the core's terms, and
+// the reactor that answers it.
+#ifndef ATTNSERVE_SERVER_API_UNARY_CALL_H_
+#define ATTNSERVE_SERVER_API_UNARY_CALL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "attention/v1/attention.pb.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/server_context.h"
+#include "server/core/call_runner.h"
+
+namespace attnserve {
+
+// The core's view of a gRPC call: its peer, deadline and cancellation, and
+// the model it counts for (empty: none). `context` must outlive the call.
+CallContext ContextOf(grpc::CallbackServerContext* context,
+                      std::string model = {});
+
+// The reactor of one unary kernel call, and the core's responder for it:
+// fills the response's ExecutionInfo (when `info` is given), refuses a
+// response over `max_response_bytes` with RESOURCE_EXHAUSTED, and holds the
+// call's admission ticket until gRPC is done with the call (OnDone), then
+// deletes itself. `response` and `info` belong to gRPC's call.
+class UnaryCallReactor final : public grpc::ServerUnaryReactor,
+                               public CallResponder {
+ public:
+  UnaryCallReactor(google::protobuf::Message* response,
+                   attention::v1::ExecutionInfo* info,
+                   int64_t max_response_bytes)
+      : response_(response),
+        info_(info),
+        max_response_bytes_(max_response_bytes) {}
+
+  absl::Status Computed(const CallRecord& record) override;
+  void Answer(const absl::Status& status, const CallRecord& record,
+              Admission::Ticket ticket) override;
+  void OnDone() override { delete this; }
+  void OnCancel() override {}
+
+ private:
+  google::protobuf::Message* const response_;
+  attention::v1::ExecutionInfo* const info_;
+  const int64_t max_response_bytes_;
+  Admission::Ticket ticket_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_API_UNARY_CALL_H_

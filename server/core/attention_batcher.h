@@ -1,0 +1,206 @@
+// Server-side dynamic batching of attention requests, in the spirit of TF
+// Serving's batching library and Triton's dynamic batcher.
+//
+// Requests are queued by compatible-shape class: the same heads, depth d,
+// value width v, score kind, resolved scale, causal flag, precision, layout
+// and weights flag. Requests of one class whose sequence lengths differ are
+// batched by padding (ragged batching): queries, keys and values are
+// zero-padded to the batch's longest Lq and Lk, padded keys are masked
+// through per-row valid lengths (so they get exactly zero weight and are
+// never computed by the kernel), and padded query rows are dropped from the
+// results. Each request's result equals its result alone, to float rounding.
+//
+// The batcher is work-conserving: while an executor thread is free, queued
+// requests are handed on at once (holding them would only add latency), and
+// batches grow while every thread is busy. Otherwise a class's batch is
+// handed to the executor as soon as it is full (max_batch_requests, or
+// max_batch_elements of padded input), or when its pending count reaches a
+// preferred batch size, or when its oldest request has waited
+// max_queue_delay. Call OnExecutorIdle whenever an executor thread frees up. At run time, requests that were cancelled or
+// whose deadline passed while queued are answered CANCELLED or
+// DEADLINE_EXCEEDED and not computed. Shutdown hands every queued request on
+// at once (the queues drain; no accepted request is lost).
+//
+// Time comes from an injected Clock. FormDueBatches() does all the forming;
+// StartScheduler() runs it on a thread of its own, which waits (on the real
+// time of the deadlines the clock reports) for a class to fall due or fill
+// up. Tests drive FormDueBatches() by hand with a FakeClock instead.
+//
+// Thread-safe. Schedule never blocks. Each task's `done` runs exactly once,
+// on an executor thread (or on the caller's thread when Schedule fails it
+// is not called at all: the status is returned instead). The executor must
+// run every closure it accepts (WorkerPool does, Shutdown included). A
+// closure holds what it needs but the engine and the clock, which must
+// outlive it; it may run after the batcher is gone.
+#ifndef ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_
+#define ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attn/engine.h"
+#include "attn/ops.h"
+#include "server/core/clock.h"
+
+namespace attnserve {
+
+struct BatchingOptions {
+  // Requests in one batch; >= 1.
+  int max_batch_requests = 32;
+  // Padded input elements (queries + keys + values) of one batch; a single
+  // request larger than this runs alone.
+  int64_t max_batch_elements = int64_t{1} << 24;
+  // How long the oldest request of a class may wait for company.
+  absl::Duration max_queue_delay = absl::Microseconds(500);
+  // Pending counts at which a batch is sent at once, without waiting out
+  // the delay; each in [1, max_batch_requests]. Empty: only full batches and
+  // the delay send.
+  std::vector<int> preferred_batch_sizes;
+  // Requests waiting in all classes together; beyond it Schedule answers
+  // RESOURCE_EXHAUSTED (retryable).
+  int max_queue_size = 1024;
+};
+
+// What one executed batch looked like, for metrics.
+struct BatchStats {
+  int requests = 0;
+  // Score-matrix elements (B * H * Lq * Lk) of the padded batch, and of the
+  // requests themselves; their difference is the padding.
+  int64_t computed_elements = 0;
+  int64_t useful_elements = 0;
+};
+
+// When a request's batch ran, for its latency metrics.
+struct BatchTiming {
+  absl::Time started;                       // the batch began to run
+  absl::Duration kernel = absl::ZeroDuration();  // the batch's kernel time
+  int batch_requests = 0;                   // requests computed together
+};
+
+class AttentionBatcher {
+ public:
+  using Done =
+      std::function<void(absl::StatusOr<attn::OpResult>, const BatchTiming&)>;
+  struct Task {
+    // Views must stay valid until `done` has run.
+    attn::AttentionRequest request;
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled;  // may be empty
+    Done done;
+  };
+  // Runs a closure on a batch thread; a non-OK status means it will not run.
+  using Executor = std::function<absl::Status(std::function<void()>)>;
+  // Called once per executed batch (on the executor's thread); may be empty.
+  using BatchObserver = std::function<void(const BatchStats&)>;
+  // Whether a closure handed to the executor now would start at once; may
+  // be empty (never: batches wait for size or delay only).
+  using ExecutorAvailable = std::function<bool()>;
+
+  // INVALID_ARGUMENT for options out of range.
+  static absl::StatusOr<std::unique_ptr<AttentionBatcher>> Create(
+      const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
+      Executor executor, BatchObserver observer = {},
+      ExecutorAvailable executor_available = {});
+
+  AttentionBatcher(const AttentionBatcher&) = delete;
+  AttentionBatcher& operator=(const AttentionBatcher&) = delete;
+  ~AttentionBatcher();  // Shutdown()
+
+  // Queues `task`. INVALID_ARGUMENT for a malformed request (checked here,
+  // so one bad request never fails a batch), RESOURCE_EXHAUSTED when
+  // max_queue_size requests wait (retryable), UNAVAILABLE after Shutdown.
+  absl::Status Schedule(std::unique_ptr<Task> task);
+
+  // Hands every batch that is due at the clock's now to the executor;
+  // returns when the next class falls due (InfiniteFuture if none waits).
+  absl::Time FormDueBatches();
+
+  // An executor thread has freed up: hands on what is queued. Never blocks.
+  void OnExecutorIdle() { FormDueBatches(); }
+
+  // Starts the thread that calls FormDueBatches whenever a class may be due.
+  void StartScheduler();
+
+  // Refuses new tasks, hands every queued one on, stops the scheduler.
+  // Tasks already handed to the executor finish there. When it returns,
+  // every accepted task is in the executor's hands or answered, including
+  // batches that another thread (Schedule, OnExecutorIdle) had taken off a
+  // queue but not yet handed on. Blocks for that; idempotent, and safe to
+  // call from several threads. Never call it from `done` or the executor.
+  void Shutdown();
+
+  int queue_depth() const;
+
+ private:
+  // The compatible-shape class of a request.
+  using ClassKey = std::tuple<int64_t /*rank*/, int64_t /*heads*/,
+                              int64_t /*d*/, int64_t /*dv*/, int /*score*/,
+                              float /*scale*/, bool /*causal*/,
+                              int /*precision*/, bool /*weights*/>;
+  struct Pending {
+    std::unique_ptr<Task> task;
+    absl::Time enqueued;
+    int64_t padded_elements_alone;  // its own q + k + v elements
+  };
+  struct Queue {
+    std::deque<Pending> pending;
+    int64_t elements = 0;  // the pending requests' padded_elements_alone
+  };
+
+  AttentionBatcher(const BatchingOptions& options, attn::Engine* engine,
+                   const Clock* clock, Executor executor,
+                   BatchObserver observer, ExecutorAvailable executor_available);
+
+  // Takes the tasks of the next batch off `queue` if one is due at `now`.
+  std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a handed-on batch needs to run, shared by the executor's closures
+  // so that they do not depend on the batcher's lifetime.
+  struct Runner {
+    attn::Engine* engine;
+    const Clock* clock;
+    BatchObserver observer;
+  };
+
+  void Dispatch(std::vector<Pending> batch);
+  static void RunBatch(const Runner& runner, std::vector<Pending>& batch);
+  void SchedulerLoop();
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NothingInHand() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BatchingOptions options_;
+  const Clock* const clock_;
+  const Executor executor_;
+  const ExecutorAvailable executor_available_;
+  const std::shared_ptr<const Runner> runner_;
+
+  mutable absl::Mutex mu_;
+  std::map<ClassKey, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  int queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by Schedule when a class may have become due, so that the scheduler
+  // re-evaluates before its deadline.
+  bool new_work_ ABSL_GUARDED_BY(mu_) = false;
+  // Batches taken off the queues by FormDueBatches and not yet handed to
+  // the executor (Shutdown waits for them).
+  int in_hand_ ABSL_GUARDED_BY(mu_) = 0;
+  // Serialises StartScheduler and Shutdown (the std::thread is not
+  // thread-safe). Taken before mu_, never while holding it.
+  absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread scheduler_ ABSL_GUARDED_BY(lifecycle_mu_);
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_

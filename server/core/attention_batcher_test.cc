@@ -1,0 +1,547 @@
+// The batcher with a fake clock and an executor the test drives: batches
+// form exactly when they should, expired and cancelled requests are never
+// computed, and every request's result equals its result alone.
+#include "server/core/attention_batcher.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
+#include "attn/engine.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
+#include "attn/testing/error_bounds.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+#include "server/core/worker_pool.h"
+
+namespace attnserve {
+namespace {
+
+using ::attn::testing::AllExactly;
+using ::attn::testing::RandomNormal;
+using ::attn::testing::WithinBounds;
+
+// One request with its own inputs and a slot for its answer.
+struct Call {
+  attn::Tensor q, k, v;
+  std::vector<int32_t> lengths;
+  attn::AttentionRequest request;
+  std::optional<absl::StatusOr<attn::OpResult>> result;
+};
+
+std::unique_ptr<Call> MakeCall(std::mt19937& rng, int64_t batch, int64_t lq,
+                               int64_t lk, int64_t d = 8, int64_t dv = 4,
+                               int64_t heads = 0) {
+  auto call = std::make_unique<Call>();
+  auto shape = [&](int64_t length, int64_t depth) {
+    return heads > 0 ? attn::Shape{batch, heads, length, depth}
+                     : attn::Shape{batch, length, depth};
+  };
+  call->q = RandomNormal(rng, shape(lq, d));
+  call->k = RandomNormal(rng, shape(lk, d));
+  call->v = RandomNormal(rng, shape(lk, dv));
+  call->request.queries = call->q.view();
+  call->request.keys = call->k.view();
+  call->request.values = call->v.view();
+  return call;
+}
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  void Make(BatchingOptions options) {
+    engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+    batcher_ = AttentionBatcher::Create(
+                   options, engine_.get(), &clock_,
+                   [this](std::function<void()> work) {
+                     executed_.push_back(std::move(work));
+                     return absl::OkStatus();
+                   },
+                   [this](const BatchStats& stats) { stats_.push_back(stats); })
+                   .value();
+  }
+
+  absl::Status Schedule(Call* call, absl::Time deadline = absl::InfiniteFuture(),
+                        std::function<bool()> cancelled = {}) {
+    auto task = std::make_unique<AttentionBatcher::Task>();
+    task->request = call->request;
+    task->deadline = deadline;
+    task->cancelled = std::move(cancelled);
+    task->done = [call](absl::StatusOr<attn::OpResult> result,
+                        const BatchTiming&) {
+      call->result = std::move(result);
+    };
+    return batcher_->Schedule(std::move(task));
+  }
+
+  // Runs the batches handed to the executor so far; returns how many.
+  int RunExecuted() {
+    std::vector<std::function<void()>> work;
+    work.swap(executed_);
+    for (auto& batch : work) batch();
+    return static_cast<int>(work.size());
+  }
+
+  // Members are destroyed in reverse order: the batcher first, while what
+  // it uses still exists. Its destructor shuts it down, which hands every
+  // queued task to the executor, i.e. into executed_; those closures (and
+  // the tasks they own) are then freed, unrun, with executed_. (Declared
+  // before executed_, the batcher once pushed into a destroyed vector and
+  // leaked them: LeakSanitizer's report.)
+  FakeClock clock_;
+  std::unique_ptr<attn::Engine> engine_;
+  std::vector<std::function<void()>> executed_;
+  std::vector<BatchStats> stats_;
+  std::unique_ptr<AttentionBatcher> batcher_;
+};
+
+TEST_F(BatcherTest, FullBatchIsSentAtOnce) {
+  BatchingOptions options;
+  options.max_batch_requests = 4;
+  options.max_queue_delay = absl::Milliseconds(10);
+  Make(options);
+  std::mt19937 rng(0);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(MakeCall(rng, 1, 3, 5));
+    ASSERT_TRUE(Schedule(calls.back().get()).ok());
+  }
+  batcher_->FormDueBatches();  // no time has passed
+  ASSERT_EQ(RunExecuted(), 1);
+  ASSERT_EQ(stats_.size(), 1u);
+  EXPECT_EQ(stats_[0].requests, 4);
+  for (const auto& call : calls) ASSERT_TRUE(call->result.has_value());
+  EXPECT_EQ(batcher_->queue_depth(), 0);
+}
+
+TEST_F(BatcherTest, PartialBatchIsSentWhenTheOldestHasWaitedTheDelay) {
+  BatchingOptions options;
+  options.max_batch_requests = 8;
+  options.max_queue_delay = absl::Microseconds(500);
+  Make(options);
+  std::mt19937 rng(1);
+  auto a = MakeCall(rng, 1, 3, 5), b = MakeCall(rng, 1, 3, 5);
+  const absl::Time start = clock_.Now();
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  clock_.Advance(absl::Microseconds(200));
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  EXPECT_EQ(batcher_->FormDueBatches(), start + absl::Microseconds(500));
+  EXPECT_EQ(RunExecuted(), 0);
+  clock_.Advance(absl::Microseconds(299));
+  batcher_->FormDueBatches();
+  EXPECT_EQ(RunExecuted(), 0);
+  clock_.Advance(absl::Microseconds(1));
+  EXPECT_EQ(batcher_->FormDueBatches(), absl::InfiniteFuture());
+  ASSERT_EQ(RunExecuted(), 1);
+  EXPECT_EQ(stats_.at(0).requests, 2);
+  EXPECT_TRUE(a->result.has_value() && a->result->ok());
+  EXPECT_TRUE(b->result.has_value() && b->result->ok());
+}
+
+TEST_F(BatcherTest, PreferredSizeIsSentWithoutWaiting) {
+  BatchingOptions options;
+  options.max_batch_requests = 8;
+  options.preferred_batch_sizes = {4};
+  options.max_queue_delay = absl::Milliseconds(1);
+  Make(options);
+  std::mt19937 rng(2);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 5; ++i) {
+    calls.push_back(MakeCall(rng, 1, 2, 2));
+    ASSERT_TRUE(Schedule(calls.back().get()).ok());
+  }
+  // The fourth request made the class reach its preferred size: its batch
+  // was handed on right then, without waiting for the delay.
+  ASSERT_EQ(RunExecuted(), 1);
+  EXPECT_EQ(stats_.at(0).requests, 4);
+  EXPECT_EQ(batcher_->queue_depth(), 1);
+  clock_.Advance(absl::Milliseconds(1));
+  batcher_->FormDueBatches();
+  ASSERT_EQ(RunExecuted(), 1);
+  EXPECT_EQ(stats_.at(1).requests, 1);
+}
+
+TEST_F(BatcherTest, FullQueueIsRejectedAndInvalidRequestsNeverQueue) {
+  BatchingOptions options;
+  options.max_queue_size = 2;
+  Make(options);
+  std::mt19937 rng(3);
+  auto a = MakeCall(rng, 1, 2, 2), b = MakeCall(rng, 1, 2, 2),
+       c = MakeCall(rng, 1, 2, 2);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  const absl::Status full = Schedule(c.get());
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("queue is full"), absl::string_view::npos);
+
+  auto bad = MakeCall(rng, 1, 2, 2);
+  bad->request.keys.shape = {1, 2, 3};  // depth 3 against the queries' 8
+  EXPECT_EQ(Schedule(bad.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batcher_->queue_depth(), 2);
+}
+
+TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreNotComputed) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Microseconds(500);
+  Make(options);
+  std::mt19937 rng(4);
+  auto expired = MakeCall(rng, 1, 2, 3), cancelled = MakeCall(rng, 1, 2, 3);
+  ASSERT_TRUE(
+      Schedule(expired.get(), clock_.Now() + absl::Microseconds(100)).ok());
+  ASSERT_TRUE(Schedule(cancelled.get(), absl::InfiniteFuture(),
+                       [] { return true; })
+                  .ok());
+  clock_.Advance(absl::Microseconds(500));
+  batcher_->FormDueBatches();
+  ASSERT_EQ(RunExecuted(), 1);
+  ASSERT_TRUE(expired->result.has_value());
+  EXPECT_EQ(expired->result->status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(cancelled->result.has_value());
+  EXPECT_EQ(cancelled->result->status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(stats_.empty());  // nothing reached the kernel
+}
+
+TEST_F(BatcherTest, ShutdownDrainsTheQueues) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Hours(1);
+  Make(options);
+  std::mt19937 rng(5);
+  auto a = MakeCall(rng, 1, 2, 3), b = MakeCall(rng, 2, 4, 3, /*d=*/16);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  ASSERT_TRUE(Schedule(b.get()).ok());  // another class (d = 16)
+  batcher_->Shutdown();
+  EXPECT_EQ(RunExecuted(), 2);  // one batch per class
+  EXPECT_TRUE(a->result.has_value() && a->result->ok());
+  EXPECT_TRUE(b->result.has_value() && b->result->ok());
+  auto late = MakeCall(rng, 1, 2, 3);
+  EXPECT_EQ(Schedule(late.get()).code(), absl::StatusCode::kUnavailable);
+}
+
+// Ragged batching: requests of one class with different Lq, Lk and valid
+// lengths are padded together; each result (output and weights) equals the
+// request alone, and masked positions stay exactly zero.
+struct RaggedCase {
+  bool weights;
+  bool causal;
+  attn::ScoreKind score;
+  int64_t heads;  // 0: the 3-D layout
+};
+
+class RaggedTest : public BatcherTest,
+                   public ::testing::WithParamInterface<RaggedCase> {};
+
+TEST_P(RaggedTest, EachResultEqualsTheRequestAlone) {
+  const RaggedCase& c = GetParam();
+  BatchingOptions options;
+  options.max_batch_requests = 16;
+  options.max_queue_delay = absl::Microseconds(100);
+  Make(options);
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<int64_t> length(1, 40);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 7; ++i) {
+    const int64_t batch = 1 + i % 3, lq = length(rng), lk = length(rng);
+    auto call = MakeCall(rng, batch, lq, lk, 16, 8, c.heads);
+    call->request.return_weights = c.weights;
+    call->request.causal = c.causal;
+    call->request.score = c.score;
+    if (i % 3 == 1) {  // (B,) lengths, including 0
+      for (int64_t b = 0; b < batch; ++b) {
+        call->lengths.push_back(static_cast<int32_t>(b == 0 ? 0 : lk / 2));
+      }
+      call->request.valid_lens = {call->lengths.data(), {batch}};
+    } else if (i % 3 == 2) {  // (B, Q) lengths
+      for (int64_t r = 0; r < batch * lq; ++r) {
+        call->lengths.push_back(static_cast<int32_t>(r % (lk + 1)));
+      }
+      call->request.valid_lens = {call->lengths.data(), {batch, lq}};
+    }
+    ASSERT_TRUE(Schedule(call.get()).ok());
+    calls.push_back(std::move(call));
+  }
+  clock_.Advance(absl::Microseconds(100));
+  batcher_->FormDueBatches();
+  ASSERT_EQ(RunExecuted(), 1);
+  ASSERT_EQ(stats_.size(), 1u);
+  EXPECT_EQ(stats_[0].requests, 7);
+  EXPECT_GT(stats_[0].computed_elements, stats_[0].useful_elements);
+  for (const auto& call : calls) {
+    ASSERT_TRUE(call->result.has_value());
+    ASSERT_TRUE(call->result->ok()) << call->result->status();
+    const attn::OpResult alone = engine_->Attention(call->request).value();
+    const attn::OpResult& batched = **call->result;
+    // Batched, the kernels see other shapes (and may block and round
+    // differently): the result keeps the same derived bound.
+    attn::AttentionRequest with_weights = call->request;
+    with_weights.return_weights = true;
+    const attn::OpResult exact =
+        attn::testing::ReferenceEngine().Attention(with_weights).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AttentionBounds(with_weights, exact);
+    EXPECT_TRUE(WithinBounds(batched.output, exact.output, bounds.output));
+    if (c.weights) {
+      EXPECT_TRUE(WithinBounds(batched.weights, exact.weights, bounds.weights));
+      // Exactly zero where the request alone has exact zeros.
+      for (size_t j = 0; j < alone.weights.data.size(); ++j) {
+        if (alone.weights.data[j] == 0.0f) {
+          ASSERT_TRUE(AllExactly(batched.weights, 0.0f, j, j + 1));
+        }
+      }
+    } else {
+      EXPECT_TRUE(batched.weights.empty());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, RaggedTest,
+    ::testing::Values(RaggedCase{true, false, attn::ScoreKind::kDotProduct, 0},
+                      RaggedCase{false, false, attn::ScoreKind::kDotProduct, 0},
+                      RaggedCase{true, true, attn::ScoreKind::kDotProduct, 0},
+                      RaggedCase{true, false, attn::ScoreKind::kGaussian, 0},
+                      RaggedCase{true, true, attn::ScoreKind::kDotProduct, 3},
+                      RaggedCase{false, false, attn::ScoreKind::kGaussian, 2}));
+
+// Work-conserving: while the executor has a free thread, a request is handed
+// on at once, without waiting for company or the delay.
+TEST_F(BatcherTest, FreeExecutorThreadTakesRequestsAtOnce) {
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  bool available = true;
+  BatchingOptions options;
+  options.max_queue_delay = absl::Hours(1);
+  batcher_ = AttentionBatcher::Create(
+                 options, engine_.get(), &clock_,
+                 [this](std::function<void()> work) {
+                   executed_.push_back(std::move(work));
+                   return absl::OkStatus();
+                 },
+                 {}, [&available] { return available; })
+                 .value();
+  std::mt19937 rng(8);
+  auto a = MakeCall(rng, 1, 2, 3), b = MakeCall(rng, 1, 2, 3),
+       c = MakeCall(rng, 1, 2, 3);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  EXPECT_EQ(RunExecuted(), 1);  // a thread was free: sent alone, at once
+  available = false;
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  ASSERT_TRUE(Schedule(c.get()).ok());
+  EXPECT_EQ(RunExecuted(), 0);  // every thread busy: they wait together
+  available = true;
+  batcher_->OnExecutorIdle();
+  EXPECT_EQ(RunExecuted(), 1);  // b and c in one batch
+  EXPECT_TRUE(b->result.has_value() && c->result.has_value());
+  batcher_.reset();  // it calls back into `available`, a local of this test
+}
+
+// The destructor shuts down: what still waits is handed to the executor,
+// not dropped.
+TEST_F(BatcherTest, DestroyingTheBatcherHandsQueuedTasksOn) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Hours(1);
+  Make(options);
+  std::mt19937 rng(9);
+  auto a = MakeCall(rng, 1, 2, 3), b = MakeCall(rng, 1, 2, 3);
+  ASSERT_TRUE(Schedule(a.get()).ok());
+  ASSERT_TRUE(Schedule(b.get()).ok());
+  EXPECT_EQ(RunExecuted(), 0);
+  batcher_.reset();
+  // One batch of both; its closure runs without the batcher.
+  EXPECT_EQ(RunExecuted(), 1);
+  EXPECT_TRUE(a->result.has_value() && a->result->ok());
+  EXPECT_TRUE(b->result.has_value() && b->result->ok());
+}
+
+TEST_F(BatcherTest, ElementBudgetSplitsBatches) {
+  BatchingOptions options;
+  options.max_batch_requests = 16;
+  // Each request: 1 x (4 x 8 + 4 x (8 + 4)) = 80 elements; two fit.
+  options.max_batch_elements = 170;
+  Make(options);
+  std::mt19937 rng(7);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 5; ++i) {
+    calls.push_back(MakeCall(rng, 1, 4, 4));
+    ASSERT_TRUE(Schedule(calls.back().get()).ok());
+  }
+  batcher_->FormDueBatches();
+  EXPECT_EQ(RunExecuted(), 2);  // two full batches of 2; one request waits
+  EXPECT_EQ(batcher_->queue_depth(), 1);
+}
+
+// Real threads: the executor is a WorkerPool, the scheduler thread waits on
+// the real clock, and clients schedule from several threads at once, as in
+// the server (server/main.cc wires them the same way). Under
+// ThreadSanitizer (tests/sanitizers/run_sanitizers.sh) these are the
+// batcher's and the pool's race checks; their inputs are small so that
+// they stay quick there.
+class BatcherThreadsTest : public ::testing::Test {
+ protected:
+  void Start(const BatchingOptions& options, int workers) {
+    engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+    WorkerPool::Options pool_options;
+    pool_options.threads = workers;
+    pool_options.max_queue = 4096;  // never full here
+    pool_ = WorkerPool::Create(pool_options).value();
+    batcher_ = AttentionBatcher::Create(
+                   options, engine_.get(), &clock_,
+                   [pool = pool_.get()](std::function<void()> work) {
+                     return pool->Schedule(std::move(work));
+                   },
+                   [this](const BatchStats& stats) {
+                     computed_.fetch_add(stats.requests);
+                   },
+                   [pool = pool_.get()] { return pool->available_threads() > 0; })
+                   .value();
+    pool_->SetIdleCallback([batcher = batcher_.get()] {
+      batcher->OnExecutorIdle();
+    });
+    batcher_->StartScheduler();
+  }
+
+  // The server's order: the batcher hands its queues on, then the pool
+  // runs what it holds and joins its threads.
+  void Stop() {
+    batcher_->Shutdown();
+    pool_->Shutdown();
+  }
+
+  void TearDown() override {
+    if (batcher_ != nullptr) Stop();
+  }
+
+  // A task whose `done` stores the result in `call`, then calls `after`.
+  static std::unique_ptr<AttentionBatcher::Task> TaskFor(
+      Call* call, std::function<void()> after) {
+    auto task = std::make_unique<AttentionBatcher::Task>();
+    task->request = call->request;
+    task->done = [call, after = std::move(after)](
+                     absl::StatusOr<attn::OpResult> result, const BatchTiming&) {
+      call->result = std::move(result);
+      after();
+    };
+    return task;
+  }
+
+  RealClock clock_;
+  std::unique_ptr<attn::Engine> engine_;
+  std::atomic<int> computed_{0};
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<AttentionBatcher> batcher_;  // uses the pool: after it
+};
+
+// Four clients, two request classes, ragged shapes: every request is
+// answered exactly once, with its own result.
+TEST_F(BatcherThreadsTest, ConcurrentClientsEachGetTheirOwnResult) {
+  BatchingOptions options;
+  options.max_batch_requests = 8;
+  options.preferred_batch_sizes = {4};
+  options.max_queue_delay = absl::Microseconds(200);
+  Start(options, /*workers=*/2);
+  constexpr int kClients = 4, kCallsEach = 16;
+  std::mt19937 rng(10);
+  std::vector<std::vector<std::unique_ptr<Call>>> calls(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    for (int i = 0; i < kCallsEach; ++i) {
+      calls[c].push_back(MakeCall(rng, 1 + i % 2, 1 + (3 * i + c) % 9,
+                                  1 + (5 * i + c) % 11, 8, 4,
+                                  /*heads=*/i % 3 == 0 ? 2 : 0));
+    }
+  }
+  absl::BlockingCounter answered(kClients * kCallsEach);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (const auto& call : calls[c]) {
+        const absl::Status status = batcher_->Schedule(
+            TaskFor(call.get(), [&answered] { answered.DecrementCount(); }));
+        if (!status.ok()) {
+          ADD_FAILURE() << status;
+          answered.DecrementCount();
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  answered.Wait();
+  EXPECT_EQ(computed_.load(), kClients * kCallsEach);
+  for (const auto& client_calls : calls) {
+    for (const auto& call : client_calls) {
+      ASSERT_TRUE(call->result.has_value());
+      ASSERT_TRUE(call->result->ok()) << call->result->status();
+      attn::AttentionRequest with_weights = call->request;
+      with_weights.return_weights = true;
+      const attn::OpResult exact =
+          attn::testing::ReferenceEngine().Attention(with_weights).value();
+      const attn::testing::ErrorBounds bounds =
+          attn::testing::AttentionBounds(with_weights, exact);
+      EXPECT_TRUE(
+          WithinBounds((*call->result)->output, exact.output, bounds.output));
+    }
+  }
+}
+
+// Shutdown while clients are still scheduling: a request is either refused
+// (UNAVAILABLE, and `done` never runs) or accepted and then computed; none
+// is lost, none is answered twice.
+TEST_F(BatcherThreadsTest, ShutdownUnderLoadLosesNoAcceptedRequest) {
+  BatchingOptions options;
+  options.max_batch_requests = 4;
+  options.max_queue_delay = absl::Microseconds(100);
+  constexpr int kClients = 3, kMaxCallsEach = 400;
+  options.max_queue_size = kClients * kMaxCallsEach;  // never full here
+  Start(options, /*workers=*/2);
+  std::mt19937 rng(11);
+  // One input per client, shared read-only by all of its requests.
+  std::vector<std::unique_ptr<Call>> inputs;
+  for (int c = 0; c < kClients; ++c) inputs.push_back(MakeCall(rng, 1, 4, 6));
+  std::vector<std::atomic<int>> answers(kClients * kMaxCallsEach);
+  std::vector<std::atomic<int>> ok_answers(kClients * kMaxCallsEach);
+  std::vector<char> accepted(kClients * kMaxCallsEach, 0);  // one writer each
+  std::atomic<int> accepted_count{0};
+  absl::Notification enough;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < kMaxCallsEach; ++i) {
+        const int id = c * kMaxCallsEach + i;
+        auto task = std::make_unique<AttentionBatcher::Task>();
+        task->request = inputs[c]->request;
+        task->done = [&answers, &ok_answers, id](
+                         absl::StatusOr<attn::OpResult> result,
+                         const BatchTiming&) {
+          if (result.ok()) ok_answers[id].fetch_add(1);
+          answers[id].fetch_add(1);
+        };
+        const absl::Status status = batcher_->Schedule(std::move(task));
+        if (status.ok()) {
+          accepted[id] = 1;
+          if (accepted_count.fetch_add(1) + 1 == 24) enough.Notify();
+        } else if (status.code() == absl::StatusCode::kUnavailable) {
+          return;  // shutting down: this client is done
+        } else {
+          ADD_FAILURE() << status;
+        }
+      }
+    });
+  }
+  // Shut down with requests in every stage: queued, handed on, running.
+  enough.WaitForNotification();
+  Stop();
+  for (std::thread& client : clients) client.join();
+  ASSERT_GE(accepted_count.load(), 24);
+  for (int id = 0; id < kClients * kMaxCallsEach; ++id) {
+    EXPECT_EQ(answers[id].load(), accepted[id] ? 1 : 0) << "request " << id;
+    EXPECT_EQ(ok_answers[id].load(), accepted[id] ? 1 : 0) << "request " << id;
+  }
+  EXPECT_EQ(computed_.load(), accepted_count.load());
+}
+
+}  // namespace
+}  // namespace attnserve

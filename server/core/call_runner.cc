@@ -1,0 +1,212 @@
+#include "server/core/call_runner.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attn/status_macros.h"
+
+namespace attnserve {
+
+// One call on its way through the core; shared by the closures that carry it
+// (the pool's, the batcher's). Finish() is called exactly once.
+class CallRunner::Call {
+ public:
+  Call(CallRunner* runner, Rpc rpc, const CallContext& context,
+       CallResponder* responder)
+      : runner_(runner),
+        rpc_(rpc),
+        context_(context),
+        responder_(responder),
+        received_(absl::Now()) {
+    runner_->metrics_->RequestStarted();
+  }
+
+  Rpc rpc() const { return rpc_; }
+  absl::Time received() const { return received_; }
+  CallRecord& record() { return record_; }
+
+  // Admits the decoded call's payload (counted in `budget`) and keeps its
+  // ticket for the responder.
+  absl::Status Admit(const ElementBudget& budget) {
+    if (runner_->admission_ == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(ticket_, runner_->admission_->Admit(
+                                  context_.peer, 4 * budget.payload_elements()));
+    return absl::OkStatus();
+  }
+
+  // Why a queued call's work must not start now, if it must not.
+  absl::Status CheckStillWanted(absl::Time started) const {
+    if (context_.cancelled && context_.cancelled()) {
+      return absl::CancelledError("the call was cancelled while queued");
+    }
+    if (context_.deadline <= started) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the deadline passed after ",
+          absl::FormatDuration(started - received_),
+          " in the queue; the work was not started"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Records the kernel step (run or failed) and finishes the call.
+  void Complete(absl::Time started, absl::Duration kernel,
+                const absl::StatusOr<std::string>& implementation) {
+    record_.computed = implementation.ok();
+    record_.queue = started - received_;
+    record_.compute = kernel;
+    if (!implementation.ok()) {
+      Finish(implementation.status());
+      return;
+    }
+    record_.implementation = *implementation;
+    runner_->metrics_->KernelRun(rpc_, *implementation, kernel);
+    Finish(responder_->Computed(record_));
+  }
+
+  void Finish(const absl::Status& status) {
+    const absl::Duration total = absl::Now() - received_;
+    runner_->metrics_->RequestFinished(rpc_, status.code(), total);
+    if (!context_.model.empty()) {
+      runner_->statistics_.Record(context_.model, status, total,
+                                  record_.computed, record_.queue,
+                                  record_.compute, record_.batch_requests);
+    }
+    responder_->Answer(status, record_, std::move(ticket_));
+  }
+
+ private:
+  CallRunner* const runner_;
+  const Rpc rpc_;
+  const CallContext context_;
+  CallResponder* const responder_;
+  const absl::Time received_;
+  CallRecord record_;
+  Admission::Ticket ticket_;
+};
+
+CallRunner::CallRunner(attn::Engine* engine, WorkerPool* pool,
+                       AttentionBatcher* batcher, ServiceMetrics* metrics,
+                       const ServiceLimits& limits, Admission* admission)
+    : engine_(engine),
+      pool_(pool),
+      batcher_(batcher),
+      metrics_(metrics),
+      limits_(limits),
+      admission_(admission) {}
+
+void CallRunner::Run(Rpc rpc, const CallContext& context,
+                     const Prepare& prepare, CallResponder* responder) {
+  auto call = std::make_shared<Call>(this, rpc, context, responder);
+  // A draining server and a full queue refuse before decoding: under
+  // overload, refusals must not take the workers' CPU.
+  absl::Status refused =
+      admission_ != nullptr ? admission_->CheckAccepting() : absl::OkStatus();
+  if (refused.ok()) refused = pool_->CheckRoom();
+  if (!refused.ok()) {
+    call->Finish(refused);
+    return;
+  }
+  ElementBudget budget(limits_.max_request_elements);
+  absl::StatusOr<Work> work = prepare(&budget);
+  if (work.ok()) {
+    if (absl::Status admitted = call->Admit(budget); !admitted.ok()) {
+      work = admitted;
+    }
+  }
+  if (!work.ok()) {
+    call->Finish(work.status());
+    return;
+  }
+  const absl::Status scheduled =
+      pool_->Schedule([this, call, work = *std::move(work)] {
+        const absl::Time started = absl::Now();
+        metrics_->QueueWait(call->rpc(), started - call->received());
+        if (absl::Status wanted = call->CheckStillWanted(started);
+            !wanted.ok()) {
+          call->Finish(wanted);
+          return;
+        }
+        const absl::StatusOr<std::string> implementation = work();
+        call->Complete(started, absl::Now() - started, implementation);
+      });
+  if (!scheduled.ok()) call->Finish(scheduled);
+}
+
+void CallRunner::RunAttention(Rpc rpc, const CallContext& context,
+                              const DecodeAttention& decode,
+                              EncodeAttention encode,
+                              CallResponder* responder) {
+  if (batcher_ == nullptr) {
+    Run(rpc, context,
+        [this, &decode, encode](ElementBudget* budget) -> absl::StatusOr<Work> {
+          ASSIGN_OR_RETURN(attn::AttentionRequest op, decode(budget));
+          RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
+          return Work([this, op, encode]() -> absl::StatusOr<std::string> {
+            ASSIGN_OR_RETURN(attn::OpResult result, engine_->Attention(op));
+            encode(result);
+            return result.implementation;
+          });
+        },
+        responder);
+    return;
+  }
+  auto call = std::make_shared<Call>(this, rpc, context, responder);
+  if (admission_ != nullptr) {
+    if (absl::Status refused = admission_->CheckAccepting(); !refused.ok()) {
+      call->Finish(refused);
+      return;
+    }
+  }
+  ElementBudget budget(limits_.max_request_elements);
+  absl::StatusOr<attn::AttentionRequest> op = decode(&budget);
+  if (op.ok()) {
+    absl::Status admitted = CheckResultFits(attn::SizeOfResult(*op), &budget);
+    if (admitted.ok()) admitted = call->Admit(budget);
+    if (!admitted.ok()) op = admitted;
+  }
+  if (!op.ok()) {
+    call->Finish(op.status());
+    return;
+  }
+  auto task = std::make_unique<AttentionBatcher::Task>();
+  task->request = *std::move(op);
+  task->deadline = context.deadline;
+  task->cancelled = context.cancelled;
+  task->done = [this, call, encode = std::move(encode)](
+                   absl::StatusOr<attn::OpResult> result,
+                   const BatchTiming& timing) {
+    call->record().batch_requests = std::max(timing.batch_requests, 1);
+    metrics_->QueueWait(call->rpc(), timing.started - call->received());
+    absl::StatusOr<std::string> implementation =
+        result.ok() ? absl::StatusOr<std::string>(result->implementation)
+                    : absl::StatusOr<std::string>(result.status());
+    if (result.ok()) encode(*result);
+    call->Complete(timing.started, timing.kernel, implementation);
+  };
+  const absl::Status scheduled = batcher_->Schedule(std::move(task));
+  if (!scheduled.ok()) call->Finish(scheduled);
+}
+
+absl::Status CallRunner::CheckResultFits(
+    const absl::StatusOr<attn::ResultSize>& size, ElementBudget* budget) const {
+  if (!size.ok()) return absl::OkStatus();
+  budget->CountResult(size->elements);
+  const int64_t bytes = size->elements * int64_t{4};
+  if (bytes <= limits_.max_response_bytes) return absl::OkStatus();
+  std::string what =
+      absl::StrCat("output ", attn::ShapeToString(size->output_shape));
+  if (!size->weights_shape.empty()) {
+    absl::StrAppend(&what, " and weights ",
+                    attn::ShapeToString(size->weights_shape));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the result (", what, ") would take at least ", bytes,
+      " bytes, over the response limit of ", limits_.max_response_bytes,
+      " (--max_message_bytes); it was not computed: ask for less (smaller "
+      "shapes, no weights)"));
+}
+
+}  // namespace attnserve

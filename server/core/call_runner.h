@@ -1,0 +1,147 @@
+// The serving core: the one way a call goes from decoded to answered,
+// whatever API it came by. Front ends (server/api/: the typed attention.v1
+// service, KServe v2) only decode, hand over and encode.
+//
+// A call enters Run() (or RunAttention(), which can batch) with its context
+// (peer, deadline, cancellation, the model it counts for), a Prepare step
+// that decodes and checks the request on the calling thread and returns the
+// Work that computes and encodes it, and a CallResponder that answers. The
+// core, in order:
+// - refuses a draining server (UNAVAILABLE) and a full queue
+//   (RESOURCE_EXHAUSTED), before decoding;
+// - runs Prepare; admits the call's payload (request and result elements,
+//   server/core/admission.h);
+// - queues the Work on the WorkerPool, or an attention request on the
+//   AttentionBatcher when there is one: this is where a request waits and
+//   where it is batched;
+// - skips the Work of a call cancelled, or past its deadline, in the queue
+//   (CANCELLED / DEADLINE_EXCEEDED), else runs it on a worker: this is where
+//   it is computed;
+// - records metrics and the model's statistics, and calls the responder:
+//   Computed() after the Work succeeded (the front end may still refuse its
+//   encoded response), then Answer() exactly once, handing over the call's
+//   admission ticket, which the front end holds until its response is sent.
+//
+// Thread-safe; borrows the engine, pool, batcher, metrics and admission,
+// which must outlive it and every call it runs.
+#ifndef ATTNSERVE_SERVER_CORE_CALL_RUNNER_H_
+#define ATTNSERVE_SERVER_CORE_CALL_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attn/engine.h"
+#include "attn/validate.h"
+#include "server/core/admission.h"
+#include "server/core/attention_batcher.h"
+#include "server/core/element_budget.h"
+#include "server/core/metrics.h"
+#include "server/core/model_statistics.h"
+#include "server/core/worker_pool.h"
+
+namespace attnserve {
+
+struct ServiceLimits {
+  // Elements of all input tensors of one request together.
+  int64_t max_request_elements = int64_t{1} << 26;
+  // The largest response message; a larger result is answered with
+  // RESOURCE_EXHAUSTED naming the limit (gRPC would fail the send anyway).
+  int64_t max_response_bytes = int64_t{256} << 20;
+  // FitBandwidth's save_as writes into the model repository: with token
+  // authentication on, only calls whose token grants `save_as` may
+  // (server/api/auth.h); others get PERMISSION_DENIED.
+  bool save_as_needs_permission = false;
+};
+
+// A call as the core sees it, whatever its protocol.
+struct CallContext {
+  std::string peer;  // its connection: admission's per-connection share
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty: never cancelled
+  std::string model;  // counted in ModelStatistics under it; empty: not
+};
+
+// What one call came to.
+struct CallRecord {
+  bool computed = false;  // the kernel ran
+  std::string implementation;  // which backend ran it, when computed
+  absl::Duration queue = absl::ZeroDuration();    // waiting for the kernel
+  absl::Duration compute = absl::ZeroDuration();  // the kernel, encoding
+  int batch_requests = 1;  // requests computed together with this one
+};
+
+// How the core answers a call; implemented by each front end per call.
+class CallResponder {
+ public:
+  virtual ~CallResponder() = default;
+  // The Work succeeded and filled the front end's response. Returns the
+  // status to answer with: OK, or why the encoded response cannot be sent
+  // (e.g. RESOURCE_EXHAUSTED over the response size limit).
+  virtual absl::Status Computed(const CallRecord& record) = 0;
+  // Answers with `status` and ends the call; called exactly once, last.
+  // Keep `ticket` (the call's admitted bytes) until the answer is sent.
+  virtual void Answer(const absl::Status& status, const CallRecord& record,
+                      Admission::Ticket ticket) = 0;
+};
+
+class CallRunner {
+ public:
+  // The kernel step of one call, run on a worker: computes, fills the
+  // response and returns the name of the implementation that ran.
+  using Work = std::function<absl::StatusOr<std::string>()>;
+  // The decode step, run on the calling thread: checks the request,
+  // counting its elements in the budget, and returns the Work.
+  using Prepare = std::function<absl::StatusOr<Work>(ElementBudget*)>;
+  // The decode step of an attention call, and the encoding of its result.
+  using DecodeAttention =
+      std::function<absl::StatusOr<attn::AttentionRequest>(ElementBudget*)>;
+  using EncodeAttention = std::function<void(const attn::OpResult&)>;
+
+  // `batcher` may be null: attention calls then run alone like the others.
+  // `admission` may be null: every decoded call is admitted (no bound on
+  // bytes in flight, no drain).
+  CallRunner(attn::Engine* engine, WorkerPool* pool, AttentionBatcher* batcher,
+             ServiceMetrics* metrics, const ServiceLimits& limits,
+             Admission* admission = nullptr);
+
+  // Runs one call (see the file comment); `responder` must live until its
+  // Answer has been called (which may happen before Run returns).
+  void Run(Rpc rpc, const CallContext& context, const Prepare& prepare,
+           CallResponder* responder);
+  // Runs one attention call through the batcher when there is one, else
+  // like Run.
+  void RunAttention(Rpc rpc, const CallContext& context,
+                    const DecodeAttention& decode, EncodeAttention encode,
+                    CallResponder* responder);
+
+  // Refuses, before anything is allocated or computed, a request whose
+  // result could not be sent: RESOURCE_EXHAUSTED naming the result's shape,
+  // its size and --max_message_bytes. (4 bytes per element is the least any
+  // encoding takes.) OK for an invalid request: the kernel step reports
+  // that, in the words of its API. Counts the result in `budget`.
+  absl::Status CheckResultFits(const absl::StatusOr<attn::ResultSize>& size,
+                               ElementBudget* budget) const;
+
+  attn::Engine* engine() const { return engine_; }
+  const ServiceLimits& limits() const { return limits_; }
+  const ModelStatistics& statistics() const { return statistics_; }
+  bool batching() const { return batcher_ != nullptr; }
+
+ private:
+  class Call;
+
+  attn::Engine* const engine_;
+  WorkerPool* const pool_;
+  AttentionBatcher* const batcher_;
+  ServiceMetrics* const metrics_;
+  const ServiceLimits limits_;
+  Admission* const admission_;
+  ModelStatistics statistics_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_CORE_CALL_RUNNER_H_

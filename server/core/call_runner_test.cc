@@ -1,0 +1,244 @@
+// The serving core without gRPC: a call's way from Prepare to its
+// responder, with a responder that records what it is told.
+#include "server/core/call_runner.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+// Records Computed and Answer; Answer must come exactly once, last.
+class RecordingResponder final : public CallResponder {
+ public:
+  explicit RecordingResponder(absl::Status refuse_encoded = absl::OkStatus())
+      : refuse_encoded_(refuse_encoded) {}
+
+  absl::Status Computed(const CallRecord& record) override {
+    EXPECT_FALSE(answered_.HasBeenNotified()) << "Computed after Answer";
+    ++computed_calls_;
+    computed_implementation_ = record.implementation;
+    return refuse_encoded_;
+  }
+  void Answer(const absl::Status& status, const CallRecord& record,
+              Admission::Ticket ticket) override {
+    EXPECT_FALSE(answered_.HasBeenNotified()) << "answered twice";
+    status_ = status;
+    record_ = record;
+    held_ticket_ = std::move(ticket);
+    answered_.Notify();
+  }
+
+  // Waits for the answer (the work runs on the pool's threads).
+  absl::Status Wait() {
+    EXPECT_TRUE(answered_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status_;
+  }
+  const CallRecord& record() const { return record_; }
+  int computed_calls() const { return computed_calls_; }
+  const std::string& computed_implementation() const {
+    return computed_implementation_;
+  }
+  void ReleaseTicket() { held_ticket_ = Admission::Ticket(); }
+
+ private:
+  const absl::Status refuse_encoded_;
+  absl::Notification answered_;
+  absl::Status status_;
+  CallRecord record_;
+  Admission::Ticket held_ticket_;
+  int computed_calls_ = 0;
+  std::string computed_implementation_;
+};
+
+class CallRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+    metrics_ = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
+    pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
+    admission_ = std::make_unique<Admission>(Admission::Options{});
+    ServiceLimits limits;
+    limits.max_request_elements = 1000;
+    limits.max_response_bytes = 4000;
+    calls_ = std::make_unique<CallRunner>(engine_.get(), pool_.get(),
+                                          /*batcher=*/nullptr, metrics_.get(),
+                                          limits, admission_.get());
+  }
+  void TearDown() override { pool_->Shutdown(); }
+
+  static CallContext Model(const std::string& name) {
+    CallContext context;
+    context.peer = "test-peer";
+    context.model = name;
+    return context;
+  }
+
+  std::unique_ptr<attn::Engine> engine_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<CallRunner> calls_;
+};
+
+TEST_F(CallRunnerTest, RunsTheWorkThenAnswersOnceHandingOverTheTicket) {
+  RecordingResponder responder;
+  std::atomic<int> runs{0};
+  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+              [&](ElementBudget* budget) -> absl::StatusOr<CallRunner::Work> {
+                EXPECT_TRUE(budget->Take("x", 100).ok());
+                return CallRunner::Work([&]() -> absl::StatusOr<std::string> {
+                  ++runs;
+                  return std::string("kernel-x");
+                });
+              },
+              &responder);
+  EXPECT_TRUE(responder.Wait().ok());
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(responder.computed_calls(), 1);
+  EXPECT_EQ(responder.computed_implementation(), "kernel-x");
+  EXPECT_TRUE(responder.record().computed);
+  // The 100 decoded elements stay admitted until the front end lets go.
+  EXPECT_EQ(admission_->inflight_bytes(), 400);
+  responder.ReleaseTicket();
+  EXPECT_EQ(admission_->inflight_bytes(), 0);
+  const ModelStatistics::Counts counts = calls_->statistics().Get("m");
+  EXPECT_EQ(counts.inferences, 1u);
+  EXPECT_EQ(counts.success_count, 1u);
+  EXPECT_EQ(counts.compute_count, 1u);
+  EXPECT_EQ(calls_->statistics().Get("other").inferences, 0u);
+}
+
+TEST_F(CallRunnerTest, ADecodeErrorIsAnsweredWithoutWork) {
+  RecordingResponder responder;
+  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+              [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                return absl::InvalidArgumentError("x: bad");
+              },
+              &responder);
+  const absl::Status status = responder.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "x: bad");
+  EXPECT_EQ(responder.computed_calls(), 0);
+  EXPECT_FALSE(responder.record().computed);
+  EXPECT_EQ(calls_->statistics().Get("m").fail_count, 1u);
+  EXPECT_EQ(admission_->inflight_bytes(), 0);
+}
+
+TEST_F(CallRunnerTest, OverTheElementBudgetIsResourceExhausted) {
+  RecordingResponder responder;
+  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+              [](ElementBudget* budget) -> absl::StatusOr<CallRunner::Work> {
+                if (absl::Status s = budget->Take("x", 1001); !s.ok()) return s;
+                return CallRunner::Work([] { return std::string("never"); });
+              },
+              &responder);
+  const absl::Status status = responder.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("--max_request_elements"), std::string::npos);
+}
+
+TEST_F(CallRunnerTest, TheFrontEndMayRefuseTheEncodedResponse) {
+  RecordingResponder responder(absl::ResourceExhaustedError("too big"));
+  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+              [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                return CallRunner::Work([] { return std::string("k"); });
+              },
+              &responder);
+  EXPECT_EQ(responder.Wait().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(responder.record().computed);
+  const ModelStatistics::Counts counts = calls_->statistics().Get("m");
+  EXPECT_EQ(counts.fail_count, 1u);
+  EXPECT_EQ(counts.compute_count, 1u);
+}
+
+TEST_F(CallRunnerTest, CancelledOrExpiredCallsAreNotComputed) {
+  std::atomic<int> runs{0};
+  auto prepare = [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+    return CallRunner::Work([&]() -> absl::StatusOr<std::string> {
+      ++runs;
+      return std::string("k");
+    });
+  };
+  RecordingResponder cancelled;
+  CallContext context = Model("m");
+  context.cancelled = [] { return true; };
+  calls_->Run(Rpc::kMaskedSoftmax, context, prepare, &cancelled);
+  EXPECT_EQ(cancelled.Wait().code(), absl::StatusCode::kCancelled);
+
+  RecordingResponder expired;
+  context = Model("m");
+  context.deadline = absl::Now() - absl::Seconds(1);
+  calls_->Run(Rpc::kMaskedSoftmax, context, prepare, &expired);
+  EXPECT_EQ(expired.Wait().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_EQ(calls_->statistics().Get("m").fail_count, 2u);
+}
+
+TEST_F(CallRunnerTest, ADrainingServerRefusesBeforeDecoding) {
+  admission_->StartDraining();
+  RecordingResponder responder;
+  bool decoded = false;
+  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+              [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                decoded = true;
+                return CallRunner::Work([] { return std::string("k"); });
+              },
+              &responder);
+  EXPECT_EQ(responder.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(decoded);
+}
+
+TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
+  std::mt19937 rng(1);
+  const attn::Tensor q = attn::testing::RandomNormal(rng, {1, 3, 4});
+  const attn::Tensor k = attn::testing::RandomNormal(rng, {1, 5, 4});
+  const attn::Tensor v = attn::testing::RandomNormal(rng, {1, 5, 2});
+  attn::AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  attn::OpResult encoded;
+  RecordingResponder responder;
+  calls_->RunAttention(
+      Rpc::kScaledDotProductAttention, Model("dot"),
+      [&](ElementBudget*) -> absl::StatusOr<attn::AttentionRequest> {
+        return request;
+      },
+      [&](const attn::OpResult& result) { encoded = result; }, &responder);
+  ASSERT_TRUE(responder.Wait().ok());
+  const auto expected = engine_->Attention(request);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(encoded.output.data, expected->output.data);
+
+  // A (1, 1000, 1000) result is 4 MB, over the 4000-byte response limit:
+  // refused before anything is computed.
+  const attn::Tensor big_q = attn::Tensor::Zeros({1, 1000, 1});
+  const attn::Tensor big_k = attn::Tensor::Zeros({1, 1, 1});
+  const attn::Tensor big_v = attn::Tensor::Zeros({1, 1, 1000});
+  request.queries = big_q.view();
+  request.keys = big_k.view();
+  request.values = big_v.view();
+  RecordingResponder refused;
+  bool encoded_big = false;
+  calls_->RunAttention(
+      Rpc::kScaledDotProductAttention, Model("dot"),
+      [&](ElementBudget*) -> absl::StatusOr<attn::AttentionRequest> {
+        return request;
+      },
+      [&](const attn::OpResult&) { encoded_big = true; }, &refused);
+  const absl::Status status = refused.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("it was not computed"), std::string::npos);
+  EXPECT_FALSE(encoded_big);
+  EXPECT_FALSE(refused.record().computed);
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,99 @@
+#include "server/core/worker_pool.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attn/status_macros.h"
+
+namespace attnserve {
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(
+    const Options& options) {
+  if (options.threads < 1 || options.max_queue < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker pool: threads (", options.threads,
+                     ") and max_queue (", options.max_queue,
+                     ") must be at least 1"));
+  }
+  std::unique_ptr<WorkerPool> pool(new WorkerPool(options));
+  for (int i = 0; i < options.threads; ++i) {
+    pool->threads_.emplace_back([raw = pool.get()] { raw->Work(); });
+  }
+  return pool;
+}
+
+WorkerPool::WorkerPool(const Options& options) : options_(options) {}
+
+WorkerPool::~WorkerPool() { Shutdown(); }
+
+absl::Status WorkerPool::RoomLocked() const {
+  if (stopping_) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the work queue is full (", options_.max_queue,
+        " requests waiting, --max_queue); retry later"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::CheckRoom() const {
+  absl::MutexLock lock(&mu_);
+  return RoomLocked();
+}
+
+absl::Status WorkerPool::Schedule(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RoomLocked());
+  queue_.push_back(std::move(task));
+  return absl::OkStatus();
+}
+
+int WorkerPool::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size());
+}
+
+int WorkerPool::available_threads() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_ - static_cast<int>(queue_.size());
+}
+
+void WorkerPool::SetIdleCallback(std::function<void()> on_idle) {
+  on_idle_ = std::move(on_idle);
+}
+
+void WorkerPool::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  absl::MutexLock join_lock(&join_mu_);
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
+}
+
+bool WorkerPool::HasWorkOrStopping() const {
+  return stopping_ || !queue_.empty();
+}
+
+void WorkerPool::Work() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      ++waiting_;
+      mu_.Await(absl::Condition(this, &WorkerPool::HasWorkOrStopping));
+      --waiting_;
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+    if (on_idle_ && queue_depth() == 0) on_idle_();
+  }
+}
+
+}  // namespace attnserve
