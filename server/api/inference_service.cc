@@ -518,16 +518,32 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
     grpc::CallbackServerContext* context,
     const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
+  auto* reactor = new UnaryCallReactor(response, nullptr,
+                                       calls_->limits().max_response_bytes);
+  Infer(request, response, ContextOf(context), reactor);
+  return reactor;
+}
+
+void InferenceService::Infer(const inference::ModelInferRequest* request,
+                             inference::ModelInferResponse* response,
+                             CallContext context, CallResponder* responder) {
   absl::StatusOr<Resolved> resolved =
       Resolve(request->model_name(), request->model_version());
-  if (!resolved.ok()) return Answer(context, resolved.status());
+  if (!resolved.ok()) {
+    responder->Answer(resolved.status(), CallRecord{}, Admission::Ticket());
+    return;
+  }
   // Shared with the closures below: the spec and any repository weights must
   // outlive the kernel.
   auto held = std::make_shared<Resolved>(*std::move(resolved));
   const ModelSpec* model = &held->spec;
   absl::StatusOr<std::vector<std::string>> names =
       RequestedOutputs(*request, *model);
-  if (!names.ok()) return Answer(context, names.status());
+  if (!names.ok()) {
+    responder->Answer(names.status(), CallRecord{}, Admission::Ticket());
+    return;
+  }
+  context.model = model->name;
   // Decoded inputs must live until the kernel has run: the closures that run
   // it hold `inputs`.
   auto inputs = std::make_shared<Inputs>();
@@ -535,7 +551,6 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
     return DecodeInputs(*request, *model, budget, &inputs->storage,
                         inputs.get());
   };
-  const int64_t max_response_bytes = calls_->limits().max_response_bytes;
   auto lengths = [inputs]() {
     auto it = inputs->lengths.find("valid_lens");
     return it == inputs->lengths.end() ? attn::LengthsView{} : it->second;
@@ -543,9 +558,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
 
   if (model->rpc == Rpc::kScaledDotProductAttention) {
     const bool weights = Wants(*names, "attention_weights");
-    auto* reactor = new UnaryCallReactor(response, nullptr, max_response_bytes);
     calls_->RunAttention(
-        model->rpc, ContextOf(context, model->name),
+        model->rpc, context,
         [decode, inputs, lengths, weights](
             ElementBudget* budget) -> absl::StatusOr<attn::AttentionRequest> {
           RETURN_IF_ERROR(decode(budget));
@@ -564,8 +578,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
                    {"attention_weights", &result.weights}},
                   response);
         },
-        reactor);
-    return reactor;
+        responder);
+    return;
   }
   auto prepare = [this, held, model, request, response, decode, inputs, lengths,
        names = *names](ElementBudget* budget)
@@ -651,8 +665,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
           }
         }
   };
-  auto* reactor = new UnaryCallReactor(response, nullptr, max_response_bytes);
-  calls_->Run(model->rpc, ContextOf(context, model->name),
+  calls_->Run(model->rpc, context,
               [&prepare, inputs](ElementBudget* budget)
                   -> absl::StatusOr<CallRunner::Work> {
                 ASSIGN_OR_RETURN(CallRunner::Work work, prepare(budget));
@@ -661,8 +674,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(
                 return CallRunner::Work(
                     [work = std::move(work), inputs] { return work(); });
               },
-              reactor);
-  return reactor;
+              responder);
 }
 
 }  // namespace attnserve

@@ -90,6 +90,14 @@ class InferenceService final
       grpc::CallbackServerContext* context,
       const inference::ModelInferRequest* request,
       inference::ModelInferResponse* response) override;
+  // Triton's streaming inference (server/api/inference_stream.cc): each
+  // request read is a call of its own through the core, as ModelInfer's;
+  // each answer is written as it completes (out of order), with its
+  // request's id, and an error goes in error_message without ending the
+  // stream.
+  grpc::ServerBidiReactor<inference::ModelInferRequest,
+                          inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
   // The tensors of a served model, as ModelMetadata reports them.
   struct TensorSpec {
@@ -114,6 +122,8 @@ class InferenceService final
                                   const RepositoryModel& model);
 
  private:
+  class StreamReactor;
+
   struct Resolved {
     ModelSpec spec;
     std::shared_ptr<const RepositoryModel> held;  // null for built-ins
@@ -122,6 +132,13 @@ class InferenceService final
   absl::StatusOr<Resolved> Resolve(const std::string& name,
                                    const std::string& version) const;
   std::vector<std::string> ModelNames() const;
+  // Starts one inference of ModelInfer or ModelStreamInfer: resolves the
+  // model, decodes, and hands the call to the core; `responder` answers it
+  // (at once for an unknown model or output). `request` and `response` must
+  // live until then.
+  void Infer(const inference::ModelInferRequest* request,
+             inference::ModelInferResponse* response, CallContext context,
+             CallResponder* responder);
 
   CallRunner* const calls_;
   ModelRepository* const repository_;

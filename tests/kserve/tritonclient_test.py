@@ -958,5 +958,84 @@ def main():
     return 0 if result.wasSuccessful() and result.testsRun > 0 else 1
 
 
+
+# --- Streaming (ModelStreamInfer). -------------------------------------------
+
+
+class StreamTest(KServeTestCase):
+    """tritonclient's start_stream / async_stream_infer: many requests on one
+    stream, answers matched by id (completion order is free), an error in
+    one request reported for it alone while the stream goes on."""
+
+    def test_many_requests_one_stream(self):
+        import queue
+        answers = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: answers.put((result, error)),
+            stream_timeout=DEADLINE_S)
+        try:
+            sent = {}
+            for i in range(24):
+                b, lq, lk, d, v = 2, 1 + i % 5, 3 + i % 7, 4, 3
+                q, k, vals = self.randn(b, lq, d), self.randn(b, lk, d), self.randn(b, lk, v)
+                lens = self.rng.integers(0, lk + 1, size=(b,)).astype(np.int32)
+                request_id = f"req-{i}"
+                sent[request_id] = attention_ref(q, k, vals, lens)[0]
+                self.client.async_stream_infer(
+                    "dot_product_attention",
+                    [make_input("queries", q), make_input("keys", k),
+                     make_input("values", vals), make_input("valid_lens", lens)],
+                    request_id=request_id,
+                    outputs=[grpcclient.InferRequestedOutput("output")])
+                if i == 10:
+                    # A bad request in the middle: keys of another depth.
+                    self.client.async_stream_infer(
+                        "dot_product_attention",
+                        [make_input("queries", q),
+                         make_input("keys", self.randn(b, lk, d + 1)),
+                         make_input("values", vals)],
+                        request_id="bad")
+            seen, errors = {}, []
+            for _ in range(len(sent) + 1):
+                result, error = answers.get(timeout=DEADLINE_S)
+                if error is not None:
+                    errors.append(str(error))
+                    continue
+                request_id = result.get_response().id
+                self.assertNotIn(request_id, seen, "answered twice")
+                seen[request_id] = self.get(result, "output")
+        finally:
+            self.client.stop_stream()
+        self.assertEqual(set(seen), set(sent), "every good request answered once")
+        for request_id, want in sent.items():
+            self.assertClose(seen[request_id], want, what=request_id)
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("INVALID_ARGUMENT", errors[0])
+        self.assertIn("keys", errors[0])
+
+    def test_unknown_model_on_a_stream_is_an_error_message(self):
+        import queue
+        answers = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: answers.put((result, error)))
+        try:
+            self.client.async_stream_infer(
+                "no_such_model", [make_input("X", self.randn(1, 1, 1))],
+                request_id="x")
+            self.client.async_stream_infer(
+                "batch_matmul", [make_input("X", np.ones((1, 2, 3), np.float32)),
+                                 make_input("Y", np.ones((1, 3, 4), np.float32))],
+                request_id="y")
+            got = [answers.get(timeout=DEADLINE_S) for _ in range(2)]
+        finally:
+            self.client.stop_stream()
+        errors = [str(e) for r, e in got if e is not None]
+        results = [r for r, e in got if e is None]
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("no_such_model", errors[0])
+        self.assertEqual(len(results), 1)
+        self.assertEqual(results[0].get_response().id, "y")
+        self.assertClose(self.get(results[0], "Z"), np.full((1, 2, 4), 3.0))
+
 if __name__ == "__main__":
     sys.exit(main())
