@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Triton's own load tester, perf_analyzer, against attnserve's KServe API:
 # dot_product_attention at the textbook's toy shape and at the medium shape,
-# batching off and on, over a concurrency range. Prints perf_analyzer's CSV
-# rows as one markdown table. Not part of the test suite.
+# batching off and on, unary ModelInfer and streaming ModelStreamInfer
+# (perf_analyzer --streaming: one stream per concurrent client), over a
+# concurrency range. Prints perf_analyzer's CSV rows as one markdown table.
+# Not part of the test suite.
 #
 # PyPI's perf-analyzer wheels need glibc 2.38 and Debian 12 has 2.36, so the
 # script runs the binary in a Debian 13 (trixie) chroot made with
 # debootstrap from Debian's mirror (root; once, cached in $CHROOT).
 #
-# Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE]   (default 16:64:16)
+# Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE [APIS [BATCHING]]]
+#   defaults: 16:64:16, "unary streaming", "off on"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 range="${1:-16:64:16}"
+apis="${2:-unary streaming}"
+batching_modes="${3:-off on}"
 chroot_dir="${CHROOT:-/var/tmp/attnserve-trixie}"
 server=build/server/attnserve
 [[ -x "$server" ]] || { echo "build first: make build" >&2; exit 1; }
@@ -47,9 +52,9 @@ PY
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 pid=""
 trap '[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null' EXIT
-echo "| case | batching | concurrency | infer/s | p50 ms | p99 ms |"
-echo "|---|---|---:|---:|---:|---:|"
-for mode in off on; do
+echo "| case | API | batching | concurrency | infer/s | p50 ms | p99 ms |"
+echo "|---|---|---|---:|---:|---:|---:|"
+for mode in $batching_modes; do
   grpc_port=$(port)
   metrics_port=$(port)
   "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port="$metrics_port" \
@@ -58,18 +63,23 @@ for mode in off on; do
   pid=$!
   sleep 2
   for case in toy medium; do
-    chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
-      -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
-      --concurrency-range "$range" --measurement-interval 4000 -f "/tmp/$case.csv" \
-      --max-trials=6 --stability-percentage=30 \
-      >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($mode)" >&2; continue; }
-    python3 - "$chroot_dir/tmp/$case.csv" "$case" "$mode" <<'PY'
+    for api in $apis; do
+      streaming=()
+      [[ $api == streaming ]] && streaming=(--streaming)
+      chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
+        -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
+        "${streaming[@]}" \
+        --concurrency-range "$range" --measurement-interval 4000 -f "/tmp/$case.csv" \
+        --max-trials=6 --stability-percentage=30 \
+        >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($api, $mode)" >&2; continue; }
+      python3 - "$chroot_dir/tmp/$case.csv" "$case" "$api" "$mode" <<'PY'
 import csv, sys
 for row in csv.DictReader(open(sys.argv[1])):
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {row['Concurrency']} | "
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {row['Concurrency']} | "
           f"{float(row['Inferences/Second']):.0f} | {int(row['p50 latency']) / 1e3:.2f} | "
           f"{int(row['p99 latency']) / 1e3:.2f} |")
 PY
+    done
   done
   kill -TERM "$pid"
   wait "$pid" || true

@@ -90,8 +90,14 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
     const Prepare& prepare) {
   auto* reactor = new UnaryCallReactor(response, info,
                                        calls_->limits().max_response_bytes);
+  CallContext call = ContextOf(context);
+  if (absl::Status metadata = ApplyCallMetadata(context, &call);
+      !metadata.ok()) {
+    reactor->Answer(metadata, CallRecord{}, Admission::Ticket());
+    return reactor;
+  }
   auto storage = std::make_shared<DecodeStorage>();
-  calls_->Run(rpc, ContextOf(context),
+  calls_->Run(rpc, call,
               [&prepare, storage](ElementBudget* budget)
                   -> absl::StatusOr<CallRunner::Work> {
                 ASSIGN_OR_RETURN(CallRunner::Work work,
@@ -185,9 +191,15 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     v1::AttentionResponse* response) {
   auto* reactor = new UnaryCallReactor(response, response->mutable_info(),
                                        calls_->limits().max_response_bytes);
+  CallContext call = ContextOf(context);
+  if (absl::Status metadata = ApplyCallMetadata(context, &call);
+      !metadata.ok()) {
+    reactor->Answer(metadata, CallRecord{}, Admission::Ticket());
+    return reactor;
+  }
   auto storage = std::make_shared<DecodeStorage>();
   calls_->RunAttention(
-      Rpc::kScaledDotProductAttention, ContextOf(context),
+      Rpc::kScaledDotProductAttention, call,
       [request, storage](ElementBudget* budget) {
         return DecodeAttentionRequest(*request, budget, storage.get());
       },

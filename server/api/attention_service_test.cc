@@ -411,6 +411,40 @@ TEST_P(ServiceTest, BadInputNamesTheField) {
 // result is allocated or computed (fuzz/typed_request: a 370 KB BatchMatmul
 // once made an 8.5 GB product first). Both RPCs whose output can outgrow
 // the request by far, and attention whose weights can.
+TEST_P(ServiceTest, PriorityAndTimeoutMetadata) {
+  std::mt19937 rng(4);
+  v1::AttentionRequest request;
+  *request.mutable_queries() = RandomTensor(rng, {2, 1, 2});
+  *request.mutable_keys() = RandomTensor(rng, {2, 10, 2});
+  *request.mutable_values() = RandomTensor(rng, {2, 10, 4});
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("attnserve-priority", "1");
+    context.AddMetadata("attnserve-timeout-us", "10000000");
+    v1::AttentionResponse response;
+    EXPECT_TRUE(stub_->ScaledDotProductAttention(&context, request, &response).ok());
+    EXPECT_EQ(response.output().shape_size(), 3);
+  }
+  for (const char* key : {"attnserve-priority", "attnserve-timeout-us"}) {
+    grpc::ClientContext context;
+    context.AddMetadata(key, "soon");
+    v1::AttentionResponse response;
+    const grpc::Status status =
+        stub_->ScaledDotProductAttention(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << key;
+    EXPECT_NE(status.error_message().find(key), std::string::npos)
+        << status.error_message();
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("attnserve-priority", "-2");
+  v1::BatchMatmulRequest matmul;
+  *matmul.mutable_a() = RandomTensor(rng, {1, 2, 3});
+  *matmul.mutable_b() = RandomTensor(rng, {1, 3, 2});
+  v1::BatchMatmulResponse matmul_response;
+  EXPECT_EQ(stub_->BatchMatmul(&context, matmul, &matmul_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_P(ServiceTest, ResultOverTheResponseLimitIsNeverComputed) {
   std::mt19937 rng(31);
   const double runs_before = CounterSum("attnserve_kernel_runs_total", {});

@@ -257,6 +257,39 @@ absl::StatusOr<float> BandwidthParameter(
   }
 }
 
+// Triton's request parameters "priority" (uint64; 1 the highest, 0 none) and
+// "timeout" (microseconds), into the call's context.
+absl::Status ApplyPriorityAndTimeout(const inference::ModelInferRequest& request,
+                                     CallContext* context) {
+  for (const char* name : {"priority", "timeout"}) {
+    auto it = request.parameters().find(name);
+    if (it == request.parameters().end()) continue;
+    int64_t value = -1;
+    switch (it->second.parameter_choice_case()) {
+      case inference::InferParameter::kInt64Param:
+        value = it->second.int64_param();
+        break;
+      case inference::InferParameter::kUint64Param:
+        value = static_cast<int64_t>(
+            std::min<uint64_t>(it->second.uint64_param(), uint64_t{1} << 62));
+        break;
+      default:
+        break;
+    }
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name,
+          "': must be a non-negative integer (int64_param or uint64_param)"));
+    }
+    if (std::string(name) == "priority") {
+      context->priority = static_cast<uint64_t>(value);
+    } else {
+      ApplyTimeout(value, context);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const std::vector<InferenceService::ModelSpec>& InferenceService::Models() {
@@ -544,6 +577,11 @@ void InferenceService::Infer(const inference::ModelInferRequest* request,
     return;
   }
   context.model = model->name;
+  if (absl::Status status = ApplyPriorityAndTimeout(*request, &context);
+      !status.ok()) {
+    responder->Answer(status, CallRecord{}, Admission::Ticket());
+    return;
+  }
   // Decoded inputs must live until the kernel has run: the closures that run
   // it hold `inputs`.
   auto inputs = std::make_shared<Inputs>();

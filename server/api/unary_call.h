@@ -20,6 +20,15 @@ namespace attnserve {
 CallContext ContextOf(grpc::CallbackServerContext* context,
                       std::string model = {});
 
+// The typed API's per-request priority and timeout, from request metadata
+// (Triton's parameters of the same names): `attnserve-priority` (1 the
+// highest; see CallContext) and `attnserve-timeout-us` (microseconds), both
+// decimal. INVALID_ARGUMENT naming the key for anything else.
+inline constexpr char kPriorityMetadata[] = "attnserve-priority";
+inline constexpr char kTimeoutMetadata[] = "attnserve-timeout-us";
+absl::Status ApplyCallMetadata(grpc::CallbackServerContext* context,
+                               CallContext* call);
+
 // The reactor of one unary kernel call, and the core's responder for it:
 // fills the response's ExecutionInfo (when `info` is given), refuses a
 // response over `max_response_bytes` with RESOURCE_EXHAUSTED, and holds the

@@ -87,6 +87,12 @@ class CallRunner::Call {
   Admission::Ticket ticket_;
 };
 
+void ApplyTimeout(int64_t timeout_us, CallContext* context) {
+  if (timeout_us <= 0) return;
+  context->deadline = std::min(context->deadline,
+                               absl::Now() + absl::Microseconds(timeout_us));
+}
+
 CallRunner::CallRunner(attn::Engine* engine, WorkerPool* pool,
                        AttentionBatcher* batcher, ServiceMetrics* metrics,
                        const ServiceLimits& limits, Admission* admission)
@@ -120,8 +126,8 @@ void CallRunner::Run(Rpc rpc, const CallContext& context,
     call->Finish(work.status());
     return;
   }
-  const absl::Status scheduled =
-      pool_->Schedule([this, call, work = *std::move(work)] {
+  const absl::Status scheduled = pool_->Schedule(
+      [this, call, work = *std::move(work)] {
         const absl::Time started = absl::Now();
         metrics_->QueueWait(call->rpc(), started - call->received());
         if (absl::Status wanted = call->CheckStillWanted(started);
@@ -131,7 +137,8 @@ void CallRunner::Run(Rpc rpc, const CallContext& context,
         }
         const absl::StatusOr<std::string> implementation = work();
         call->Complete(started, absl::Now() - started, implementation);
-      });
+      },
+      context.priority);
   if (!scheduled.ok()) call->Finish(scheduled);
 }
 

@@ -27,6 +27,7 @@
 #ifndef ATTNSERVE_SERVER_CORE_CALL_RUNNER_H_
 #define ATTNSERVE_SERVER_CORE_CALL_RUNNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -62,7 +63,16 @@ struct CallContext {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty: never cancelled
   std::string model;  // counted in ModelStatistics under it; empty: not
+  // The worker queue's order (server/core/worker_pool.h): 1 first, then 2,
+  // ...; 0 (none given) after every explicit level. Batched attention calls
+  // keep their class's arrival order.
+  uint64_t priority = 0;
 };
+
+// Applies a per-request timeout (Triton's, in microseconds; 0: none): a call
+// still queued when it runs out is answered DEADLINE_EXCEEDED without being
+// computed. Shortens the deadline only.
+void ApplyTimeout(int64_t timeout_us, CallContext* context);
 
 // What one call came to.
 struct CallRecord {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
@@ -179,6 +180,75 @@ TEST_F(CallRunnerTest, CancelledOrExpiredCallsAreNotComputed) {
   EXPECT_EQ(expired.Wait().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(runs.load(), 0);
   EXPECT_EQ(calls_->statistics().Get("m").fail_count, 2u);
+}
+
+TEST_F(CallRunnerTest, ATimeoutRunningOutInTheQueueSkipsTheWork) {
+  // Both workers busy, so the call waits past its 1 ms timeout. (The
+  // blockers share `release`: one may still be starting when the test ends.)
+  auto release = std::make_shared<absl::Notification>();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(
+        pool_->Schedule([release] { release->WaitForNotification(); }).ok());
+  }
+  CallContext context = Model("m");
+  ApplyTimeout(1000, &context);
+  EXPECT_LE(context.deadline, absl::Now() + absl::Milliseconds(1));
+  std::atomic<int> runs{0};
+  RecordingResponder responder;
+  calls_->Run(Rpc::kMaskedSoftmax, context,
+              [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                return CallRunner::Work([&]() -> absl::StatusOr<std::string> {
+                  ++runs;
+                  return std::string("k");
+                });
+              },
+              &responder);
+  absl::SleepFor(absl::Milliseconds(20));
+  release->Notify();
+  EXPECT_EQ(responder.Wait().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(runs.load(), 0);
+  // No timeout (0) leaves the deadline alone.
+  CallContext untouched = Model("m");
+  ApplyTimeout(0, &untouched);
+  EXPECT_EQ(untouched.deadline, absl::InfiniteFuture());
+}
+
+TEST_F(CallRunnerTest, HigherPriorityCallsLeaveTheQueueFirst) {
+  // One worker, busy until every call is queued: the order is the queue's.
+  WorkerPool::Options one_thread;
+  one_thread.threads = 1;
+  std::unique_ptr<WorkerPool> pool = WorkerPool::Create(one_thread).value();
+  CallRunner calls(engine_.get(), pool.get(), /*batcher=*/nullptr,
+                   metrics_.get(), ServiceLimits{});
+  absl::Notification started, release;
+  ASSERT_TRUE(pool->Schedule([&] {
+                    started.Notify();
+                    release.WaitForNotification();
+                  })
+                  .ok());
+  started.WaitForNotification();
+  absl::Mutex mu;
+  std::vector<uint64_t> order;
+  std::vector<std::unique_ptr<RecordingResponder>> responders;
+  for (uint64_t priority : {0, 2, 1, 0, 1}) {
+    CallContext context = Model("m");
+    context.priority = priority;
+    responders.push_back(std::make_unique<RecordingResponder>());
+    calls.Run(Rpc::kMaskedSoftmax, context,
+                [&, priority](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                  return CallRunner::Work(
+                      [&, priority]() -> absl::StatusOr<std::string> {
+                        absl::MutexLock lock(&mu);
+                        order.push_back(priority);
+                        return std::string("k");
+                      });
+                },
+                responders.back().get());
+  }
+  release.Notify();
+  for (auto& responder : responders) EXPECT_TRUE(responder->Wait().ok());
+  pool->Shutdown();
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 1, 2, 0, 0}));
 }
 
 TEST_F(CallRunnerTest, ADrainingServerRefusesBeforeDecoding) {

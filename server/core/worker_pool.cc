@@ -30,7 +30,7 @@ absl::Status WorkerPool::RoomLocked() const {
   if (stopping_) {
     return absl::UnavailableError("the server is shutting down");
   }
-  if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+  if (queued_ >= options_.max_queue) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the work queue is full (", options_.max_queue,
         " requests waiting, --max_queue); retry later"));
@@ -43,21 +43,24 @@ absl::Status WorkerPool::CheckRoom() const {
   return RoomLocked();
 }
 
-absl::Status WorkerPool::Schedule(std::function<void()> task) {
+absl::Status WorkerPool::Schedule(std::function<void()> task,
+                                  uint64_t priority) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(RoomLocked());
-  queue_.push_back(std::move(task));
+  const uint64_t level = priority == 0 ? UINT64_MAX : priority;
+  queue_[level].push_back(std::move(task));
+  ++queued_;
   return absl::OkStatus();
 }
 
 int WorkerPool::queue_depth() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(queue_.size());
+  return queued_;
 }
 
 int WorkerPool::available_threads() const {
   absl::MutexLock lock(&mu_);
-  return waiting_ - static_cast<int>(queue_.size());
+  return waiting_ - queued_;
 }
 
 void WorkerPool::SetIdleCallback(std::function<void()> on_idle) {
@@ -76,7 +79,7 @@ void WorkerPool::Shutdown() {
 }
 
 bool WorkerPool::HasWorkOrStopping() const {
-  return stopping_ || !queue_.empty();
+  return stopping_ || queued_ > 0;
 }
 
 void WorkerPool::Work() {
@@ -87,9 +90,12 @@ void WorkerPool::Work() {
       ++waiting_;
       mu_.Await(absl::Condition(this, &WorkerPool::HasWorkOrStopping));
       --waiting_;
-      if (queue_.empty()) return;  // stopping, and nothing left to run
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      if (queued_ == 0) return;  // stopping, and nothing left to run
+      auto first = queue_.begin();  // the highest priority waiting
+      task = std::move(first->second.front());
+      first->second.pop_front();
+      if (first->second.empty()) queue_.erase(first);
+      --queued_;
     }
     task();
     if (on_idle_ && queue_depth() == 0) on_idle_();

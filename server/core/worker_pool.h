@@ -6,7 +6,9 @@
 #ifndef ATTNSERVE_SERVER_CORE_WORKER_POOL_H_
 #define ATTNSERVE_SERVER_CORE_WORKER_POOL_H_
 
+#include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -37,7 +39,10 @@ class WorkerPool {
   // Queues `task`. RESOURCE_EXHAUSTED when max_queue tasks are already
   // waiting (retryable: the queue drains at the kernels' pace); UNAVAILABLE
   // once Shutdown has begun. The task runs exactly once if OK is returned.
-  absl::Status Schedule(std::function<void()> task);
+  // Queued tasks run by priority level, then in arrival order: level 1
+  // first, then 2, ...; 0 (no priority given) after every explicit level
+  // (Triton's request priority, with the default level the lowest).
+  absl::Status Schedule(std::function<void()> task, uint64_t priority = 0);
   // What Schedule would answer now, without queueing anything: a caller
   // refuses work it has not yet prepared at once (a full server's refusals
   // then cost it little). Schedule still decides.
@@ -69,7 +74,10 @@ class WorkerPool {
 
   const Options options_;
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  // Waiting tasks by level (priority 0 keyed as the largest level).
+  std::map<uint64_t, std::deque<std::function<void()>>> queue_
+      ABSL_GUARDED_BY(mu_);
+  int queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads blocked in Await
   std::function<void()> on_idle_;

@@ -5,10 +5,12 @@
 #include "server/core/worker_pool.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -85,6 +87,39 @@ TEST(WorkerPoolTest, FullQueueIsRefusedAndShutdownRunsWhatWaits) {
   stopper.join();
   EXPECT_EQ(ran.load(), 2);
   EXPECT_EQ(pool->queue_depth(), 0);
+}
+
+TEST(WorkerPoolTest, QueuedTasksRunByPriorityThenArrival) {
+  WorkerPool::Options options;
+  options.threads = 1;
+  std::unique_ptr<WorkerPool> pool = WorkerPool::Create(options).value();
+  absl::Notification started, release;
+  ASSERT_TRUE(pool->Schedule([&] {
+                    started.Notify();
+                    release.WaitForNotification();
+                  })
+                  .ok());
+  started.WaitForNotification();
+  absl::Mutex mu;
+  std::vector<std::string> order;
+  auto task = [&](std::string name) {
+    return [&, name] {
+      absl::MutexLock lock(&mu);
+      order.push_back(name);
+    };
+  };
+  // Queued while the one thread is busy: 1 first, then 2, 3; none last.
+  ASSERT_TRUE(pool->Schedule(task("none-a"), 0).ok());
+  ASSERT_TRUE(pool->Schedule(task("3"), 3).ok());
+  ASSERT_TRUE(pool->Schedule(task("1-a"), 1).ok());
+  ASSERT_TRUE(pool->Schedule(task("2"), 2).ok());
+  ASSERT_TRUE(pool->Schedule(task("1-b"), 1).ok());
+  ASSERT_TRUE(pool->Schedule(task("none-b")).ok());
+  EXPECT_EQ(pool->queue_depth(), 6);
+  release.Notify();
+  pool->Shutdown();
+  EXPECT_EQ(order, (std::vector<std::string>{"1-a", "1-b", "2", "3", "none-a",
+                                             "none-b"}));
 }
 
 TEST(WorkerPoolTest, IdleCallbackRunsWhenTheQueueEmpties) {

@@ -959,6 +959,20 @@ def main():
 
 
 
+
+class PriorityAndTimeoutTest(KServeTestCase):
+    """Triton's per-request priority and timeout (microseconds) are honoured
+    parameters: a request that carries them is served as any other (their
+    effect on the queue is tested with the core's fake clock and a blocked
+    pool in server/core/call_runner_test.cc)."""
+
+    def test_priority_and_timeout_are_accepted(self):
+        x, y = self.randn(2, 3, 4), self.randn(2, 4, 5)
+        result = self.client.infer(
+            "batch_matmul", [make_input("X", x), make_input("Y", y)],
+            priority=1, timeout=10_000_000, client_timeout=DEADLINE_S)
+        self.assertClose(self.get(result, "Z"), batch_matmul_ref(x, y))
+
 # --- Streaming (ModelStreamInfer). -------------------------------------------
 
 
