@@ -12,11 +12,9 @@
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
-// exp(x) to about 2 ulp on [-87, 88] (Cephes' polynomial after a ln2 range
-// reduction); exactly 0 below -87, so exp(-inf) == 0 and a masked score
-// contributes nothing; clamped at exp(88) above.
-inline float FastExp(float x) {
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+// exp(clamped) for clamped in [-87, 88] or NaN: Cephes' polynomial after a
+// ln2 range reduction, to about 2 ulp.
+inline float ExpInRange(float clamped) {
   // Round clamped / ln2 to the nearest integer with the 1.5 * 2^23 trick.
   const float kShift = 12582912.0f;
   const float shifted = clamped * 1.44269504088896341f + kShift;
@@ -35,8 +33,14 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const float scale = __builtin_bit_cast(float, (exponent + 127u) << 23);
-  return x < -87.0f ? 0.0f : p * scale;
+  return p * __builtin_bit_cast(float, (exponent + 127u) << 23);
+}
+
+// exp(x) to about 2 ulp on [-87, 88]; exactly 0 below -87, so exp(-inf) == 0
+// and a masked score contributes nothing; clamped at exp(88) above.
+inline float FastExp(float x) {
+  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  return x < -87.0f ? 0.0f : ExpInRange(clamped);
 }
 
 // exp(x) for the softmax sweeps' arguments, x = (score - row max) * scale
@@ -46,21 +50,7 @@ inline float FastExp(float x) {
 // engine then redoes the call on the reference).
 inline float ExpOfNonPositive(float x) {
   const float clamped = x < -87.0f ? -87.0f : x;
-  const float kShift = 12582912.0f;
-  const float shifted = clamped * 1.44269504088896341f + kShift;
-  const float n = shifted - kShift;
-  const uint32_t exponent = __builtin_bit_cast(uint32_t, shifted) -
-                            __builtin_bit_cast(uint32_t, kShift);
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float scale = __builtin_bit_cast(float, (exponent + 127u) << 23);
-  return x < -87.0f ? 0.0f : p * scale;
+  return x < -87.0f ? 0.0f : ExpInRange(clamped);
 }
 
 // tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error about 1e-7.
