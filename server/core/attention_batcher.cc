@@ -187,12 +187,18 @@ std::vector<AttentionBatcher::Pending> AttentionBatcher::TakeDueBatch(
   return batch;
 }
 
-absl::Time AttentionBatcher::FormDueBatches() {
+absl::Time AttentionBatcher::FormDueBatches(bool from_scheduler) {
   std::vector<std::vector<Pending>> due;
   absl::Time next = absl::InfiniteFuture();
   {
     absl::MutexLock lock(&mu_);
-    new_work_ = false;
+    // Only the scheduler consumes the wake-up: it is the one that waits
+    // for `next`. A pass on another thread (Schedule, OnExecutorIdle) that
+    // leaves requests queued wakes it below, so that it waits for their
+    // due time; clearing the flag here instead lost that wake-up, and
+    // requests left queued at the end of a burst waited for the next
+    // arrival, forever if none came (found by bench/core_benchmark.cc).
+    if (from_scheduler) new_work_ = false;
     const absl::Time now = clock_->Now();
     for (auto it = queues_.begin(); it != queues_.end();) {
       Queue& queue = it->second;
@@ -208,6 +214,7 @@ absl::Time AttentionBatcher::FormDueBatches() {
         ++it;
       }
     }
+    if (!from_scheduler && next != absl::InfiniteFuture()) new_work_ = true;
     in_hand_ += static_cast<int>(due.size());
   }
   if (due.empty()) return next;
@@ -356,7 +363,7 @@ void AttentionBatcher::SchedulerLoop() {
           absl::Condition(this, &AttentionBatcher::HasWorkOrStopping), next);
       if (stopping_ && queued_ == 0) return;
     }
-    next = FormDueBatches();
+    next = FormDueBatches(/*from_scheduler=*/true);
   }
 }
 

@@ -124,7 +124,9 @@ class AttentionBatcher {
 
   // Hands every batch that is due at the clock's now to the executor;
   // returns when the next class falls due (InfiniteFuture if none waits).
-  absl::Time FormDueBatches();
+  // `from_scheduler`: the scheduler thread's own pass; any other pass that
+  // leaves requests queued wakes the scheduler to wait for their due time.
+  absl::Time FormDueBatches(bool from_scheduler = false);
 
   // An executor thread has freed up: hands on what is queued. Never blocks.
   void OnExecutorIdle() { FormDueBatches(); }

@@ -436,6 +436,34 @@ class BatcherThreadsTest : public ::testing::Test {
   std::unique_ptr<AttentionBatcher> batcher_;  // uses the pool: after it
 };
 
+// A pass on another thread (a worker's idle callback) that finds no free
+// thread leaves the request queued; the scheduler must still send it when its
+// delay runs out. (Such a pass used to consume the scheduler's wake-up: the
+// request then waited for the next arrival, forever if none came.)
+TEST_F(BatcherThreadsTest, AnIdlePassNeverSwallowsTheSchedulersWakeUp) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Milliseconds(2);
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
+  batcher_ = AttentionBatcher::Create(
+                 options, engine_.get(), &clock_,
+                 [pool = pool_.get()](std::function<void()> work) {
+                   return pool->Schedule(std::move(work));
+                 },
+                 {}, /*executor_available=*/[] { return false; })
+                 .value();
+  std::mt19937 rng(5);
+  std::unique_ptr<Call> call = MakeCall(rng, 1, 3, 4);
+  absl::Notification answered;
+  ASSERT_TRUE(
+      batcher_->Schedule(TaskFor(call.get(), [&] { answered.Notify(); })).ok());
+  batcher_->OnExecutorIdle();  // not due, no free thread: stays queued
+  batcher_->StartScheduler();  // must still wake for it
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(call->result.has_value());
+  EXPECT_TRUE(call->result->ok()) << call->result->status();
+}
+
 // Four clients, two request classes, ragged shapes: every request is
 // answered exactly once, with its own result.
 TEST_F(BatcherThreadsTest, ConcurrentClientsEachGetTheirOwnResult) {
