@@ -23,7 +23,7 @@ server=build/server/attnserve
 if [[ ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
   command -v debootstrap >/dev/null || apt-get install -y debootstrap
   [[ -d "$chroot_dir/usr" ]] ||
-    debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian
+    debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian >&2
   wheels=$(mktemp -d)
   python3 -m pip download --quiet --no-deps --only-binary=:all: \
     --platform manylinux_2_38_x86_64 --python-version 3.11 -d "$wheels" \
