@@ -84,18 +84,28 @@ AttentionService::AttentionService(CallRunner* calls,
                                    ModelRepository* repository)
     : calls_(calls), repository_(repository) {}
 
+bool AttentionService::BeginCall(grpc::CallbackServerContext* context,
+                                 google::protobuf::Message* response,
+                                 v1::ExecutionInfo* info,
+                                 UnaryCallReactor** reactor,
+                                 CallContext* call) const {
+  *reactor = new UnaryCallReactor(response, info,
+                                  calls_->limits().max_response_bytes);
+  *call = ContextOf(context);
+  if (absl::Status metadata = ApplyCallMetadata(context, call); !metadata.ok()) {
+    (*reactor)->Answer(metadata, CallRecord{}, Admission::Ticket());
+    return false;
+  }
+  return true;
+}
+
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
     const Prepare& prepare) {
-  auto* reactor = new UnaryCallReactor(response, info,
-                                       calls_->limits().max_response_bytes);
-  CallContext call = ContextOf(context);
-  if (absl::Status metadata = ApplyCallMetadata(context, &call);
-      !metadata.ok()) {
-    reactor->Answer(metadata, CallRecord{}, Admission::Ticket());
-    return reactor;
-  }
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (!BeginCall(context, response, info, &reactor, &call)) return reactor;
   auto storage = std::make_shared<DecodeStorage>();
   calls_->Run(rpc, call,
               [&prepare, storage](ElementBudget* budget)
@@ -189,12 +199,10 @@ absl::StatusOr<attn::AttentionRequest> DecodeAttentionRequest(
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
-  auto* reactor = new UnaryCallReactor(response, response->mutable_info(),
-                                       calls_->limits().max_response_bytes);
-  CallContext call = ContextOf(context);
-  if (absl::Status metadata = ApplyCallMetadata(context, &call);
-      !metadata.ok()) {
-    reactor->Answer(metadata, CallRecord{}, Admission::Ticket());
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (!BeginCall(context, response, response->mutable_info(), &reactor,
+                 &call)) {
     return reactor;
   }
   auto storage = std::make_shared<DecodeStorage>();

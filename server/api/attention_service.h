@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "server/api/tensor_codec.h"
+#include "server/api/unary_call.h"
 #include "server/core/call_runner.h"
 #include "server/repository/model_repository.h"
 
@@ -63,6 +64,13 @@ class AttentionService final
   // which lives as long as the Work.
   using Prepare = std::function<absl::StatusOr<CallRunner::Work>(
       ElementBudget*, DecodeStorage*)>;
+  // Makes a new call's reactor (*reactor) and its context with the request
+  // metadata applied (*call). False when the metadata is invalid: the
+  // reactor has then answered INVALID_ARGUMENT.
+  bool BeginCall(grpc::CallbackServerContext* context,
+                 google::protobuf::Message* response,
+                 attention::v1::ExecutionInfo* info,
+                 UnaryCallReactor** reactor, CallContext* call) const;
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,

@@ -89,14 +89,7 @@ class InferenceService::StreamReactor final
         : stream_(stream), max_response_bytes_(max_response_bytes) {}
 
     absl::Status Computed(const CallRecord&) override {
-      const size_t bytes = response.ByteSizeLong();
-      if (static_cast<int64_t>(bytes) > max_response_bytes_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the response would be ", bytes, " bytes, over the limit of ",
-            max_response_bytes_,
-            " (--max_message_bytes); ask for less (e.g. no weights)"));
-      }
-      return absl::OkStatus();
+      return CheckResponseSize(response, max_response_bytes_);
     }
 
     void Answer(const absl::Status& status, const CallRecord&,
@@ -160,11 +153,11 @@ class InferenceService::StreamReactor final
   }
 
   void FinishStream() {
-    Finish(broken_for_finish() ? grpc::Status(grpc::StatusCode::CANCELLED,
+    Finish(Broken() ? grpc::Status(grpc::StatusCode::CANCELLED,
                                               "the stream broke")
                                : grpc::Status::OK);
   }
-  bool broken_for_finish() {
+  bool Broken() {
     absl::MutexLock lock(&mu_);
     return broken_;
   }

@@ -12,6 +12,16 @@
 
 namespace attnserve {
 
+absl::Status CheckResponseSize(const google::protobuf::Message& response,
+                               int64_t max_response_bytes) {
+  const size_t bytes = response.ByteSizeLong();
+  if (static_cast<int64_t>(bytes) <= max_response_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the response would be ", bytes, " bytes, over the limit of ",
+      max_response_bytes,
+      " (--max_message_bytes); ask for less (e.g. no weights)"));
+}
+
 CallContext ContextOf(grpc::CallbackServerContext* context, std::string model) {
   CallContext call;
   call.peer = context->peer();
@@ -60,15 +70,9 @@ absl::Status UnaryCallReactor::Computed(const CallRecord& record) {
     info_->set_kernel_seconds(absl::ToDoubleSeconds(record.compute));
     info_->set_queue_seconds(absl::ToDoubleSeconds(record.queue));
   }
-  const size_t bytes = response_->ByteSizeLong();
-  if (static_cast<int64_t>(bytes) > max_response_bytes_) {
-    response_->Clear();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the response would be ", bytes, " bytes, over the limit of ",
-        max_response_bytes_,
-        " (--max_message_bytes); ask for less (e.g. no weights)"));
-  }
-  return absl::OkStatus();
+  absl::Status fits = CheckResponseSize(*response_, max_response_bytes_);
+  if (!fits.ok()) response_->Clear();
+  return fits;
 }
 
 void UnaryCallReactor::Answer(const absl::Status& status,

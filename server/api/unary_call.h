@@ -1,6 +1,10 @@
-// What the gRPC front ends share to hand a unary call to the serving core
-// (server/core/call_runner.h): the call's context in the core's terms, and
-// the reactor that answers it.
+// What the gRPC front ends share to hand a call to the serving core
+// (server/core/call_runner.h): the call's context in the core's terms, the
+// response size check, and the reactor that answers a unary call.
+//
+// Thread safety: the functions are pure; a UnaryCallReactor is driven by the
+// core (Computed, then Answer, once each, from any one thread at a time) and
+// by gRPC (OnDone), and deletes itself in OnDone.
 #ifndef ATTNSERVE_SERVER_API_UNARY_CALL_H_
 #define ATTNSERVE_SERVER_API_UNARY_CALL_H_
 
@@ -14,6 +18,11 @@
 #include "server/core/call_runner.h"
 
 namespace attnserve {
+
+// RESOURCE_EXHAUSTED naming --max_message_bytes when `response` encodes to
+// more than `max_response_bytes`; OK otherwise.
+absl::Status CheckResponseSize(const google::protobuf::Message& response,
+                               int64_t max_response_bytes);
 
 // The core's view of a gRPC call: its peer, deadline and cancellation, and
 // the model it counts for (empty: none). `context` must outlive the call.
