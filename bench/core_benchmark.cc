@@ -1,5 +1,5 @@
 // The serving core without gRPC (server/core/call_runner.h): 64 single
-// attention requests (B = 1) in flight through CallRunner::RunAttention, with
+// attention requests (B = 1) in flight through CallRunner::RunOp, with
 // the server's defaults (2 workers, kernels on 1 thread each), batching off
 // and on. Shows what batching buys the kernels alone on this CPU, without the
 // transport's cost. Reported: requests/s (items_per_second) per 64-request
@@ -15,7 +15,7 @@
 #include "attn/engine.h"
 #include "attn/testing/random.h"
 #include "benchmark/benchmark.h"
-#include "server/core/attention_batcher.h"
+#include "server/core/batcher.h"
 #include "server/core/call_runner.h"
 #include "server/core/clock.h"
 #include "server/core/metrics.h"
@@ -59,12 +59,13 @@ void BM_CoreAttention(benchmark::State& state) {
   auto metrics = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
   auto pool = WorkerPool::Create(WorkerPool::Options{}).value();
   RealClock clock;
-  std::unique_ptr<AttentionBatcher> batcher;
+  std::unique_ptr<Batcher> batcher;
   if (batching) {
-    batcher = AttentionBatcher::Create(
+    batcher = Batcher::Create(
                   BatchingOptions{}, engine.get(), &clock,
-                  [raw = pool.get()](std::function<void()> work) {
-                    return raw->Schedule(std::move(work));
+                  [raw = pool.get()](std::function<void()> work,
+                        uint64_t priority) {
+                    return raw->Schedule(std::move(work), priority);
                   },
                   {}, [raw = pool.get()] { return raw->available_threads() > 0; })
                   .value();
@@ -85,9 +86,9 @@ void BM_CoreAttention(benchmark::State& state) {
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
-      calls.RunAttention(
+      calls.RunOp(
           Rpc::kScaledDotProductAttention, CallContext{},
-          [&, i](ElementBudget*) -> absl::StatusOr<attn::AttentionRequest> {
+          [&, i](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
             attn::AttentionRequest request;
             request.queries = q[i].view();
             request.keys = k[i].view();
@@ -95,7 +96,7 @@ void BM_CoreAttention(benchmark::State& state) {
             return request;
           },
           [](const attn::OpResult& result) { benchmark::DoNotOptimize(result); },
-          &responder);
+          {}, &responder);
     }
     responder.Wait();
   }

@@ -56,7 +56,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "server/core/admission.h"
-#include "server/core/attention_batcher.h"
+#include "server/core/batcher.h"
 #include "server/api/attention_service.h"
 #include "server/api/auth.h"
 #include "server/core/clock.h"
@@ -171,9 +171,18 @@ ABSL_FLAG(std::string, model_repository, "",
           "additive-attention weights and fitted Nadaraya-Watson bandwidths, "
           "served over KServe and by name in the typed API. `make run` "
           "points it at deploy/models.");
+ABSL_FLAG(std::string, model_control_mode, "none",
+          "Live model control, as Triton's --model-control-mode: 'none' "
+          "(the repository's models load at start-up and stay) or "
+          "'explicit' (KServe RepositoryModelLoad / RepositoryModelUnload "
+          "load, reload and unload them while serving; with "
+          "--auth_tokens_file only tokens with the model_control "
+          "permission may).");
 ABSL_FLAG(bool, batching, false,
-          "Batch concurrent ScaledDotProductAttention requests server-side "
-          "(ragged batching by padding). Off by default: on the CPU backend "
+          "Batch concurrent requests of every operation with a batch "
+          "dimension server-side (masked softmax, batch matmul, attention, "
+          "additive attention, Nadaraya-Watson; ragged batching by padding). "
+          "Off by default: on the CPU backend "
           "it measured ~10% slower (bench/batching_bench.sh; see README).");
 ABSL_FLAG(int32_t, max_batch_size, 32,
           "Most requests one batch may hold.");
@@ -429,7 +438,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::unique_ptr<attnserve::AttentionBatcher> batcher;
+  std::unique_ptr<attnserve::Batcher> batcher;
   attnserve::BatchingOptions batching;
   if (absl::GetFlag(FLAGS_batching)) {
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
@@ -448,16 +457,16 @@ int main(int argc, char** argv) {
       }
       batching.preferred_batch_sizes.push_back(value);
     }
-    absl::StatusOr<std::unique_ptr<attnserve::AttentionBatcher>> created =
-        attnserve::AttentionBatcher::Create(
+    absl::StatusOr<std::unique_ptr<attnserve::Batcher>> created =
+        attnserve::Batcher::Create(
             batching, engine->get(), &clock,
-            [raw = pool->get()](std::function<void()> work) {
-              return raw->Schedule(std::move(work));
+            [raw = pool->get()](std::function<void()> work,
+                                uint64_t priority) {
+              return raw->Schedule(std::move(work), priority);
             },
             [raw = metrics->get()](const attnserve::BatchStats& stats) {
-              raw->BatchExecuted(attnserve::Rpc::kScaledDotProductAttention,
-                                 stats.requests, stats.computed_elements,
-                                 stats.useful_elements);
+              raw->BatchExecuted(stats.rpc, stats.requests,
+                                 stats.computed_elements, stats.useful_elements);
             },
             [raw = pool->get()] { return raw->available_threads() > 0; });
     if (!created.ok()) {
@@ -511,6 +520,14 @@ int main(int argc, char** argv) {
   exposer->RegisterCollectable((*metrics)->sampled());
   const std::vector<int> metrics_ports = exposer->GetListeningPorts();
 
+  const std::string model_control_mode = absl::GetFlag(FLAGS_model_control_mode);
+  if (model_control_mode != "none" && model_control_mode != "explicit") {
+    absl::FPrintF(stderr,
+                  "attnserve: --model_control_mode: '%s' is neither 'none' "
+                  "nor 'explicit'\n",
+                  model_control_mode);
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
       attnserve::ModelRepository::Load(absl::GetFlag(FLAGS_model_repository));
   if (!repository.ok()) {
@@ -562,9 +579,12 @@ int main(int argc, char** argv) {
   attnserve::CallRunner calls(engine->get(), pool->get(), batcher.get(),
                               metrics->get(), limits, &admission);
   attnserve::AttentionService service(&calls, repository->get());
+  attnserve::ModelControl model_control;
+  model_control.explicit_mode = model_control_mode == "explicit";
+  model_control.needs_permission = tokens != nullptr;
   attnserve::InferenceService inference(
       &calls, repository->get(), batcher != nullptr ? &batching : nullptr,
-      absl::GetFlag(FLAGS_max_batch_size));
+      absl::GetFlag(FLAGS_max_batch_size), model_control);
 
   grpc::EnableDefaultHealthCheckService(true);
   if (absl::GetFlag(FLAGS_reflection)) {

@@ -121,34 +121,54 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AttentionService::ServeOp(
+    Rpc rpc, grpc::CallbackServerContext* context,
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const DecodeOp& decode, EncodeWith encode, CallRunner::WireNames wire_names) {
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (!BeginCall(context, response, info, &reactor, &call)) return reactor;
+  // The decoded views point into `storage`: the encoding step, which the
+  // core keeps until the kernel has run, holds it.
+  auto storage = std::make_shared<DecodeStorage>();
+  calls_->RunOp(
+      rpc, call,
+      [&decode, storage](ElementBudget* budget) {
+        return decode(budget, storage.get());
+      },
+      [encode = std::move(encode), storage](const attn::OpResult& result) {
+        encode(result);
+      },
+      std::move(wire_names), reactor);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
     grpc::CallbackServerContext* context, const v1::MaskedSoftmaxRequest* request,
     v1::MaskedSoftmaxResponse* response) {
-  return Serve(
+  return ServeOp(
       Rpc::kMaskedSoftmax, context, response, response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
-                                DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<BatchableRequest> {
         attn::MaskedSoftmaxRequest op;
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.x, DecodeTensor("x", request->x(), budget, storage));
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
-        RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-        return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
-          ASSIGN_OR_RETURN(attn::OpResult result, calls_->engine()->MaskedSoftmax(op));
-          EncodeResult(result, request->output_encoding(), response);
-          return result.implementation;
-        });
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
       });
 }
 
 grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
     grpc::CallbackServerContext* context, const v1::BatchMatmulRequest* request,
     v1::BatchMatmulResponse* response) {
-  return Serve(
+  return ServeOp(
       Rpc::kBatchMatmul, context, response, response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
-                                DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<BatchableRequest> {
         attn::BatchMatmulRequest op;
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.a, DecodeTensor("a", request->a(), budget, storage));
@@ -156,12 +176,10 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
         RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
                                   v1::Precision_IsValid(request->precision())));
         op.precision = PrecisionOf(request->precision());
-        RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-        return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
-          ASSIGN_OR_RETURN(attn::OpResult result, calls_->engine()->BatchMatmul(op));
-          EncodeResult(result, request->output_encoding(), response);
-          return result.implementation;
-        });
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
       });
 }
 
@@ -199,40 +217,34 @@ absl::StatusOr<attn::AttentionRequest> DecodeAttentionRequest(
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
-  CallContext call;
-  UnaryCallReactor* reactor = nullptr;
-  if (!BeginCall(context, response, response->mutable_info(), &reactor,
-                 &call)) {
-    return reactor;
-  }
-  auto storage = std::make_shared<DecodeStorage>();
-  calls_->RunAttention(
-      Rpc::kScaledDotProductAttention, call,
-      [request, storage](ElementBudget* budget) {
-        return DecodeAttentionRequest(*request, budget, storage.get());
+  return ServeOp(
+      Rpc::kScaledDotProductAttention, context, response,
+      response->mutable_info(),
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<BatchableRequest> {
+        return DecodeAttentionRequest(*request, budget, storage);
       },
-      // Holds `storage` until the kernel has read the views into it.
-      [request, response, storage](const attn::OpResult& result) {
+      [request, response](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
-      },
-      reactor);
-  return reactor;
+      });
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
     grpc::CallbackServerContext* context,
     const v1::AdditiveAttentionRequest* request,
     v1::AdditiveAttentionResponse* response) {
-  return Serve(
+  // Repository weights, kept alive (by the encoding step) while the kernel
+  // reads them, even if the model is unloaded meanwhile.
+  std::shared_ptr<const RepositoryModel> held;
+  if (request->has_weights_name() && repository_ != nullptr) {
+    held = repository_->Find(request->weights_name());
+  }
+  return ServeOp(
       Rpc::kAdditiveAttention, context, response, response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
-                                DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
+      [request, held](ElementBudget* budget,
+                      DecodeStorage* storage) -> absl::StatusOr<BatchableRequest> {
         attn::AdditiveAttentionRequest op;
-        std::shared_ptr<const RepositoryModel> held;
         if (request->has_weights_name()) {
-          held = repository_ == nullptr
-                     ? nullptr
-                     : repository_->Find(request->weights_name());
           if (held == nullptr || held->config.backend() != "additive_attention") {
             return absl::NotFoundError(absl::StrCat(
                 "weights_name: no additive_attention model '",
@@ -261,27 +273,22 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
         ASSIGN_OR_RETURN(op.valid_lens,
                          DecodeLengths("valid_lens", request->valid_lens()));
         op.return_weights = request->return_weights();
-        RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-        // `held` keeps repository weights alive while the kernel reads them.
-        return CallRunner::Work([this, op, held, request, response]() -> absl::StatusOr<std::string> {
-          absl::StatusOr<attn::OpResult> computed =
-              calls_->engine()->AdditiveAttention(op);
-          if (!computed.ok()) return WithWireNames(computed.status());
-          const attn::OpResult& result = *computed;
-          EncodeResult(result, request->output_encoding(), response);
-          return result.implementation;
-        });
-      });
+        return op;
+      },
+      [request, response, held](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      },
+      WithWireNames);
 }
 
 grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
     grpc::CallbackServerContext* context,
     const v1::NadarayaWatsonRequest* request,
     v1::NadarayaWatsonResponse* response) {
-  return Serve(
+  return ServeOp(
       Rpc::kNadarayaWatson, context, response, response->mutable_info(),
-      [this, request, response](ElementBudget* budget,
-                                DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<BatchableRequest> {
         attn::NadarayaWatsonRequest op;
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
@@ -296,12 +303,10 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
         op.kernel = KernelOf(request->kernel());
         if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
         op.return_weights = request->return_weights();
-        RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-        return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
-          ASSIGN_OR_RETURN(attn::OpResult result, calls_->engine()->NadarayaWatson(op));
-          EncodeResult(result, request->output_encoding(), response);
-          return result.implementation;
-        });
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
       });
 }
 

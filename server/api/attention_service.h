@@ -3,7 +3,7 @@
 //
 // Each handler decodes and checks the request's tensors on the gRPC thread
 // (cheap, and malformed requests never take a queue slot) and hands the call
-// to the core, which queues, batches (ScaledDotProductAttention, when
+// to the core, which queues, batches (every operation but FitBandwidth, when
 // batching is on), computes on a worker, and answers through the call's
 // reactor (server/api/unary_call.h); the handler returns that reactor at
 // once. What the core refuses, and with which status, is said there.
@@ -71,6 +71,20 @@ class AttentionService final
                  google::protobuf::Message* response,
                  attention::v1::ExecutionInfo* info,
                  UnaryCallReactor** reactor, CallContext* call) const;
+  // The decode step of a batchable operation's call, on the gRPC thread;
+  // views it makes may point into `storage`, which lives until the kernel
+  // has run.
+  using DecodeOp = std::function<absl::StatusOr<BatchableRequest>(
+      ElementBudget*, DecodeStorage*)>;
+  // Fills the response from the result (on a worker).
+  using EncodeWith = std::function<void(const attn::OpResult&)>;
+  // Hands one call of a batchable operation to the core (which may batch
+  // it) and returns its reactor.
+  grpc::ServerUnaryReactor* ServeOp(Rpc rpc, grpc::CallbackServerContext* context,
+                                    google::protobuf::Message* response,
+                                    attention::v1::ExecutionInfo* info,
+                                    const DecodeOp& decode, EncodeWith encode,
+                                    CallRunner::WireNames wire_names = {});
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,

@@ -89,10 +89,11 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
       options.max_batch_requests = 8;
       options.max_queue_delay = absl::Microseconds(300);
       options.max_queue_size = max_queue;
-      batcher_ = AttentionBatcher::Create(
+      batcher_ = Batcher::Create(
                      options, engine_.get(), &clock_,
-                     [pool = pool_.get()](std::function<void()> work) {
-                       return pool->Schedule(std::move(work));
+                     [pool = pool_.get()](std::function<void()> work,
+                           uint64_t priority) {
+                       return pool->Schedule(std::move(work), priority);
                      },
                      [metrics = metrics_.get()](const BatchStats& stats) {
                        metrics->BatchExecuted(Rpc::kScaledDotProductAttention,
@@ -159,7 +160,7 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<WorkerPool> pool_;
   RealClock clock_;
-  std::unique_ptr<AttentionBatcher> batcher_;
+  std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<CallRunner> calls_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -95,10 +95,12 @@ absl::StatusOr<std::vector<TokenStore::Entry>> TokenStore::Parse() const {
     for (size_t i = 1; i < words.size(); ++i) {
       if (words[i] == "save_as") {
         entry.grant.may_save = true;
+      } else if (words[i] == "model_control") {
+        entry.grant.may_control_models = true;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(where(), "unknown permission \"", words[i],
-                         "\" (the only one is save_as)"));
+                         "\" (known: save_as, model_control)"));
       }
     }
     entries.push_back(std::move(entry));
@@ -197,6 +199,9 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
       std::string(header->first.data(), header->first.size()),
       std::string(header->second.data(), header->second.size())));
   if (grant->may_save) context->AddProperty(kSaveAsProperty, "true");
+  if (grant->may_control_models) {
+    context->AddProperty(kModelControlProperty, "true");
+  }
   return grpc::Status::OK;
 }
 

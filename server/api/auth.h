@@ -3,14 +3,15 @@
 // AuthMetadataProcessor on every call.
 //
 // The token file: one token per line, optionally followed by whitespace and
-// permissions; `#` starts a comment; blank lines are ignored. The one
-// permission today is `save_as` (FitBandwidth may write into the model
-// repository). Tokens are at least 16 characters of printable ASCII without
+// permissions; `#` starts a comment; blank lines are ignored. Permissions:
+// `save_as` (FitBandwidth may write into the model repository) and
+// `model_control` (RepositoryModelLoad and RepositoryModelUnload). Tokens are at least 16 characters of printable ASCII without
 // spaces (e.g. `openssl rand -hex 32`).
 //
 //   # ci runner
 //   3f6c1b0d9e2a47c58b1f0e6d2c9a7b44
 //   9a1e...   save_as
+//   c04f...   save_as model_control
 //
 // A token is never logged: messages name the file and the line number.
 #ifndef ATTNSERVE_SERVER_API_AUTH_H_
@@ -35,7 +36,8 @@
 namespace attnserve {
 
 struct TokenGrant {
-  bool may_save = false;  // permission `save_as`
+  bool may_save = false;            // permission `save_as`
+  bool may_control_models = false;  // permission `model_control`
 };
 
 // Thread-safe: Check may run on many gRPC threads while Reload runs.
@@ -91,6 +93,9 @@ const char* AuthFailureName(AuthFailure failure);  // "missing_token", ...
 
 // The AuthContext property a granted `save_as` permission adds to a call.
 inline constexpr char kSaveAsProperty[] = "attnserve.permission.save_as";
+// The same for `model_control`.
+inline constexpr char kModelControlProperty[] =
+    "attnserve.permission.model_control";
 
 // Requires `authorization: Bearer <token>` on every call except the health
 // service's (probes carry no token). UNAUTHENTICATED otherwise, reported to

@@ -11,9 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attn/status_macros.h"
+#include "server/api/auth.h"
 #include "server/api/status.h"
-#include "server/api/unary_call.h"
 #include "server/api/tensor_codec.h"
+#include "server/api/unary_call.h"
 
 namespace attnserve {
 namespace {
@@ -328,12 +329,14 @@ const std::vector<InferenceService::ModelSpec>& InferenceService::Models() {
 InferenceService::InferenceService(CallRunner* calls,
                                    ModelRepository* repository,
                                    const BatchingOptions* batching,
-                                   int max_batch_size)
+                                   int max_batch_size,
+                                   const ModelControl& model_control)
     : calls_(calls),
       repository_(repository),
       batching_(batching != nullptr),
       batching_options_(batching != nullptr ? *batching : BatchingOptions{}),
-      max_batch_size_(max_batch_size) {}
+      max_batch_size_(max_batch_size),
+      model_control_(model_control) {}
 
 std::vector<std::string> InferenceService::ModelNames() const {
   std::vector<std::string> names;
@@ -417,6 +420,12 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   response->set_version("0.1.0");
   response->add_extensions("model_configuration");
   response->add_extensions("statistics");
+  // Triton's names: the repository index, load and unload; priorities and
+  // timeouts. ModelStreamInfer has no extension name in Triton; ours is
+  // the RPC's.
+  response->add_extensions("model_repository");
+  response->add_extensions("schedule_policy");
+  response->add_extensions("model_stream_infer");
   return Answer(context, absl::OkStatus());
 }
 
@@ -500,15 +509,108 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
     grpc::CallbackServerContext* context,
-    const inference::RepositoryIndexRequest*,
+    const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
-  for (const std::string& name : ModelNames()) {
+  const bool ready = ready_.load();
+  auto add = [&](const std::string& name, const std::string& state,
+                 const std::string& reason) {
+    if (request->ready() && state != "READY") return;
     auto* index = response->add_models();
     index->set_name(name);
     index->set_version(kVersion);
-    index->set_state(ready_.load() ? "READY" : "UNAVAILABLE");
+    index->set_state(state);
+    index->set_reason(reason);
+  };
+  for (const ModelSpec& model : Models()) {
+    add(model.name, ready ? "READY" : "UNAVAILABLE",
+        ready ? "" : "the server is draining");
+  }
+  if (repository_ != nullptr) {
+    for (const ModelRepository::ModelState& model : repository_->Index()) {
+      const bool serving = model.state == "READY";
+      add(model.name, serving && !ready ? "UNAVAILABLE" : model.state,
+          serving && !ready ? "the server is draining" : model.reason);
+    }
   }
   return Answer(context, absl::OkStatus());
+}
+
+absl::Status InferenceService::CheckModelControl(
+    grpc::CallbackServerContext* context, const std::string& model_name) const {
+  if (!model_control_.explicit_mode) {
+    return absl::FailedPreconditionError(
+        "model control is off: start the server with "
+        "--model_control_mode=explicit to load and unload models");
+  }
+  if (model_control_.needs_permission &&
+      (context->auth_context() == nullptr ||
+       context->auth_context()->FindPropertyValues(kModelControlProperty)
+           .empty())) {
+    return absl::PermissionDeniedError(
+        "this token may not load or unload models; give it the permission "
+        "model_control in --auth_tokens_file");
+  }
+  if (repository_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the server runs without --model_repository");
+  }
+  if (model_name.empty()) {
+    return absl::InvalidArgumentError("model_name: empty");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Parameters Triton's clients send that mean nothing here; others (a
+// config override, model files) are refused rather than ignored.
+absl::Status CheckControlParameters(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+        parameters) {
+  for (const auto& [name, value] : parameters) {
+    if (name == "unload_dependents") continue;  // no model depends on another
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", name,
+        "': not supported; put the model's config.pbtxt and "
+        "weights.safetensors in its repository folder and load it by name"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsBuiltIn(const std::string& name) {
+  for (const InferenceService::ModelSpec& model : InferenceService::Models()) {
+    if (model.name == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  absl::Status status = CheckModelControl(context, request->model_name());
+  if (status.ok()) status = CheckControlParameters(request->parameters());
+  if (status.ok() && !IsBuiltIn(request->model_name())) {
+    status = repository_->LoadModel(request->model_name());
+  }
+  return Answer(context, status);
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  absl::Status status = CheckModelControl(context, request->model_name());
+  if (status.ok()) status = CheckControlParameters(request->parameters());
+  if (status.ok() && IsBuiltIn(request->model_name())) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "model_name: '", request->model_name(),
+        "' is built in and always served"));
+  }
+  if (status.ok()) status = repository_->UnloadModel(request->model_name());
+  return Answer(context, status);
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
@@ -594,125 +696,100 @@ void InferenceService::Infer(const inference::ModelInferRequest* request,
     return it == inputs->lengths.end() ? attn::LengthsView{} : it->second;
   };
 
-  if (model->rpc == Rpc::kScaledDotProductAttention) {
-    const bool weights = Wants(*names, "attention_weights");
-    calls_->RunAttention(
-        model->rpc, context,
-        [decode, inputs, lengths, weights](
-            ElementBudget* budget) -> absl::StatusOr<attn::AttentionRequest> {
-          RETURN_IF_ERROR(decode(budget));
-          attn::AttentionRequest op;
-          op.queries = inputs->floats["queries"];
-          op.keys = inputs->floats["keys"];
-          op.values = inputs->floats["values"];
-          op.valid_lens = lengths();
-          op.return_weights = weights;
-          return op;
-        },
-        // Holds `inputs` too: the valid lengths the kernel reads live there.
-        [request, response, inputs, names = *names](const attn::OpResult& result) {
-          Respond(*request, names,
-                  {{"output", &result.output},
-                   {"attention_weights", &result.weights}},
-                  response);
-        },
-        responder);
-    return;
-  }
-  auto prepare = [this, held, model, request, response, decode, inputs, lengths,
-       names = *names](ElementBudget* budget)
-          -> absl::StatusOr<CallRunner::Work> {
-        RETURN_IF_ERROR(decode(budget));
-        attn::Engine* engine = calls_->engine();
-        switch (model->rpc) {
-          case Rpc::kMaskedSoftmax: {
-            attn::MaskedSoftmaxRequest op;
-            op.x = inputs->floats["X"];
-            op.valid_lens = lengths();
-            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-            return CallRunner::Work(
-                [engine, op, inputs, request, response, names]() -> absl::StatusOr<std::string> {
-                  absl::StatusOr<attn::OpResult> r = engine->MaskedSoftmax(op);
-                  if (!r.ok()) return WithInputNames("masked_softmax", r.status());
-                  Respond(*request, names, {{"Y", &r->output}}, response);
-                  return r->implementation;
-                });
+  // Every model but the fit is one batchable operation: decode it, hand it
+  // to the core, and encode its outputs under the model's names.
+  auto decode_op = [held, model, request, decode, inputs, lengths,
+                    names = *names](
+                       ElementBudget* budget) -> absl::StatusOr<BatchableRequest> {
+    RETURN_IF_ERROR(decode(budget));
+    switch (model->rpc) {
+      case Rpc::kMaskedSoftmax: {
+        attn::MaskedSoftmaxRequest op;
+        op.x = inputs->floats["X"];
+        op.valid_lens = lengths();
+        return op;
+      }
+      case Rpc::kBatchMatmul: {
+        attn::BatchMatmulRequest op;
+        op.a = inputs->floats["X"];
+        op.b = inputs->floats["Y"];
+        return op;
+      }
+      case Rpc::kScaledDotProductAttention: {
+        attn::AttentionRequest op;
+        op.queries = inputs->floats["queries"];
+        op.keys = inputs->floats["keys"];
+        op.values = inputs->floats["values"];
+        op.valid_lens = lengths();
+        op.return_weights = Wants(names, "attention_weights");
+        return op;
+      }
+      case Rpc::kAdditiveAttention: {
+        const auto& tensors = held->held->tensors;
+        attn::AdditiveAttentionRequest op;
+        op.queries = inputs->floats["queries"];
+        op.keys = inputs->floats["keys"];
+        op.values = inputs->floats["values"];
+        op.valid_lens = lengths();
+        op.w_q = tensors.at("W_q").view();
+        op.w_k = tensors.at("W_k").view();
+        op.w_v = tensors.at("w_v").view();
+        op.return_weights = Wants(names, "attention_weights");
+        return op;
+      }
+      default: {
+        attn::NadarayaWatsonRequest op;
+        op.x_train = inputs->floats["x_train"];
+        op.y_train = inputs->floats["y_train"];
+        op.x_query = inputs->floats["x_query"];
+        ASSIGN_OR_RETURN(op.kernel, KernelParameter(*request));
+        if (held->held != nullptr) {
+          if (request->parameters().count("bandwidth")) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "parameter 'bandwidth': model '", model->name,
+                "' serves its fitted bandwidth"));
           }
-          case Rpc::kBatchMatmul: {
-            attn::BatchMatmulRequest op;
-            op.a = inputs->floats["X"];
-            op.b = inputs->floats["Y"];
-            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-            return CallRunner::Work(
-                [engine, op, request, response, names]() -> absl::StatusOr<std::string> {
-                  absl::StatusOr<attn::OpResult> r = engine->BatchMatmul(op);
-                  if (!r.ok()) return WithInputNames("batch_matmul", r.status());
-                  Respond(*request, names, {{"Z", &r->output}}, response);
-                  return r->implementation;
-                });
-          }
-          case Rpc::kAdditiveAttention: {
-            const auto& tensors = held->held->tensors;
-            attn::AdditiveAttentionRequest op;
-            op.queries = inputs->floats["queries"];
-            op.keys = inputs->floats["keys"];
-            op.values = inputs->floats["values"];
-            op.valid_lens = lengths();
-            op.w_q = tensors.at("W_q").view();
-            op.w_k = tensors.at("W_k").view();
-            op.w_v = tensors.at("w_v").view();
-            op.return_weights = Wants(names, "attention_weights");
-            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-            return CallRunner::Work(
-                [engine, op, held, inputs, request, response, names]()
-                    -> absl::StatusOr<std::string> {
-                  ASSIGN_OR_RETURN(attn::OpResult r,
-                                   engine->AdditiveAttention(op));
-                  Respond(*request, names,
-                          {{"output", &r.output}, {"attention_weights", &r.weights}},
-                          response);
-                  return r.implementation;
-                });
-          }
-          default: {
-            attn::NadarayaWatsonRequest op;
-            op.x_train = inputs->floats["x_train"];
-            op.y_train = inputs->floats["y_train"];
-            op.x_query = inputs->floats["x_query"];
-            ASSIGN_OR_RETURN(op.kernel, KernelParameter(*request));
-            if (held->held != nullptr) {
-              if (request->parameters().count("bandwidth")) {
-                return absl::InvalidArgumentError(absl::StrCat(
-                    "parameter 'bandwidth': model '", model->name,
-                    "' serves its fitted bandwidth"));
-              }
-              op.bandwidth = held->held->tensors.at("bandwidth").data[0];
-            } else {
-              ASSIGN_OR_RETURN(op.bandwidth, BandwidthParameter(*request));
-            }
-            op.return_weights = Wants(names, "attention_weights");
-            RETURN_IF_ERROR(calls_->CheckResultFits(attn::SizeOfResult(op), budget));
-            return CallRunner::Work(
-                [engine, op, request, response, names]() -> absl::StatusOr<std::string> {
-                  ASSIGN_OR_RETURN(attn::OpResult r, engine->NadarayaWatson(op));
-                  Respond(*request, names,
-                          {{"y_pred", &r.output}, {"attention_weights", &r.weights}},
-                          response);
-                  return r.implementation;
-                });
-          }
+          op.bandwidth = held->held->tensors.at("bandwidth").data[0];
+        } else {
+          ASSIGN_OR_RETURN(op.bandwidth, BandwidthParameter(*request));
         }
+        op.return_weights = Wants(names, "attention_weights");
+        return op;
+      }
+    }
   };
-  calls_->Run(model->rpc, context,
-              [&prepare, inputs](ElementBudget* budget)
-                  -> absl::StatusOr<CallRunner::Work> {
-                ASSIGN_OR_RETURN(CallRunner::Work work, prepare(budget));
-                // The decoded views point into `inputs`: it lives as long
-                // as the work.
-                return CallRunner::Work(
-                    [work = std::move(work), inputs] { return work(); });
-              },
-              responder);
+  // Holds `inputs` and `held` until the kernel has run: the decoded views
+  // and any repository weights live there.
+  auto encode = [held, model, request, response, inputs,
+                 names = *names](const attn::OpResult& result) {
+    switch (model->rpc) {
+      case Rpc::kMaskedSoftmax:
+        Respond(*request, names, {{"Y", &result.output}}, response);
+        break;
+      case Rpc::kBatchMatmul:
+        Respond(*request, names, {{"Z", &result.output}}, response);
+        break;
+      case Rpc::kNadarayaWatson:
+        Respond(*request, names,
+                {{"y_pred", &result.output},
+                 {"attention_weights", &result.weights}},
+                response);
+        break;
+      default:
+        Respond(*request, names,
+                {{"output", &result.output},
+                 {"attention_weights", &result.weights}},
+                response);
+    }
+  };
+  CallRunner::WireNames wire_names;
+  if (model->rpc == Rpc::kMaskedSoftmax || model->rpc == Rpc::kBatchMatmul) {
+    wire_names = [name = model->name](absl::Status status) {
+      return WithInputNames(name, std::move(status));
+    };
+  }
+  calls_->RunOp(model->rpc, context, decode_op, std::move(encode),
+                std::move(wire_names), responder);
 }
 
 }  // namespace attnserve

@@ -1,6 +1,7 @@
 // The KServe v2 / Open Inference Protocol gRPC service
 // (inference.GRPCInferenceService), with the Triton extensions its tools
-// need (ModelConfig, RepositoryIndex), on the same port as attention.v1.
+// need (ModelConfig, ModelStatistics, ModelStreamInfer, the model
+// repository's index, load and unload), on the same port as attention.v1.
 //
 // Each operation is a model with fixed tensor names (see README, "KServe v2"):
 // masked_softmax, batch_matmul, dot_product_attention, nadaraya_watson; and
@@ -41,6 +42,19 @@
 
 namespace attnserve {
 
+// Live model control (Triton's --model-control-mode): with `explicit_mode`,
+// RepositoryModelLoad and RepositoryModelUnload load, reload and unload the
+// repository's models while the server runs (calls in flight on an unloaded
+// model finish with it: server/repository/model_repository.h); without it
+// they answer FAILED_PRECONDITION. With `needs_permission` (token
+// authentication on), only tokens with the model_control permission may
+// (server/api/auth.h); others get PERMISSION_DENIED. Built-in models are
+// always served: loading one is a no-op, unloading one INVALID_ARGUMENT.
+struct ModelControl {
+  bool explicit_mode = false;
+  bool needs_permission = false;
+};
+
 class InferenceService final
     : public inference::GRPCInferenceService::CallbackService {
  public:
@@ -49,7 +63,8 @@ class InferenceService final
   // ModelConfig then reports them as dynamic_batching), or null;
   // `max_batch_size` is reported either way.
   InferenceService(CallRunner* calls, ModelRepository* repository,
-                   const BatchingOptions* batching, int max_batch_size);
+                   const BatchingOptions* batching, int max_batch_size,
+                   const ModelControl& model_control = {});
 
   // ServerReady and ModelReady report this; false while draining.
   void SetReady(bool ready) { ready_.store(ready); }
@@ -78,6 +93,14 @@ class InferenceService final
       grpc::CallbackServerContext* context,
       const inference::ModelConfigRequest* request,
       inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
   grpc::ServerUnaryReactor* RepositoryIndex(
       grpc::CallbackServerContext* context,
       const inference::RepositoryIndexRequest* request,
@@ -139,12 +162,16 @@ class InferenceService final
   void Infer(const inference::ModelInferRequest* request,
              inference::ModelInferResponse* response, CallContext context,
              CallResponder* responder);
+  // Why a load or unload of `model_name` may not happen, if it may not.
+  absl::Status CheckModelControl(grpc::CallbackServerContext* context,
+                                 const std::string& model_name) const;
 
   CallRunner* const calls_;
   ModelRepository* const repository_;
   const bool batching_;
   const BatchingOptions batching_options_;
   const int max_batch_size_;
+  const ModelControl model_control_;
   std::atomic<bool> ready_{true};
 };
 

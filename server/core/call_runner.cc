@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attn/status_macros.h"
+#include "attn/validate.h"
 
 namespace attnserve {
 
@@ -94,7 +96,7 @@ void ApplyTimeout(int64_t timeout_us, CallContext* context) {
 }
 
 CallRunner::CallRunner(attn::Engine* engine, WorkerPool* pool,
-                       AttentionBatcher* batcher, ServiceMetrics* metrics,
+                       Batcher* batcher, ServiceMetrics* metrics,
                        const ServiceLimits& limits, Admission* admission)
     : engine_(engine),
       pool_(pool),
@@ -142,19 +144,31 @@ void CallRunner::Run(Rpc rpc, const CallContext& context,
   if (!scheduled.ok()) call->Finish(scheduled);
 }
 
-void CallRunner::RunAttention(Rpc rpc, const CallContext& context,
-                              const DecodeAttention& decode,
-                              EncodeAttention encode,
-                              CallResponder* responder) {
+void CallRunner::RunOp(Rpc rpc, const CallContext& context,
+                       const DecodeOp& decode, EncodeOp encode,
+                       WireNames wire_names, CallResponder* responder) {
+  if (!wire_names) wire_names = [](absl::Status status) { return status; };
+  // Decodes, checks the request's shapes and that its result fits.
+  auto prepare = [this, &decode, &wire_names](
+                     ElementBudget* budget) -> absl::StatusOr<BatchableRequest> {
+    ASSIGN_OR_RETURN(BatchableRequest op, decode(budget));
+    absl::StatusOr<attn::ResultSize> size = std::visit(
+        [](const auto& request) { return attn::SizeOfResult(request); }, op);
+    if (!size.ok()) return wire_names(size.status());
+    RETURN_IF_ERROR(CheckResultFits(size, budget));
+    return op;
+  };
   if (batcher_ == nullptr) {
     Run(rpc, context,
-        [this, &decode, encode](ElementBudget* budget) -> absl::StatusOr<Work> {
-          ASSIGN_OR_RETURN(attn::AttentionRequest op, decode(budget));
-          RETURN_IF_ERROR(CheckResultFits(attn::SizeOfResult(op), budget));
-          return Work([this, op, encode]() -> absl::StatusOr<std::string> {
-            ASSIGN_OR_RETURN(attn::OpResult result, engine_->Attention(op));
-            encode(result);
-            return result.implementation;
+        [this, &prepare, encode, wire_names](
+            ElementBudget* budget) -> absl::StatusOr<Work> {
+          ASSIGN_OR_RETURN(BatchableRequest op, prepare(budget));
+          return Work([this, op = std::move(op), encode,
+                       wire_names]() -> absl::StatusOr<std::string> {
+            absl::StatusOr<attn::OpResult> result = RunAlone(*engine_, op);
+            if (!result.ok()) return wire_names(result.status());
+            encode(*result);
+            return result->implementation;
           });
         },
         responder);
@@ -168,33 +182,34 @@ void CallRunner::RunAttention(Rpc rpc, const CallContext& context,
     }
   }
   ElementBudget budget(limits_.max_request_elements);
-  absl::StatusOr<attn::AttentionRequest> op = decode(&budget);
+  absl::StatusOr<BatchableRequest> op = prepare(&budget);
   if (op.ok()) {
-    absl::Status admitted = CheckResultFits(attn::SizeOfResult(*op), &budget);
-    if (admitted.ok()) admitted = call->Admit(budget);
-    if (!admitted.ok()) op = admitted;
+    if (absl::Status admitted = call->Admit(budget); !admitted.ok()) {
+      op = admitted;
+    }
   }
   if (!op.ok()) {
     call->Finish(op.status());
     return;
   }
-  auto task = std::make_unique<AttentionBatcher::Task>();
+  auto task = std::make_unique<Batcher::Task>();
   task->request = *std::move(op);
   task->deadline = context.deadline;
   task->cancelled = context.cancelled;
-  task->done = [this, call, encode = std::move(encode)](
+  task->priority = context.priority;
+  task->done = [this, call, encode = std::move(encode), wire_names](
                    absl::StatusOr<attn::OpResult> result,
                    const BatchTiming& timing) {
     call->record().batch_requests = std::max(timing.batch_requests, 1);
     metrics_->QueueWait(call->rpc(), timing.started - call->received());
     absl::StatusOr<std::string> implementation =
         result.ok() ? absl::StatusOr<std::string>(result->implementation)
-                    : absl::StatusOr<std::string>(result.status());
+                    : absl::StatusOr<std::string>(wire_names(result.status()));
     if (result.ok()) encode(*result);
     call->Complete(timing.started, timing.kernel, implementation);
   };
-  const absl::Status scheduled = batcher_->Schedule(std::move(task));
-  if (!scheduled.ok()) call->Finish(scheduled);
+  absl::Status scheduled = batcher_->Schedule(std::move(task));
+  if (!scheduled.ok()) call->Finish(wire_names(std::move(scheduled)));
 }
 
 absl::Status CallRunner::CheckResultFits(

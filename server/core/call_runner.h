@@ -2,7 +2,7 @@
 // whatever API it came by. Front ends (server/api/: the typed attention.v1
 // service, KServe v2) only decode, hand over and encode.
 //
-// A call enters Run() (or RunAttention(), which can batch) with its context
+// A call enters Run() (or RunOp(), which can batch) with its context
 // (peer, deadline, cancellation, the model it counts for), a Prepare step
 // that decodes and checks the request on the calling thread and returns the
 // Work that computes and encodes it, and a CallResponder that answers. The
@@ -11,9 +11,9 @@
 //   (RESOURCE_EXHAUSTED), before decoding;
 // - runs Prepare; admits the call's payload (request and result elements,
 //   server/core/admission.h);
-// - queues the Work on the WorkerPool, or an attention request on the
-//   AttentionBatcher when there is one: this is where a request waits and
-//   where it is batched;
+// - queues the Work on the WorkerPool, or an operation's request on the
+//   Batcher when there is one: this is where a request waits and where it
+//   is batched (server/core/batchable.h says what batches with what);
 // - skips the Work of a call cancelled, or past its deadline, in the queue
 //   (CANCELLED / DEADLINE_EXCEEDED), else runs it on a worker: this is where
 //   it is computed;
@@ -37,7 +37,8 @@
 #include "attn/engine.h"
 #include "attn/validate.h"
 #include "server/core/admission.h"
-#include "server/core/attention_batcher.h"
+#include "server/core/batchable.h"
+#include "server/core/batcher.h"
 #include "server/core/element_budget.h"
 #include "server/core/metrics.h"
 #include "server/core/model_statistics.h"
@@ -63,9 +64,8 @@ struct CallContext {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty: never cancelled
   std::string model;  // counted in ModelStatistics under it; empty: not
-  // The worker queue's order (server/core/worker_pool.h): 1 first, then 2,
-  // ...; 0 (none given) after every explicit level. Batched attention calls
-  // keep their class's arrival order.
+  // The queues' order (server/core/worker_pool.h, batcher.h): 1 first,
+  // then 2, ...; 0 (none given) after every explicit level.
   uint64_t priority = 0;
 };
 
@@ -105,15 +105,19 @@ class CallRunner {
   // The decode step, run on the calling thread: checks the request,
   // counting its elements in the budget, and returns the Work.
   using Prepare = std::function<absl::StatusOr<Work>(ElementBudget*)>;
-  // The decode step of an attention call, and the encoding of its result.
-  using DecodeAttention =
-      std::function<absl::StatusOr<attn::AttentionRequest>(ElementBudget*)>;
-  using EncodeAttention = std::function<void(const attn::OpResult&)>;
+  // The decode step of an operation's call, and the encoding of its result
+  // (run on a worker).
+  using DecodeOp =
+      std::function<absl::StatusOr<BatchableRequest>(ElementBudget*)>;
+  using EncodeOp = std::function<void(const attn::OpResult&)>;
+  // Puts the API's names into the library's errors (e.g. "a: ..." becomes
+  // "input 'X' ..."); may be empty.
+  using WireNames = std::function<absl::Status(absl::Status)>;
 
   // `batcher` may be null: attention calls then run alone like the others.
   // `admission` may be null: every decoded call is admitted (no bound on
   // bytes in flight, no drain).
-  CallRunner(attn::Engine* engine, WorkerPool* pool, AttentionBatcher* batcher,
+  CallRunner(attn::Engine* engine, WorkerPool* pool, Batcher* batcher,
              ServiceMetrics* metrics, const ServiceLimits& limits,
              Admission* admission = nullptr);
 
@@ -121,11 +125,11 @@ class CallRunner {
   // Answer has been called (which may happen before Run returns).
   void Run(Rpc rpc, const CallContext& context, const Prepare& prepare,
            CallResponder* responder);
-  // Runs one attention call through the batcher when there is one, else
-  // like Run.
-  void RunAttention(Rpc rpc, const CallContext& context,
-                    const DecodeAttention& decode, EncodeAttention encode,
-                    CallResponder* responder);
+  // Runs one call of a batchable operation: through the batcher when there
+  // is one, else like Run. An invalid request is answered before it
+  // queues, in the API's names.
+  void RunOp(Rpc rpc, const CallContext& context, const DecodeOp& decode,
+             EncodeOp encode, WireNames wire_names, CallResponder* responder);
 
   // Refuses, before anything is allocated or computed, a request whose
   // result could not be sent: RESOURCE_EXHAUSTED naming the result's shape,
@@ -145,7 +149,7 @@ class CallRunner {
 
   attn::Engine* const engine_;
   WorkerPool* const pool_;
-  AttentionBatcher* const batcher_;
+  Batcher* const batcher_;
   ServiceMetrics* const metrics_;
   const ServiceLimits limits_;
   Admission* const admission_;

@@ -276,12 +276,12 @@ TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
   request.values = v.view();
   attn::OpResult encoded;
   RecordingResponder responder;
-  calls_->RunAttention(
+  calls_->RunOp(
       Rpc::kScaledDotProductAttention, Model("dot"),
-      [&](ElementBudget*) -> absl::StatusOr<attn::AttentionRequest> {
+      [&](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
         return request;
       },
-      [&](const attn::OpResult& result) { encoded = result; }, &responder);
+      [&](const attn::OpResult& result) { encoded = result; }, {}, &responder);
   ASSERT_TRUE(responder.Wait().ok());
   const auto expected = engine_->Attention(request);
   ASSERT_TRUE(expected.ok());
@@ -297,12 +297,12 @@ TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
   request.values = big_v.view();
   RecordingResponder refused;
   bool encoded_big = false;
-  calls_->RunAttention(
+  calls_->RunOp(
       Rpc::kScaledDotProductAttention, Model("dot"),
-      [&](ElementBudget*) -> absl::StatusOr<attn::AttentionRequest> {
+      [&](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
         return request;
       },
-      [&](const attn::OpResult&) { encoded_big = true; }, &refused);
+      [&](const attn::OpResult&) { encoded_big = true; }, {}, &refused);
   const absl::Status status = refused.Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(status.message().find("it was not computed"), std::string::npos);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -201,6 +202,58 @@ std::string SerializeSafetensors(
   return bytes + header + data;
 }
 
+namespace {
+
+// Reads and checks the model in `folder`, whose name is `name`.
+absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
+    const std::string& folder, const std::string& name) {
+  auto model = std::make_shared<RepositoryModel>();
+  ASSIGN_OR_RETURN(const std::string config_text,
+                   ReadFile(folder + "/config.pbtxt"));
+  if (!google::protobuf::TextFormat::ParseFromString(config_text,
+                                                     &model->config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        folder, "/config.pbtxt: not an inference.ModelConfig in protobuf "
+                "text format"));
+  }
+  if (model->config.name() != name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        folder, "/config.pbtxt: name '", model->config.name(),
+        "' differs from its folder's name"));
+  }
+  ASSIGN_OR_RETURN(const std::string weights,
+                   ReadFile(folder + "/weights.safetensors"));
+  absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
+      ParseSafetensors(weights);
+  if (!tensors.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        folder, "/weights.safetensors: ", tensors.status().message()));
+  }
+  model->tensors = *std::move(tensors);
+  RETURN_IF_ERROR(CheckModel(folder, *model));
+  return std::shared_ptr<const RepositoryModel>(std::move(model));
+}
+
+}  // namespace
+
+std::vector<std::string> ModelRepository::Folders() const {
+  std::vector<std::string> names;
+  DIR* handle = opendir(dir_.c_str());
+  if (handle == nullptr) return names;
+  while (dirent* entry = readdir(handle)) {
+    const std::string name = entry->d_name;
+    struct stat info;
+    if (name[0] == '.' || stat((dir_ + "/" + name).c_str(), &info) != 0 ||
+        !S_ISDIR(info.st_mode)) {
+      continue;
+    }
+    names.push_back(name);
+  }
+  closedir(handle);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     const std::string& dir) {
   std::unique_ptr<ModelRepository> repository(new ModelRepository(dir));
@@ -210,47 +263,83 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     return absl::NotFoundError(absl::StrCat(
         "--model_repository ", dir, ": cannot open the folder"));
   }
-  std::vector<std::string> names;
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    struct stat info;
-    if (name[0] == '.' || stat((dir + "/" + name).c_str(), &info) != 0 ||
-        !S_ISDIR(info.st_mode)) {
-      continue;
-    }
-    names.push_back(name);
-  }
   closedir(handle);
   absl::MutexLock lock(&repository->mu_);
-  for (const std::string& name : names) {
-    const std::string folder = dir + "/" + name;
-    auto model = std::make_shared<RepositoryModel>();
-    ASSIGN_OR_RETURN(const std::string config_text,
-                     ReadFile(folder + "/config.pbtxt"));
-    if (!google::protobuf::TextFormat::ParseFromString(config_text,
-                                                       &model->config)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          folder, "/config.pbtxt: not an inference.ModelConfig in protobuf "
-                  "text format"));
-    }
-    if (model->config.name() != name) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          folder, "/config.pbtxt: name '", model->config.name(),
-          "' differs from its folder's name"));
-    }
-    ASSIGN_OR_RETURN(const std::string weights,
-                     ReadFile(folder + "/weights.safetensors"));
-    absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
-        ParseSafetensors(weights);
-    if (!tensors.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          folder, "/weights.safetensors: ", tensors.status().message()));
-    }
-    model->tensors = *std::move(tensors);
-    RETURN_IF_ERROR(CheckModel(folder, *model));
-    repository->models_[name] = std::move(model);
+  for (const std::string& name : repository->Folders()) {
+    ASSIGN_OR_RETURN(repository->models_[name],
+                     ReadModel(dir + "/" + name, name));
   }
   return repository;
+}
+
+absl::Status ModelRepository::LoadModel(const std::string& name) {
+  if (dir_.empty()) {
+    return absl::FailedPreconditionError(
+        "the server runs without --model_repository");
+  }
+  if (!ValidName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_name: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
+  }
+  const std::string folder = dir_ + "/" + name;
+  struct stat info;
+  if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(
+        "model_name: no folder '", name, "' in the model repository"));
+  }
+  absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
+      ReadModel(folder, name);
+  absl::MutexLock lock(&mu_);
+  if (!model.ok()) {
+    // What serves stays (a half-copied folder never takes a model away).
+    unloaded_[name].reason =
+        absl::StrCat("failed to load: ", model.status().message());
+    return absl::Status(model.status().code(),
+                        absl::StrCat("failed to load '", name,
+                                     "': ", model.status().message()));
+  }
+  models_[name] = *std::move(model);
+  unloaded_.erase(name);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::UnloadModel(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("model_name: '", name, "' is not loaded"));
+  }
+  unloaded_[name] = Unloaded{it->second, "unloaded"};
+  models_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<ModelRepository::ModelState> ModelRepository::Index() const {
+  std::vector<std::string> names = Folders();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, model] : models_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  std::vector<ModelState> states;
+  for (const std::string& name : names) {
+    ModelState state{name, "READY", ""};
+    if (models_.count(name) == 0) {
+      auto it = unloaded_.find(name);
+      if (it == unloaded_.end()) {
+        state.state = "UNAVAILABLE";
+        state.reason = "not loaded";
+      } else if (!it->second.model.expired()) {
+        state.state = "UNLOADING";
+        state.reason = "unloaded; calls that hold it are finishing";
+      } else {
+        state.state = "UNAVAILABLE";
+        state.reason = it->second.reason;
+      }
+    }
+    states.push_back(std::move(state));
+  }
+  return states;
 }
 
 std::shared_ptr<const RepositoryModel> ModelRepository::Find(
@@ -302,6 +391,7 @@ absl::Status ModelRepository::SaveBandwidth(const std::string& name,
   RETURN_IF_ERROR(WriteFileAtomically(folder + "/config.pbtxt", config_text));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(model);
+  unloaded_.erase(name);
   return absl::OkStatus();
 }
 

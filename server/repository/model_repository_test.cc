@@ -152,5 +152,83 @@ TEST(ModelRepositoryTest, SavedBandwidthIsServedAndReloads) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Writes an additive_attention model `name` with h = 4 and W_q filled
+// with `value`.
+void WriteAdditive(const std::string& dir, const std::string& name,
+                   float value) {
+  mkdir((dir + "/" + name).c_str(), 0755);
+  Write(dir + "/" + name + "/config.pbtxt",
+        "name: \"" + name + "\" backend: \"additive_attention\"");
+  std::map<std::string, attn::Tensor> tensors;
+  tensors["W_q"] = attn::Tensor::Zeros({4, 3});
+  for (float& x : tensors["W_q"].data) x = value;
+  tensors["W_k"] = attn::Tensor::Zeros({4, 2});
+  tensors["w_v"] = attn::Tensor::Zeros({4});
+  Write(dir + "/" + name + "/weights.safetensors",
+        SerializeSafetensors(tensors));
+}
+
+std::map<std::string, std::string> States(const ModelRepository& repository) {
+  std::map<std::string, std::string> states;
+  for (const auto& model : repository.Index()) {
+    states[model.name] = model.state + (model.reason.empty() ? "" : ": ") +
+                         model.reason;
+  }
+  return states;
+}
+
+TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
+  const std::string dir = TempDir();
+  WriteAdditive(dir, "a", 1.0f);
+  auto repository = ModelRepository::Load(dir).value();
+  EXPECT_EQ(States(*repository),
+            (std::map<std::string, std::string>{{"a", "READY"}}));
+
+  // A folder added while serving is listed, and served once loaded.
+  WriteAdditive(dir, "b", 2.0f);
+  EXPECT_EQ(States(*repository)["b"], "UNAVAILABLE: not loaded");
+  EXPECT_EQ(repository->Find("b"), nullptr);
+  ASSERT_TRUE(repository->LoadModel("b").ok());
+  EXPECT_EQ(States(*repository)["b"], "READY");
+  EXPECT_EQ(repository->Find("b")->tensors.at("W_q").data[0], 2.0f);
+
+  // Unloaded while a call holds it: the holder keeps its weights, the
+  // index says UNLOADING until it lets go, new lookups find nothing.
+  std::shared_ptr<const RepositoryModel> in_flight = repository->Find("a");
+  ASSERT_TRUE(repository->UnloadModel("a").ok());
+  EXPECT_EQ(repository->Find("a"), nullptr);
+  EXPECT_EQ(in_flight->tensors.at("W_q").data[0], 1.0f);
+  EXPECT_THAT(States(*repository)["a"], HasSubstr("UNLOADING"));
+  in_flight.reset();
+  EXPECT_EQ(States(*repository)["a"], "UNAVAILABLE: unloaded");
+  EXPECT_EQ(repository->UnloadModel("a").code(), absl::StatusCode::kNotFound);
+
+  // Reload picks up changed weights; the old version stays with its holder.
+  std::shared_ptr<const RepositoryModel> old_b = repository->Find("b");
+  WriteAdditive(dir, "b", 3.0f);
+  ASSERT_TRUE(repository->LoadModel("b").ok());
+  EXPECT_EQ(repository->Find("b")->tensors.at("W_q").data[0], 3.0f);
+  EXPECT_EQ(old_b->tensors.at("W_q").data[0], 2.0f);
+
+  // A broken folder fails to load with its file named; what served stays.
+  Write(dir + "/b/weights.safetensors", "garbage");
+  const absl::Status broken = repository->LoadModel("b");
+  EXPECT_EQ(broken.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(broken.message()), HasSubstr("b/weights.safetensors"));
+  EXPECT_EQ(repository->Find("b")->tensors.at("W_q").data[0], 3.0f);
+  EXPECT_EQ(States(*repository)["b"], "READY");
+  // Unloaded, it shows why it could not come back.
+  ASSERT_TRUE(repository->UnloadModel("b").ok());
+  EXPECT_FALSE(repository->LoadModel("b").ok());
+  EXPECT_THAT(States(*repository)["b"], HasSubstr("failed to load"));
+
+  // Names are checked before any path is built.
+  EXPECT_EQ(repository->LoadModel("../etc").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(repository->LoadModel("absent").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ModelRepository::Load("").value()->LoadModel("a").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -11,13 +11,15 @@
 #            requirements.txt from PyPI, and made again when that file
 #            changes.
 #
-# Runs tritonclient_test.py twice, each time against a fresh server on free
-# loopback ports: once with the plain flags and once with --batching (so
-# dot_product_attention goes through the dynamic batcher). The typed API's
+# Runs tritonclient_test.py three times, each time against a fresh server on
+# free loopback ports: with the plain flags; with --batching (so every model
+# goes through the dynamic batcher); and with a writable copy of
+# deploy/models as --model_repository and --model_control_mode=explicit
+# (repository models, live load and unload). The typed API's
 # Python stubs are generated from proto/attention/v1/attention.proto into a
 # temporary folder for the test's cross-check of both APIs. The server is
-# always stopped. Exit 0 when every test of both runs passed; the last line
-# is "N passed, M failed" over both runs.
+# always stopped. Exit 0 when every test of every run passed; the last line
+# is "N passed, M failed" over all runs.
 # Run from anywhere; paths in the repository are found from this file.
 set -euo pipefail
 
@@ -67,7 +69,8 @@ cp -r "$repo/deploy/models" "$repository"
 for mode in plain batching repository; do
   flags=(--drain_notice_ms=0)
   [[ $mode == batching ]] && flags+=(--batching)
-  [[ $mode == repository ]] && flags+=(--model_repository="$repository")
+  [[ $mode == repository ]] &&
+    flags+=(--model_repository="$repository" --model_control_mode=explicit)
   log=$workdir/server-$mode.log
   echo "run_tritonclient_test.sh: [$mode] attnserve ${flags[*]}"
   if ! start_server "$server_bin" "$log" "${flags[@]}"; then

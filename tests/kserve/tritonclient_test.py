@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -1050,6 +1051,211 @@ class StreamTest(KServeTestCase):
         self.assertEqual(len(results), 1)
         self.assertEqual(results[0].get_response().id, "y")
         self.assertClose(self.get(results[0], "Z"), np.full((1, 2, 4), 3.0))
+
+# --- Every model under concurrency (the batcher in mode "batching"). ---------
+
+
+class ConcurrentEveryModelTest(KServeTestCase):
+    """Many ragged requests of each model in flight at once: with --batching
+    they meet in the dynamic batcher (padded and masked, or concatenated for
+    queries against one training set); each answer must be its own."""
+
+    def run_concurrently(self, model, requests, outputs):
+        """requests: [[(name, array)]]; returns the results in order."""
+        done = threading.Semaphore(0)
+        answers = [None] * len(requests)
+        for i, inputs in enumerate(requests):
+            def callback(result, error, i=i):
+                answers[i] = (result, error)
+                done.release()
+            self.client.async_infer(
+                model, [make_input(n, a) for n, a in inputs], callback,
+                outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+                client_timeout=DEADLINE_S)
+        for _ in requests:
+            self.assertTrue(done.acquire(timeout=DEADLINE_S + 5),
+                            "an async_infer never called back")
+        for i, (result, error) in enumerate(answers):
+            self.assertIsNone(error, f"{model} request {i}")
+        return [result for result, _ in answers]
+
+    def test_masked_softmax(self):
+        requests = []
+        for i in range(16):
+            b, q, k = 1 + i % 3, 1 + i % 5, 2 + i % 7
+            x = self.randn(b, q, k) * 3
+            lens = (self.rng.integers(0, k + 1, size=(b,)) if i % 2 else
+                    self.rng.integers(0, k + 1, size=(b, q))).astype(np.int32)
+            requests.append([("X", x), ("valid_lens", lens)])
+        results = self.run_concurrently("masked_softmax", requests, ["Y"])
+        for i, (inputs, result) in enumerate(zip(requests, results)):
+            want, mask = masked_softmax_ref(inputs[0][1], inputs[1][1])
+            self.assertWeights(self.get(result, "Y"), want, mask, f"request {i}")
+
+    def test_batch_matmul(self):
+        requests = [[("X", self.randn(1 + i % 3, 1 + i % 6, 5)),
+                     ("Y", self.randn(1 + i % 3, 5, 4))] for i in range(16)]
+        results = self.run_concurrently("batch_matmul", requests, ["Z"])
+        for i, (inputs, result) in enumerate(zip(requests, results)):
+            want = batch_matmul_ref(inputs[0][1], inputs[1][1])
+            self.assertClose(self.get(result, "Z"), want,
+                             atol=OUT_ATOL, rtol=OUT_RTOL, what=f"request {i}")
+
+    def test_nadaraya_watson_against_one_training_set(self):
+        x = np.sort(self.rng.uniform(0, 5, 50)).astype(np.float32)
+        y = (2 * np.sin(x) + x ** 0.8).astype(np.float32)
+        requests = [[("x_train", x), ("y_train", y),
+                     ("x_query", self.rng.uniform(0, 5, 1 + i % 9).astype(np.float32))]
+                    for i in range(16)]
+        results = self.run_concurrently("nadaraya_watson", requests,
+                                        ["y_pred", "attention_weights"])
+        for i, (inputs, result) in enumerate(zip(requests, results)):
+            want, weights = nadaraya_watson_ref(x, y, inputs[2][1])
+            self.assertClose(self.get(result, "y_pred"), want, what=f"request {i}")
+            self.assertClose(self.get(result, "attention_weights"), weights,
+                             atol=WEIGHT_ATOL, what=f"request {i} weights")
+
+
+# --- Live model control (mode "repository": --model_control_mode=explicit). --
+
+
+class ModelControlTest(KServeTestCase):
+    """RepositoryModelLoad / RepositoryModelUnload: a folder added while
+    serving loads, serves, unloads under load (every request in flight
+    answered: its result, or NOT_FOUND once unloaded; none lost) and loads
+    again; the index shows each state."""
+
+    COPY = "additive_live"
+
+    def state(self, name):
+        for model in self.client.get_model_repository_index().models:
+            if model.name == name:
+                return model.state, model.reason
+        return None
+
+    def additive_inputs(self, w):
+        q_size, k_size = w["W_q"].shape[1], w["W_k"].shape[1]
+        return [("queries", self.randn(2, 3, q_size)),
+                ("keys", self.randn(2, 5, k_size)),
+                ("values", self.randn(2, 5, 4))]
+
+    def test_load_unload_under_load(self):
+        import shutil
+        folder = os.path.join(REPOSITORY, self.COPY)
+        shutil.copytree(os.path.join(REPOSITORY, "additive_attention"), folder)
+        config = os.path.join(folder, "config.pbtxt")
+        with open(config) as f:
+            text = f.read().replace('"additive_attention"', f'"{self.COPY}"', 1)
+        with open(config, "w") as f:
+            f.write(text)
+        try:
+            self.assertEqual(self.state(self.COPY), ("UNAVAILABLE", "not loaded"))
+            self.assertFalse(self.client.is_model_ready(self.COPY))
+            self.client.load_model(self.COPY)
+            self.assertEqual(self.state(self.COPY)[0], "READY")
+            self.assertTrue(self.client.is_model_ready(self.COPY))
+            inputs = self.additive_inputs(read_safetensors(
+                os.path.join(folder, "weights.safetensors")))
+            want = self.get(self.infer("additive_attention", inputs, ["output"]),
+                            "output")
+            self.assertClose(self.get(self.infer(self.COPY, inputs, ["output"]),
+                                      "output"), want, what="loaded copy")
+
+            # Under load: 4 threads infer while the model is unloaded and
+            # loaded again three times.
+            stop = threading.Event()
+            outcomes = []
+            lock = threading.Lock()
+
+            def client_loop():
+                while not stop.is_set():
+                    try:
+                        got = self.get(self.infer(self.COPY, inputs, ["output"]),
+                                       "output")
+                        np.testing.assert_allclose(got, want, atol=1e-6)
+                        outcome = "ok"
+                    except InferenceServerException as e:
+                        outcome = e.status()
+                        if "not served" not in e.message():
+                            outcome += ": " + e.message()
+                    with lock:
+                        outcomes.append(outcome)
+
+            threads = [threading.Thread(target=client_loop) for _ in range(4)]
+            for t in threads:
+                t.start()
+            try:
+                for _ in range(3):
+                    time.sleep(0.1)
+                    self.client.unload_model(self.COPY)
+                    time.sleep(0.1)
+                    self.client.load_model(self.COPY)
+                time.sleep(0.1)
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(timeout=DEADLINE_S)
+            kinds = set(outcomes)
+            self.assertIn("ok", kinds)
+            self.assertLessEqual(kinds, {"ok", "StatusCode.NOT_FOUND"}, kinds)
+
+            self.client.unload_model(self.COPY)
+            self.assertFalse(self.client.is_model_ready(self.COPY))
+            self.assertEqual(self.state(self.COPY), ("UNAVAILABLE", "unloaded"))
+            # tritonclient does not send `ready`; its generated stub does.
+            from tritonclient.grpc import service_pb2, service_pb2_grpc
+            with grpc.insecure_channel(TARGET) as channel:
+                ready_only = service_pb2_grpc.GRPCInferenceServiceStub(
+                    channel).RepositoryIndex(
+                        service_pb2.RepositoryIndexRequest(ready=True),
+                        timeout=DEADLINE_S)
+            names = [m.name for m in ready_only.models]
+            self.assertNotIn(self.COPY, names)
+            self.assertIn("additive_attention", names)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                self.client.unload_model(self.COPY)
+            except InferenceServerException:
+                pass
+
+    def test_refusals(self):
+        def code(call):
+            with self.assertRaises(InferenceServerException) as raised:
+                call()
+            return raised.exception.status(), raised.exception.message()
+        status, message = code(lambda: self.client.unload_model("batch_matmul"))
+        self.assertEqual(status, "StatusCode.INVALID_ARGUMENT")
+        self.assertIn("built in", message)
+        status, message = code(lambda: self.client.load_model("no_such_folder"))
+        self.assertEqual(status, "StatusCode.NOT_FOUND")
+        status, message = code(lambda: self.client.load_model("../x"))
+        self.assertEqual(status, "StatusCode.INVALID_ARGUMENT")
+        status, message = code(lambda: self.client.load_model(
+            "additive_attention", config='{"backend": "x"}'))
+        self.assertEqual(status, "StatusCode.INVALID_ARGUMENT")
+        self.assertIn("config", message)
+        self.client.load_model("batch_matmul")  # built in: nothing to do
+        self.assertIn("model_repository",
+                      self.client.get_server_metadata().extensions)
+
+
+class ModelControlOffTest(KServeTestCase):
+    """Without --model_control_mode=explicit the models stay as loaded."""
+
+    def test_load_is_refused_naming_the_flag(self):
+        with self.assertRaises(InferenceServerException) as raised:
+            self.client.unload_model("batch_matmul")
+        self.assertEqual(raised.exception.status(),
+                         "StatusCode.FAILED_PRECONDITION")
+        self.assertIn("--model_control_mode=explicit",
+                      raised.exception.message())
+
+
+if REPOSITORY:
+    del ModelControlOffTest
+else:
+    del ModelControlTest
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,7 @@
 //  - the service metrics (server/core/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
-// (server/core/attention_batcher_test.cc, server/core/worker_pool_test.cc).
+// (server/core/batcher_test.cc, server/core/worker_pool_test.cc).
 #include <stdlib.h>
 
 #include <atomic>

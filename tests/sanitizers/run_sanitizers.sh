@@ -20,9 +20,11 @@
 #         halves the instrumented build's time against -O2.
 #   tsan  ThreadSanitizer over the tests of our concurrent code, which start
 #         real threads: the batcher with a real worker pool and scheduler
-#         thread (server/core/attention_batcher_test), the worker pool
+#         thread (server/core/batcher_test), the worker pool
 #         (server/core/worker_pool_test), admission's drain wait
-#         (server/core/admission_test), and the oneDNN primitive cache, the
+#         (server/core/admission_test), the serving core's call lifecycle
+#         with a real pool (server/core/call_runner_test), and the oneDNN
+#         primitive cache, the
 #         model repository and the metrics under contention
 #         (tests/sanitizers/concurrency_test.cc). Not the in-process gRPC
 #         service tests: Debian's gRPC and protobuf are not built with TSan,
@@ -313,8 +315,8 @@ run_tsan() {
   absl_libs+=" -labsl_raw_logging_internal -labsl_stacktrace -labsl_symbolize"
   absl_libs+=" -labsl_debugging_internal -labsl_demangle_internal"
   absl_libs+=" -labsl_time -labsl_time_zone -labsl_int128"
-  local targets=(attention_batcher_test worker_pool_test admission_test
-    sanitizer_concurrency_test)
+  local targets=(batcher_test worker_pool_test admission_test
+    call_runner_test sanitizer_concurrency_test)
   # The archive is not a dependency CMake knows of: relink after it changed.
   local target
   for target in "${targets[@]}"; do

@@ -1,25 +1,32 @@
-// Server-side dynamic batching of attention requests, in the spirit of TF
-// Serving's batching library and Triton's dynamic batcher.
+// Server-side dynamic batching of every operation with a batch dimension,
+// in the spirit of TF Serving's batching library and Triton's dynamic
+// batcher.
 //
-// Requests are queued by compatible-shape class: the same heads, depth d,
-// value width v, score kind, resolved scale, causal flag, precision, layout
-// and weights flag. Requests of one class whose sequence lengths differ are
-// batched by padding (ragged batching): queries, keys and values are
-// zero-padded to the batch's longest Lq and Lk, padded keys are masked
-// through per-row valid lengths (so they get exactly zero weight and are
-// never computed by the kernel), and padded query rows are dropped from the
-// results. Each request's result equals its result alone, to float rounding.
+// Requests are queued by class (server/core/batchable.h says, per
+// operation, what requests of one class share and how they are padded):
+// requests of one class whose ragged extents differ are batched by padding,
+// padded positions masked through per-row valid lengths (so they get
+// exactly zero weight) and padded rows dropped from the results. Each
+// request's result equals its result alone, to float rounding.
 //
 // The batcher is work-conserving: while an executor thread is free, queued
 // requests are handed on at once (holding them would only add latency), and
 // batches grow while every thread is busy. Otherwise a class's batch is
 // handed to the executor as soon as it is full (max_batch_requests, or
-// max_batch_elements of padded input), or when its pending count reaches a
+// max_batch_elements of input), or when its pending count reaches a
 // preferred batch size, or when its oldest request has waited
-// max_queue_delay. Call OnExecutorIdle whenever an executor thread frees up. At run time, requests that were cancelled or
-// whose deadline passed while queued are answered CANCELLED or
-// DEADLINE_EXCEEDED and not computed. Shutdown hands every queued request on
-// at once (the queues drain; no accepted request is lost).
+// max_queue_delay. Call OnExecutorIdle whenever an executor thread frees up.
+//
+// Priorities (Triton's): within a class, requests of level 1 are taken
+// first, then 2, ...; level 0 (none given) after every explicit level; FIFO
+// within a level. A batch goes to the executor with the best level among
+// its members, and batches due together are handed on best level first.
+// The queue bound (max_queue_size) counts every level.
+//
+// At run time, requests that were cancelled or whose deadline passed while
+// queued are answered CANCELLED or DEADLINE_EXCEEDED and not computed.
+// Shutdown hands every queued request on at once (the queues drain; no
+// accepted request is lost).
 //
 // Time comes from an injected Clock. FormDueBatches() does all the forming;
 // StartScheduler() runs it on a thread of its own, which waits (on the real
@@ -32,8 +39,8 @@
 // run every closure it accepts (WorkerPool does, Shutdown included). A
 // closure holds what it needs but the engine and the clock, which must
 // outlive it; it may run after the batcher is gone.
-#ifndef ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_
-#define ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_
+#ifndef ATTNSERVE_SERVER_CORE_BATCHER_H_
+#define ATTNSERVE_SERVER_CORE_BATCHER_H_
 
 #include <cstdint>
 #include <deque>
@@ -41,7 +48,8 @@
 #include <map>
 #include <memory>
 #include <thread>
-#include <tuple>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -51,6 +59,7 @@
 #include "absl/time/time.h"
 #include "attn/engine.h"
 #include "attn/ops.h"
+#include "server/core/batchable.h"
 #include "server/core/clock.h"
 
 namespace attnserve {
@@ -58,8 +67,8 @@ namespace attnserve {
 struct BatchingOptions {
   // Requests in one batch; >= 1.
   int max_batch_requests = 32;
-  // Padded input elements (queries + keys + values) of one batch; a single
-  // request larger than this runs alone.
+  // Input elements of one batch (its members' own, before padding); a
+  // single request larger than this runs alone.
   int64_t max_batch_elements = int64_t{1} << 24;
   // How long the oldest request of a class may wait for company.
   absl::Duration max_queue_delay = absl::Microseconds(500);
@@ -74,8 +83,9 @@ struct BatchingOptions {
 
 // What one executed batch looked like, for metrics.
 struct BatchStats {
+  Rpc rpc = Rpc::kScaledDotProductAttention;  // its operation
   int requests = 0;
-  // Score-matrix elements (B * H * Lq * Lk) of the padded batch, and of the
+  // Score-matrix (or output) elements of the padded batch, and of the
   // requests themselves; their difference is the padding.
   int64_t computed_elements = 0;
   int64_t useful_elements = 0;
@@ -88,19 +98,23 @@ struct BatchTiming {
   int batch_requests = 0;                   // requests computed together
 };
 
-class AttentionBatcher {
+class Batcher {
  public:
   using Done =
       std::function<void(absl::StatusOr<attn::OpResult>, const BatchTiming&)>;
   struct Task {
     // Views must stay valid until `done` has run.
-    attn::AttentionRequest request;
+    BatchableRequest request;
     absl::Time deadline = absl::InfiniteFuture();
+    // 1 first, then 2, ...; 0 (none) last.
+    uint64_t priority = 0;
     std::function<bool()> cancelled;  // may be empty
     Done done;
   };
-  // Runs a closure on a batch thread; a non-OK status means it will not run.
-  using Executor = std::function<absl::Status(std::function<void()>)>;
+  // Runs a closure on a batch thread, in the order of `priority` (as for a
+  // task); a non-OK status means it will not run.
+  using Executor =
+      std::function<absl::Status(std::function<void()>, uint64_t priority)>;
   // Called once per executed batch (on the executor's thread); may be empty.
   using BatchObserver = std::function<void(const BatchStats&)>;
   // Whether a closure handed to the executor now would start at once; may
@@ -108,17 +122,17 @@ class AttentionBatcher {
   using ExecutorAvailable = std::function<bool()>;
 
   // INVALID_ARGUMENT for options out of range.
-  static absl::StatusOr<std::unique_ptr<AttentionBatcher>> Create(
+  static absl::StatusOr<std::unique_ptr<Batcher>> Create(
       const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
       Executor executor, BatchObserver observer = {},
       ExecutorAvailable executor_available = {});
 
-  AttentionBatcher(const AttentionBatcher&) = delete;
-  AttentionBatcher& operator=(const AttentionBatcher&) = delete;
-  ~AttentionBatcher();  // Shutdown()
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+  ~Batcher();  // Shutdown()
 
   // Queues `task`. INVALID_ARGUMENT for a malformed request (checked here,
-  // so one bad request never fails a batch), RESOURCE_EXHAUSTED when
+  // in the library's words, so one bad request never fails a batch), RESOURCE_EXHAUSTED when
   // max_queue_size requests wait (retryable), UNAVAILABLE after Shutdown.
   absl::Status Schedule(std::unique_ptr<Task> task);
 
@@ -145,22 +159,21 @@ class AttentionBatcher {
   int queue_depth() const;
 
  private:
-  // The compatible-shape class of a request.
-  using ClassKey = std::tuple<int64_t /*rank*/, int64_t /*heads*/,
-                              int64_t /*d*/, int64_t /*dv*/, int /*score*/,
-                              float /*scale*/, bool /*causal*/,
-                              int /*precision*/, bool /*weights*/>;
   struct Pending {
     std::unique_ptr<Task> task;
     absl::Time enqueued;
-    int64_t padded_elements_alone;  // its own q + k + v elements
+    int64_t elements;  // its own input elements
   };
+  // One class's waiting requests, best level first, FIFO within a level.
   struct Queue {
     std::deque<Pending> pending;
-    int64_t elements = 0;  // the pending requests' padded_elements_alone
+    int64_t elements = 0;  // the pending requests' elements
+    // Arrival times of the pending requests: the oldest decides when the
+    // class falls due, whatever its level.
+    std::multiset<absl::Time> arrivals;
   };
 
-  AttentionBatcher(const BatchingOptions& options, attn::Engine* engine,
+  Batcher(const BatchingOptions& options, attn::Engine* engine,
                    const Clock* clock, Executor executor,
                    BatchObserver observer, ExecutorAvailable executor_available);
 
@@ -188,7 +201,7 @@ class AttentionBatcher {
   const std::shared_ptr<const Runner> runner_;
 
   mutable absl::Mutex mu_;
-  std::map<ClassKey, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Queue> queues_ ABSL_GUARDED_BY(mu_);
   int queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Set by Schedule when a class may have become due, so that the scheduler
@@ -205,4 +218,4 @@ class AttentionBatcher {
 
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_SERVER_CORE_ATTENTION_BATCHER_H_
+#endif  // ATTNSERVE_SERVER_CORE_BATCHER_H_

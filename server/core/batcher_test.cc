@@ -1,10 +1,11 @@
 // The batcher with a fake clock and an executor the test drives: batches
 // form exactly when they should, expired and cancelled requests are never
 // computed, and every request's result equals its result alone.
-#include "server/core/attention_batcher.h"
+#include "server/core/batcher.h"
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -57,10 +58,11 @@ class BatcherTest : public ::testing::Test {
  protected:
   void Make(BatchingOptions options) {
     engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
-    batcher_ = AttentionBatcher::Create(
+    batcher_ = Batcher::Create(
                    options, engine_.get(), &clock_,
-                   [this](std::function<void()> work) {
+                   [this](std::function<void()> work, uint64_t priority) {
                      executed_.push_back(std::move(work));
+                     priorities_.push_back(priority);
                      return absl::OkStatus();
                    },
                    [this](const BatchStats& stats) { stats_.push_back(stats); })
@@ -68,14 +70,17 @@ class BatcherTest : public ::testing::Test {
   }
 
   absl::Status Schedule(Call* call, absl::Time deadline = absl::InfiniteFuture(),
-                        std::function<bool()> cancelled = {}) {
-    auto task = std::make_unique<AttentionBatcher::Task>();
+                        std::function<bool()> cancelled = {},
+                        uint64_t priority = 0) {
+    auto task = std::make_unique<Batcher::Task>();
     task->request = call->request;
     task->deadline = deadline;
     task->cancelled = std::move(cancelled);
-    task->done = [call](absl::StatusOr<attn::OpResult> result,
-                        const BatchTiming&) {
+    task->priority = priority;
+    task->done = [this, call](absl::StatusOr<attn::OpResult> result,
+                              const BatchTiming&) {
       call->result = std::move(result);
+      answered_.push_back(call);
     };
     return batcher_->Schedule(std::move(task));
   }
@@ -98,7 +103,9 @@ class BatcherTest : public ::testing::Test {
   std::unique_ptr<attn::Engine> engine_;
   std::vector<std::function<void()>> executed_;
   std::vector<BatchStats> stats_;
-  std::unique_ptr<AttentionBatcher> batcher_;
+  std::vector<uint64_t> priorities_;  // of each batch handed on, in order
+  std::vector<Call*> answered_;       // calls in the order they were answered
+  std::unique_ptr<Batcher> batcher_;
 };
 
 TEST_F(BatcherTest, FullBatchIsSentAtOnce) {
@@ -184,6 +191,100 @@ TEST_F(BatcherTest, FullQueueIsRejectedAndInvalidRequestsNeverQueue) {
   bad->request.keys.shape = {1, 2, 3};  // depth 3 against the queries' 8
   EXPECT_EQ(Schedule(bad.get()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(batcher_->queue_depth(), 2);
+}
+
+TEST_F(BatcherTest, BetterPriorityLevelsAreTakenFirst) {
+  BatchingOptions options;
+  options.max_batch_requests = 16;
+  // Each request: 1 x (4 x 8 + 4 x (8 + 4)) = 80 elements; two fit.
+  options.max_batch_elements = 170;
+  options.max_queue_delay = absl::Milliseconds(1);
+  Make(options);
+  std::mt19937 rng(12);
+  auto none = MakeCall(rng, 1, 4, 4), second = MakeCall(rng, 1, 4, 4),
+       first = MakeCall(rng, 1, 4, 4);
+  ASSERT_TRUE(Schedule(none.get(), absl::InfiniteFuture(), {}, 0).ok());
+  ASSERT_TRUE(Schedule(second.get(), absl::InfiniteFuture(), {}, 2).ok());
+  // The third fills the element budget: a batch of the two best levels
+  // goes at once, with the best level; the request without one waits.
+  ASSERT_TRUE(Schedule(first.get(), absl::InfiniteFuture(), {}, 1).ok());
+  ASSERT_EQ(RunExecuted(), 1);
+  EXPECT_EQ(priorities_, std::vector<uint64_t>{1});
+  EXPECT_EQ(answered_, (std::vector<Call*>{first.get(), second.get()}));
+  EXPECT_EQ(batcher_->queue_depth(), 1);
+  // It still goes when the oldest (itself) has waited the delay.
+  clock_.Advance(absl::Milliseconds(1));
+  batcher_->FormDueBatches();
+  ASSERT_EQ(RunExecuted(), 1);
+  EXPECT_EQ(answered_.back(), none.get());
+  for (Call* call : answered_) EXPECT_TRUE(call->result->ok());
+}
+
+TEST_F(BatcherTest, BatchesDueTogetherGoBestLevelFirst) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Milliseconds(1);
+  Make(options);
+  std::mt19937 rng(13);
+  // Three classes (depths 8, 16, 32), one request each, levels 0, 3, 2.
+  auto a = MakeCall(rng, 1, 2, 2, 8), b = MakeCall(rng, 1, 2, 2, 16),
+       c = MakeCall(rng, 1, 2, 2, 32);
+  ASSERT_TRUE(Schedule(a.get(), absl::InfiniteFuture(), {}, 0).ok());
+  ASSERT_TRUE(Schedule(b.get(), absl::InfiniteFuture(), {}, 3).ok());
+  ASSERT_TRUE(Schedule(c.get(), absl::InfiniteFuture(), {}, 2).ok());
+  clock_.Advance(absl::Milliseconds(1));
+  batcher_->FormDueBatches();
+  EXPECT_EQ(priorities_, (std::vector<uint64_t>{2, 3, 0}));
+  ASSERT_EQ(RunExecuted(), 3);
+  EXPECT_EQ(answered_, (std::vector<Call*>{c.get(), b.get(), a.get()}));
+}
+
+TEST_F(BatcherTest, EveryOperationBatchesInItsOwnClasses) {
+  BatchingOptions options;
+  options.max_queue_delay = absl::Milliseconds(1);
+  Make(options);
+  std::mt19937 rng(14);
+  std::vector<attn::Tensor> inputs;
+  std::vector<std::optional<absl::StatusOr<attn::OpResult>>> results(5);
+  auto schedule = [&](BatchableRequest request, int slot) {
+    auto task = std::make_unique<Batcher::Task>();
+    task->request = std::move(request);
+    task->done = [&results, slot](absl::StatusOr<attn::OpResult> result,
+                                  const BatchTiming&) {
+      results[slot] = std::move(result);
+    };
+    return batcher_->Schedule(std::move(task));
+  };
+  inputs.reserve(8);
+  for (int64_t rows : {3, 5}) {
+    inputs.push_back(RandomNormal(rng, {2, rows, 6}));
+  }
+  ASSERT_TRUE(schedule(attn::MaskedSoftmaxRequest{inputs[0].view(), {}}, 0).ok());
+  ASSERT_TRUE(schedule(attn::MaskedSoftmaxRequest{inputs[1].view(), {}}, 1).ok());
+  inputs.push_back(RandomNormal(rng, {2, 6, 4}));
+  inputs.push_back(RandomNormal(rng, {2, 6, 4}));
+  ASSERT_TRUE(schedule(attn::BatchMatmulRequest{inputs[0].view(),
+                                                inputs[2].view(), {}}, 2).ok());
+  ASSERT_TRUE(schedule(attn::BatchMatmulRequest{inputs[1].view(),
+                                                inputs[3].view(), {}}, 3).ok());
+  // A matmul of another inner size: a class of its own.
+  inputs.push_back(RandomNormal(rng, {2, 4, 4}));
+  ASSERT_TRUE(schedule(attn::BatchMatmulRequest{inputs[2].view(),
+                                                inputs[4].view(), {}}, 4).ok());
+  EXPECT_EQ(batcher_->queue_depth(), 5);
+  clock_.Advance(absl::Milliseconds(1));
+  batcher_->FormDueBatches();
+  ASSERT_EQ(RunExecuted(), 3);
+  std::map<Rpc, std::vector<int>> sizes;
+  for (const BatchStats& stats : stats_) sizes[stats.rpc].push_back(stats.requests);
+  EXPECT_EQ(sizes[Rpc::kMaskedSoftmax], std::vector<int>{2});
+  EXPECT_EQ(sizes[Rpc::kBatchMatmul].size(), 2u);
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.has_value());
+    EXPECT_TRUE(result->ok()) << result->status();
+  }
+  // Each answer has its request's own shape (the values are checked
+  // against the reference in batchable_test.cc).
+  EXPECT_EQ((*results[1])->output.shape, (attn::Shape{2, 5, 6}));
 }
 
 TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreNotComputed) {
@@ -316,9 +417,9 @@ TEST_F(BatcherTest, FreeExecutorThreadTakesRequestsAtOnce) {
   bool available = true;
   BatchingOptions options;
   options.max_queue_delay = absl::Hours(1);
-  batcher_ = AttentionBatcher::Create(
+  batcher_ = Batcher::Create(
                  options, engine_.get(), &clock_,
-                 [this](std::function<void()> work) {
+                 [this](std::function<void()> work, uint64_t) {
                    executed_.push_back(std::move(work));
                    return absl::OkStatus();
                  },
@@ -389,10 +490,11 @@ class BatcherThreadsTest : public ::testing::Test {
     pool_options.threads = workers;
     pool_options.max_queue = 4096;  // never full here
     pool_ = WorkerPool::Create(pool_options).value();
-    batcher_ = AttentionBatcher::Create(
+    batcher_ = Batcher::Create(
                    options, engine_.get(), &clock_,
-                   [pool = pool_.get()](std::function<void()> work) {
-                     return pool->Schedule(std::move(work));
+                   [pool = pool_.get()](std::function<void()> work,
+                         uint64_t priority) {
+                     return pool->Schedule(std::move(work), priority);
                    },
                    [this](const BatchStats& stats) {
                      computed_.fetch_add(stats.requests);
@@ -417,9 +519,9 @@ class BatcherThreadsTest : public ::testing::Test {
   }
 
   // A task whose `done` stores the result in `call`, then calls `after`.
-  static std::unique_ptr<AttentionBatcher::Task> TaskFor(
+  static std::unique_ptr<Batcher::Task> TaskFor(
       Call* call, std::function<void()> after) {
-    auto task = std::make_unique<AttentionBatcher::Task>();
+    auto task = std::make_unique<Batcher::Task>();
     task->request = call->request;
     task->done = [call, after = std::move(after)](
                      absl::StatusOr<attn::OpResult> result, const BatchTiming&) {
@@ -433,7 +535,7 @@ class BatcherThreadsTest : public ::testing::Test {
   std::unique_ptr<attn::Engine> engine_;
   std::atomic<int> computed_{0};
   std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<AttentionBatcher> batcher_;  // uses the pool: after it
+  std::unique_ptr<Batcher> batcher_;  // uses the pool: after it
 };
 
 // A pass on another thread (a worker's idle callback) that finds no free
@@ -445,10 +547,11 @@ TEST_F(BatcherThreadsTest, AnIdlePassNeverSwallowsTheSchedulersWakeUp) {
   options.max_queue_delay = absl::Milliseconds(2);
   engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
   pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
-  batcher_ = AttentionBatcher::Create(
+  batcher_ = Batcher::Create(
                  options, engine_.get(), &clock_,
-                 [pool = pool_.get()](std::function<void()> work) {
-                   return pool->Schedule(std::move(work));
+                 [pool = pool_.get()](std::function<void()> work,
+                       uint64_t priority) {
+                   return pool->Schedule(std::move(work), priority);
                  },
                  {}, /*executor_available=*/[] { return false; })
                  .value();
@@ -539,7 +642,7 @@ TEST_F(BatcherThreadsTest, ShutdownUnderLoadLosesNoAcceptedRequest) {
     clients.emplace_back([&, c] {
       for (int i = 0; i < kMaxCallsEach; ++i) {
         const int id = c * kMaxCallsEach + i;
-        auto task = std::make_unique<AttentionBatcher::Task>();
+        auto task = std::make_unique<Batcher::Task>();
         task->request = inputs[c]->request;
         task->done = [&answers, &ok_answers, id](
                          absl::StatusOr<attn::OpResult> result,

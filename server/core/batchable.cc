@@ -1,0 +1,538 @@
+#include "server/core/batchable.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "attn/status_macros.h"
+#include "attn/validate.h"
+
+namespace attnserve {
+namespace {
+
+// Keys hold floats by their bits: a printed float rounds, and two scales
+// that print alike must not share a batch.
+uint32_t Bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+absl::string_view BytesOf(const attn::TensorView& view) {
+  return absl::string_view(reinterpret_cast<const char*>(view.data),
+                           sizeof(float) * view.num_elements());
+}
+
+// A hash of operands that every member of a class must share.
+size_t ContentHash(std::initializer_list<attn::TensorView> views) {
+  size_t hash = 0;
+  for (const attn::TensorView& view : views) {
+    hash = absl::HashOf(hash, BytesOf(view), view.shape);
+  }
+  return hash;
+}
+
+bool SameContents(const attn::TensorView& a, const attn::TensorView& b) {
+  if (a.shape != b.shape) return false;
+  if (a.data == b.data) return true;  // the same repository tensor
+  return BytesOf(a) == BytesOf(b);
+}
+
+void CopyFloats(const float* src, int64_t count, float* dst) {
+  if (count > 0) std::memcpy(dst, src, sizeof(float) * count);
+}
+
+// Per-row valid lengths of a padded batch: member rows keep their limit
+// (their own column count when they had no lengths, so that padded
+// columns get zero weight), padded rows get 0.
+class PaddedLengths {
+ public:
+  PaddedLengths(int64_t total_batch, int64_t rows)
+      : rows_(rows), lengths_(total_batch * rows, 0) {}
+  void Add(int64_t batch_offset, int64_t batch, int64_t rows, int64_t columns,
+           const attn::ValidLengths& valid) {
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i < rows; ++i) {
+        lengths_[(batch_offset + b) * rows_ + i] =
+            static_cast<int32_t>(valid.Limit(b, i, columns));
+      }
+    }
+  }
+  attn::LengthsView view(int64_t total_batch) const {
+    return attn::LengthsView{lengths_.data(), {total_batch, rows_}};
+  }
+
+ private:
+  const int64_t rows_;
+  std::vector<int32_t> lengths_;
+};
+
+// Copies `blocks` blocks of `rows` x `width` floats (dense) into a
+// destination whose blocks are `padded_rows` x `padded_width`, each at the
+// top left of its block; the padding is left as it is (zeros).
+void CopyPadded(const float* src, int64_t blocks, int64_t rows, int64_t width,
+                int64_t padded_rows, int64_t padded_width, float* dst) {
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t row = 0; row < rows; ++row) {
+      CopyFloats(src + (block * rows + row) * width, width,
+                 dst + (block * padded_rows + row) * padded_width);
+    }
+  }
+}
+
+// The inverse: a member's blocks, starting at block `first_block` of the
+// padded result, into a dense tensor of `shape`.
+attn::Tensor SlicePadded(const attn::Tensor& all, int64_t first_block,
+                         int64_t blocks, int64_t rows, int64_t width,
+                         int64_t padded_rows, int64_t padded_width,
+                         attn::Shape shape) {
+  attn::Tensor out = attn::Tensor::Uninitialized(std::move(shape));
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t row = 0; row < rows; ++row) {
+      CopyFloats(
+          all.data.data() +
+              ((first_block + block) * padded_rows + row) * padded_width,
+          width, out.data.data() + (block * rows + row) * width);
+    }
+  }
+  return out;
+}
+
+// --- one set of rules per operation ---------------------------------------
+
+absl::StatusOr<BatchClass> Classify(const attn::MaskedSoftmaxRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateMaskedSoftmax(r));
+  const auto& p = plan.params;
+  return BatchClass{absl::StrCat("masked_softmax/", r.x.rank()),
+                    p.batch * p.rows * p.columns};
+}
+
+absl::StatusOr<BatchClass> Classify(const attn::BatchMatmulRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateBatchMatmul(r));
+  const auto& p = plan.params;
+  return BatchClass{absl::StrCat("batch_matmul/", p.k, "/", p.p, "/",
+                                 static_cast<int>(p.precision)),
+                    p.n * (p.m * p.k + p.k * p.p)};
+}
+
+absl::StatusOr<BatchClass> Classify(const attn::AttentionRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(r));
+  const auto& p = plan.params;
+  return BatchClass{
+      absl::StrCat("attention/", r.queries.rank(), "/", p.heads, "/", p.d, "/",
+                   p.dv, "/", static_cast<int>(p.score), "/", Bits(p.scale),
+                   "/", p.causal, "/", static_cast<int>(p.precision), "/",
+                   r.return_weights),
+      p.batch * p.heads * (p.lq * p.d + p.lk * (p.d + p.dv))};
+}
+
+absl::StatusOr<BatchClass> Classify(const attn::AdditiveAttentionRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateAdditiveAttention(r));
+  const auto& p = plan.params;
+  return BatchClass{
+      absl::StrCat("additive/", p.dq, "/", p.dk, "/", p.h, "/", p.dv, "/",
+                   r.return_weights, "/", ContentHash({r.w_q, r.w_k, r.w_v})),
+      p.batch * (p.lq * p.dq + p.lk * (p.dk + p.dv))};
+}
+
+absl::StatusOr<BatchClass> Classify(const attn::NadarayaWatsonRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateNadarayaWatson(r));
+  const auto& p = plan.params;
+  return BatchClass{
+      absl::StrCat("nadaraya_watson/", r.x_query.rank(), "/", r.y_train.rank(),
+                   "/", p.dx, "/", p.dy, "/", static_cast<int>(p.kernel), "/",
+                   Bits(p.bandwidth), "/", r.return_weights, "/",
+                   ContentHash({r.x_train, r.y_train})),
+      p.n_query * p.dx};
+}
+
+// Whether `r` may join a batch led by `first` (their keys are equal).
+template <typename Request>
+bool SharesOperands(const Request&, const Request&) {
+  return true;
+}
+bool SharesOperands(const attn::AdditiveAttentionRequest& a,
+                    const attn::AdditiveAttentionRequest& b) {
+  return SameContents(a.w_q, b.w_q) && SameContents(a.w_k, b.w_k) &&
+         SameContents(a.w_v, b.w_v);
+}
+bool SharesOperands(const attn::NadarayaWatsonRequest& a,
+                    const attn::NadarayaWatsonRequest& b) {
+  return SameContents(a.x_train, b.x_train) &&
+         SameContents(a.y_train, b.y_train);
+}
+
+using Results = std::vector<absl::StatusOr<attn::OpResult>>;
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const attn::MaskedSoftmaxRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::MaskedSoftmaxParams> params;
+  int64_t total = 0, rows = 0, columns = 0;
+  for (const auto* r : members) {
+    params.push_back(attn::ValidateMaskedSoftmax(*r)->params);
+    total += params.back().batch;
+    rows = std::max(rows, params.back().rows);
+    columns = std::max(columns, params.back().columns);
+  }
+  attn::Tensor x = attn::Tensor::Zeros({total, rows, columns});
+  PaddedLengths lengths(total, rows);
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    CopyPadded(p.x, p.batch, p.rows, p.columns, rows, columns,
+               x.data.data() + offset * rows * columns);
+    lengths.Add(offset, p.batch, p.rows, p.columns, p.valid);
+    work->useful_elements += p.batch * p.rows * p.columns;
+    offset += p.batch;
+  }
+  work->computed_elements = total * rows * columns;
+  attn::MaskedSoftmaxRequest combined{x.view(), lengths.view(total)};
+  absl::StatusOr<attn::OpResult> all = engine.MaskedSoftmax(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const auto& p = params[i];
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(all->output, offset, p.batch, p.rows, p.columns,
+                                rows, columns, members[i]->x.shape);
+    offset += p.batch;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const attn::BatchMatmulRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::BatchMatmulParams> params;
+  int64_t total = 0, m = 0;
+  for (const auto* r : members) {
+    params.push_back(attn::ValidateBatchMatmul(*r)->params);
+    total += params.back().n;
+    m = std::max(m, params.back().m);
+  }
+  const int64_t k = params.front().k, p_cols = params.front().p;
+  attn::Tensor a = attn::Tensor::Zeros({total, m, k});
+  attn::Tensor b = attn::Tensor::Uninitialized({total, k, p_cols});
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    CopyPadded(p.a, p.n, p.m, k, m, k, a.data.data() + offset * m * k);
+    CopyFloats(p.b, p.n * k * p_cols, b.data.data() + offset * k * p_cols);
+    work->useful_elements += p.n * p.m * p_cols;
+    offset += p.n;
+  }
+  work->computed_elements = total * m * p_cols;
+  attn::BatchMatmulRequest combined{a.view(), b.view(),
+                                    members.front()->precision};
+  absl::StatusOr<attn::OpResult> all = engine.BatchMatmul(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (const auto& p : params) {
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(all->output, offset, p.n, p.m, p_cols, m,
+                                p_cols, {p.n, p.m, p_cols});
+    offset += p.n;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const attn::AttentionRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::AttentionParams> params;
+  int64_t total = 0, lq = 0, lk = 0;
+  for (const auto* r : members) {
+    params.push_back(attn::ValidateAttention(*r)->params);
+    total += params.back().batch;
+    lq = std::max(lq, params.back().lq);
+    lk = std::max(lk, params.back().lk);
+  }
+  const attn::AttentionRequest& like = *members.front();
+  const int64_t heads = params.front().heads, d = params.front().d,
+                dv = params.front().dv;
+  const bool multi_head = like.queries.rank() == 4;
+  auto shape = [&](int64_t batch, int64_t length, int64_t depth) {
+    return multi_head ? attn::Shape{batch, heads, length, depth}
+                      : attn::Shape{batch, length, depth};
+  };
+  attn::Tensor q = attn::Tensor::Zeros({total, heads, lq, d});
+  attn::Tensor k = attn::Tensor::Zeros({total, heads, lk, d});
+  attn::Tensor v = attn::Tensor::Zeros({total, heads, lk, dv});
+  PaddedLengths lengths(total, lq);
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t blocks = p.batch * heads, first = offset * heads;
+    CopyPadded(p.q, blocks, p.lq, d, lq, d, q.data.data() + first * lq * d);
+    CopyPadded(p.k, blocks, p.lk, d, lk, d, k.data.data() + first * lk * d);
+    CopyPadded(p.v, blocks, p.lk, dv, lk, dv, v.data.data() + first * lk * dv);
+    lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
+    work->useful_elements += blocks * p.lq * p.lk;
+    offset += p.batch;
+  }
+  work->computed_elements = total * heads * lq * lk;
+  attn::AttentionRequest combined;
+  combined.queries = attn::TensorView{q.data.data(), shape(total, lq, d)};
+  combined.keys = attn::TensorView{k.data.data(), shape(total, lk, d)};
+  combined.values = attn::TensorView{v.data.data(), shape(total, lk, dv)};
+  combined.valid_lens = lengths.view(total);
+  combined.causal = like.causal;
+  combined.scale = params.front().scale;
+  combined.score = like.score;
+  combined.return_weights = like.return_weights;
+  combined.precision = like.precision;
+  absl::StatusOr<attn::OpResult> all = engine.Attention(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (const auto& p : params) {
+    const int64_t blocks = p.batch * heads, first = offset * heads;
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(all->output, first, blocks, p.lq, dv, lq, dv,
+                                shape(p.batch, p.lq, dv));
+    if (!all->weights.empty()) {
+      result.weights = SlicePadded(all->weights, first, blocks, p.lq, p.lk, lq,
+                                   lk, shape(p.batch, p.lq, p.lk));
+    }
+    offset += p.batch;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const attn::AdditiveAttentionRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::AdditiveAttentionParams> params;
+  int64_t total = 0, lq = 0, lk = 0;
+  for (const auto* r : members) {
+    params.push_back(attn::ValidateAdditiveAttention(*r)->params);
+    total += params.back().batch;
+    lq = std::max(lq, params.back().lq);
+    lk = std::max(lk, params.back().lk);
+  }
+  const int64_t dq = params.front().dq, dk = params.front().dk,
+                dv = params.front().dv;
+  attn::Tensor q = attn::Tensor::Zeros({total, lq, dq});
+  attn::Tensor k = attn::Tensor::Zeros({total, lk, dk});
+  attn::Tensor v = attn::Tensor::Zeros({total, lk, dv});
+  PaddedLengths lengths(total, lq);
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    CopyPadded(p.q, p.batch, p.lq, dq, lq, dq, q.data.data() + offset * lq * dq);
+    CopyPadded(p.k, p.batch, p.lk, dk, lk, dk, k.data.data() + offset * lk * dk);
+    CopyPadded(p.v, p.batch, p.lk, dv, lk, dv, v.data.data() + offset * lk * dv);
+    lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
+    work->useful_elements += p.batch * p.lq * p.lk;
+    offset += p.batch;
+  }
+  work->computed_elements = total * lq * lk;
+  const attn::AdditiveAttentionRequest& like = *members.front();
+  attn::AdditiveAttentionRequest combined;
+  combined.queries = q.view();
+  combined.keys = k.view();
+  combined.values = v.view();
+  combined.w_q = like.w_q;
+  combined.w_k = like.w_k;
+  combined.w_v = like.w_v;
+  combined.valid_lens = lengths.view(total);
+  combined.return_weights = like.return_weights;
+  absl::StatusOr<attn::OpResult> all = engine.AdditiveAttention(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (const auto& p : params) {
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(all->output, offset, p.batch, p.lq, dv, lq, dv,
+                                {p.batch, p.lq, dv});
+    if (!all->weights.empty()) {
+      result.weights = SlicePadded(all->weights, offset, p.batch, p.lq, p.lk,
+                                   lq, lk, {p.batch, p.lq, p.lk});
+    }
+    offset += p.batch;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const attn::NadarayaWatsonRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::NadarayaWatsonParams> params;
+  int64_t total = 0;
+  for (const auto* r : members) {
+    params.push_back(attn::ValidateNadarayaWatson(*r)->params);
+    total += params.back().n_query;
+  }
+  const attn::NadarayaWatsonRequest& like = *members.front();
+  const int64_t dx = params.front().dx, dy = params.front().dy,
+                n = params.front().n_train;
+  attn::Tensor queries = attn::Tensor::Uninitialized(
+      like.x_query.rank() == 1 ? attn::Shape{total} : attn::Shape{total, dx});
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    CopyFloats(p.x_query, p.n_query * dx, queries.data.data() + offset * dx);
+    work->useful_elements += p.n_query * n;
+    offset += p.n_query;
+  }
+  work->computed_elements = total * n;
+  attn::NadarayaWatsonRequest combined = like;
+  combined.x_query = queries.view();
+  absl::StatusOr<attn::OpResult> all = engine.NadarayaWatson(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (const auto& p : params) {
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(
+        all->output, offset, p.n_query, 1, dy, 1, dy,
+        like.y_train.rank() == 1 ? attn::Shape{p.n_query}
+                                 : attn::Shape{p.n_query, dy});
+    if (!all->weights.empty()) {
+      result.weights = SlicePadded(all->weights, offset, p.n_query, 1, n, 1, n,
+                                   {p.n_query, n});
+    }
+    offset += p.n_query;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+// A request's own score (or output) elements, for CombinedWork.
+template <typename Request>
+int64_t WorkElements(Request request);
+template <>
+int64_t WorkElements(attn::MaskedSoftmaxRequest r) {
+  const auto p = attn::ValidateMaskedSoftmax(r)->params;
+  return p.batch * p.rows * p.columns;
+}
+template <>
+int64_t WorkElements(attn::BatchMatmulRequest r) {
+  r.precision = attn::Precision::kFloat32;  // shapes only: no range scan
+  const auto p = attn::ValidateBatchMatmul(r)->params;
+  return p.n * p.m * p.p;
+}
+template <>
+int64_t WorkElements(attn::AttentionRequest r) {
+  r.precision = attn::Precision::kFloat32;
+  const auto p = attn::ValidateAttention(r)->params;
+  return p.batch * p.heads * p.lq * p.lk;
+}
+template <>
+int64_t WorkElements(attn::AdditiveAttentionRequest r) {
+  const auto p = attn::ValidateAdditiveAttention(r)->params;
+  return p.batch * p.lq * p.lk;
+}
+template <>
+int64_t WorkElements(attn::NadarayaWatsonRequest r) {
+  const auto p = attn::ValidateNadarayaWatson(r)->params;
+  return p.n_query * p.n_train;
+}
+
+// The members that share the first one's operands run as one call; the
+// others, and all of them if that call fails, run alone.
+template <typename Request>
+Results RunClass(attn::Engine& engine,
+                 absl::Span<const BatchableRequest* const> requests,
+                 CombinedWork* work) {
+  const Request& first = std::get<Request>(*requests.front());
+  std::vector<const Request*> together;
+  std::vector<size_t> positions;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& request = std::get<Request>(*requests[i]);
+    if (SharesOperands(first, request)) {
+      together.push_back(&request);
+      positions.push_back(i);
+    }
+  }
+  Results results(requests.size(), absl::UnknownError("not run"));
+  std::vector<bool> answered(requests.size(), false);
+  if (together.size() > 1) {
+    CombinedWork combined_work;
+    Results combined = Combine(engine, together, &combined_work);
+    if (!combined.empty()) {
+      work->computed_elements += combined_work.computed_elements;
+      work->useful_elements += combined_work.useful_elements;
+      for (size_t i = 0; i < combined.size(); ++i) {
+        results[positions[i]] = std::move(combined[i]);
+        answered[positions[i]] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (answered[i]) continue;
+    const Request& request = std::get<Request>(*requests[i]);
+    results[i] = RunAlone(engine, *requests[i]);
+    const int64_t elements = WorkElements(request);
+    work->computed_elements += elements;
+    work->useful_elements += elements;
+  }
+  return results;
+}
+
+}  // namespace
+
+Rpc RpcOf(const BatchableRequest& request) {
+  static constexpr Rpc kRpcs[] = {Rpc::kMaskedSoftmax, Rpc::kBatchMatmul,
+                                  Rpc::kScaledDotProductAttention,
+                                  Rpc::kAdditiveAttention, Rpc::kNadarayaWatson};
+  return kRpcs[request.index()];
+}
+
+absl::StatusOr<BatchClass> ClassifyForBatching(const BatchableRequest& request) {
+  return std::visit([](const auto& r) { return Classify(r); }, request);
+}
+
+absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
+                                        const BatchableRequest& request) {
+  struct Visitor {
+    attn::Engine& engine;
+    auto operator()(const attn::MaskedSoftmaxRequest& r) {
+      return engine.MaskedSoftmax(r);
+    }
+    auto operator()(const attn::BatchMatmulRequest& r) {
+      return engine.BatchMatmul(r);
+    }
+    auto operator()(const attn::AttentionRequest& r) {
+      return engine.Attention(r);
+    }
+    auto operator()(const attn::AdditiveAttentionRequest& r) {
+      return engine.AdditiveAttention(r);
+    }
+    auto operator()(const attn::NadarayaWatsonRequest& r) {
+      return engine.NadarayaWatson(r);
+    }
+  };
+  return std::visit(Visitor{engine}, request);
+}
+
+std::vector<absl::StatusOr<attn::OpResult>> RunTogether(
+    attn::Engine& engine, absl::Span<const BatchableRequest* const> requests,
+    CombinedWork* work) {
+  *work = CombinedWork{};
+  if (requests.empty()) return {};
+  switch (requests.front()->index()) {
+    case 0:
+      return RunClass<attn::MaskedSoftmaxRequest>(engine, requests, work);
+    case 1:
+      return RunClass<attn::BatchMatmulRequest>(engine, requests, work);
+    case 2:
+      return RunClass<attn::AttentionRequest>(engine, requests, work);
+    case 3:
+      return RunClass<attn::AdditiveAttentionRequest>(engine, requests, work);
+    default:
+      return RunClass<attn::NadarayaWatsonRequest>(engine, requests, work);
+  }
+}
+
+}  // namespace attnserve

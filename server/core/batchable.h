@@ -1,0 +1,89 @@
+// What may be batched, and how: the rules that let the batcher
+// (server/core/batcher.h) run several requests of one operation as one
+// library call, each result equal to the request run alone.
+//
+// Every operation with a batch dimension is batchable. Requests join the
+// same class when everything but their batch and ragged extents agree; the
+// class key says what must agree:
+// - masked softmax x (B, Q, K): nothing but the layout. Q and K are padded
+//   to the batch's longest; padded columns are masked through per-row valid
+//   lengths (exactly zero weight), padded rows are dropped.
+// - batch matmul a (n, m, k) x b (n, k, p): k, p and the precision; m is
+//   padded with zero rows, which are dropped.
+// - scaled dot-product attention: heads, d, v, score kind, resolved scale,
+//   causal flag, precision, layout and the weights flag; Lq and Lk padded
+//   and masked as for the softmax.
+// - additive attention: the feature sizes, the weights flag and the
+//   weights W_q, W_k, w_v themselves (equal contents: a repository model's,
+//   or any client's identical ones); Lq and Lk padded and masked.
+// - Nadaraya-Watson: the training set itself (x_train, y_train contents),
+//   kernel, bandwidth, weights flag and layout; the queries are
+//   concatenated.
+// Operands that must be equal are keyed by a hash of their contents and
+// compared in full before they are combined: a request whose operands only
+// collide in the hash runs alone.
+//
+// Thread-safe (pure functions); RunTogether blocks while the engine
+// computes.
+#ifndef ATTNSERVE_SERVER_CORE_BATCHABLE_H_
+#define ATTNSERVE_SERVER_CORE_BATCHABLE_H_
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attn/engine.h"
+#include "attn/ops.h"
+#include "server/core/metrics.h"
+
+namespace attnserve {
+
+// One request of any batchable operation. Its views must stay valid until
+// it has run.
+using BatchableRequest =
+    std::variant<attn::MaskedSoftmaxRequest, attn::BatchMatmulRequest,
+                 attn::AttentionRequest, attn::AdditiveAttentionRequest,
+                 attn::NadarayaWatsonRequest>;
+
+// The operation's RPC, for metrics.
+Rpc RpcOf(const BatchableRequest& request);
+
+// Where a request may be batched.
+struct BatchClass {
+  // Requests with equal keys may run together.
+  std::string key;
+  // Its input elements, as a batch would hold them (the request's own, not
+  // padded): what max_batch_elements bounds.
+  int64_t elements = 0;
+};
+
+// Validates `request` (INVALID_ARGUMENT in the library's words, as the
+// engine would answer) and classifies it.
+absl::StatusOr<BatchClass> ClassifyForBatching(const BatchableRequest& request);
+
+// Runs `request` alone on the engine.
+absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
+                                        const BatchableRequest& request);
+
+// What a combined run computed: the padded batch's and the members' own
+// score (or output) elements; their difference is padding.
+struct CombinedWork {
+  int64_t computed_elements = 0;
+  int64_t useful_elements = 0;
+};
+
+// Runs valid requests of one class (equal ClassifyForBatching keys) as one
+// library call and splits the result: results[i] belongs to requests[i].
+// A member whose hash-keyed operands differ from the first member's runs
+// alone, and if the combined call fails (e.g. out of memory) every member
+// is retried alone, so that each answer is the request's own.
+std::vector<absl::StatusOr<attn::OpResult>> RunTogether(
+    attn::Engine& engine, absl::Span<const BatchableRequest* const> requests,
+    CombinedWork* work);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_CORE_BATCHABLE_H_

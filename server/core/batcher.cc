@@ -1,0 +1,285 @@
+#include "server/core/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attn/validate.h"
+
+namespace attnserve {
+namespace {
+
+// Levels in serving order: 1, 2, ..., then 0 (none given) last.
+uint64_t Rank(uint64_t priority) {
+  return priority == 0 ? UINT64_MAX : priority;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
+    const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
+    Executor executor, BatchObserver observer,
+    ExecutorAvailable executor_available) {
+  if (options.max_batch_requests < 1 || options.max_batch_elements < 1 ||
+      options.max_queue_size < 1 || options.max_queue_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "batching: max_batch_requests, max_batch_elements and max_queue_size "
+        "must be at least 1 and max_queue_delay not negative");
+  }
+  for (int size : options.preferred_batch_sizes) {
+    if (size < 1 || size > options.max_batch_requests) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batching: preferred batch size ", size, " is outside [1, ",
+          options.max_batch_requests, "] (max_batch_requests)"));
+    }
+  }
+  if (engine == nullptr || clock == nullptr || !executor) {
+    return absl::InvalidArgumentError(
+        "batching: engine, clock and executor are required");
+  }
+  return std::unique_ptr<Batcher>(new Batcher(
+      options, engine, clock, std::move(executor), std::move(observer),
+      std::move(executor_available)));
+}
+
+Batcher::Batcher(const BatchingOptions& options,
+                                   attn::Engine* engine, const Clock* clock,
+                                   Executor executor, BatchObserver observer,
+                                   ExecutorAvailable executor_available)
+    : options_(options),
+      clock_(clock),
+      executor_(std::move(executor)),
+      executor_available_(std::move(executor_available)),
+      runner_(std::make_shared<const Runner>(
+          Runner{engine, clock, std::move(observer)})) {}
+
+Batcher::~Batcher() { Shutdown(); }
+
+absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
+  absl::StatusOr<BatchClass> batch_class = ClassifyForBatching(task->request);
+  if (!batch_class.ok()) return batch_class.status();
+  const int64_t elements = batch_class->elements;
+  const absl::Time now = clock_->Now();
+  bool due_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError("the server is shutting down");
+    }
+    if (queued_ >= options_.max_queue_size) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the batching queue is full (", options_.max_queue_size,
+          " requests waiting, --max_queue); retry later"));
+    }
+    Queue& queue = queues_[std::move(batch_class->key)];
+    // After every request of the same or a better level.
+    const uint64_t rank = Rank(task->priority);
+    auto position = std::find_if(
+        queue.pending.begin(), queue.pending.end(), [rank](const Pending& p) {
+          return Rank(p.task->priority) > rank;
+        });
+    queue.pending.insert(position, Pending{std::move(task), now, elements});
+    queue.arrivals.insert(now);
+    queue.elements += elements;
+    ++queued_;
+    const int count = static_cast<int>(queue.pending.size());
+    due_now = count >= options_.max_batch_requests ||
+              queue.elements >= options_.max_batch_elements ||
+              std::find(options_.preferred_batch_sizes.begin(),
+                        options_.preferred_batch_sizes.end(),
+                        count) != options_.preferred_batch_sizes.end() ||
+              (executor_available_ && executor_available_());
+    // Otherwise wake the scheduler only for a class's first request (a new
+    // deadline); waking it on every arrival would cost a context switch each.
+    if (!due_now && count == 1) new_work_ = true;
+  }
+  // A due batch is formed here rather than after a hop to the scheduler.
+  if (due_now) FormDueBatches();
+  return absl::OkStatus();
+}
+
+int Batcher::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return queued_;
+}
+
+std::vector<Batcher::Pending> Batcher::TakeDueBatch(
+    Queue& queue, absl::Time now) {
+  std::vector<Pending> batch;
+  const int count = static_cast<int>(queue.pending.size());
+  if (count == 0) return batch;
+  // How many of the oldest fit the element budget (at least one).
+  int fit = 0;
+  int64_t elements = 0;
+  for (const Pending& pending : queue.pending) {
+    if (fit == options_.max_batch_requests) break;
+    if (fit > 0 && elements + pending.elements > options_.max_batch_elements) {
+      break;
+    }
+    elements += pending.elements;
+    ++fit;
+  }
+  int take = 0;
+  if (fit < count || count >= options_.max_batch_requests) {
+    take = fit;  // full
+  } else if (stopping_ ||
+             now - *queue.arrivals.begin() >= options_.max_queue_delay ||
+             (executor_available_ && executor_available_())) {
+    take = fit;  // waited long enough, or a thread is free to run it now
+  } else {
+    for (int size : options_.preferred_batch_sizes) {
+      if (size <= count && size > take) take = size;
+    }
+  }
+  for (int i = 0; i < take; ++i) {
+    Pending& front = queue.pending.front();
+    queue.elements -= front.elements;
+    queue.arrivals.erase(queue.arrivals.find(front.enqueued));
+    batch.push_back(std::move(front));
+    queue.pending.pop_front();
+  }
+  queued_ -= take;
+  return batch;
+}
+
+absl::Time Batcher::FormDueBatches(bool from_scheduler) {
+  std::vector<std::vector<Pending>> due;
+  absl::Time next = absl::InfiniteFuture();
+  {
+    absl::MutexLock lock(&mu_);
+    // Only the scheduler consumes the wake-up: it is the one that waits
+    // for `next`. A pass on another thread (Schedule, OnExecutorIdle) that
+    // leaves requests queued wakes it below, so that it waits for their
+    // due time; clearing the flag here instead lost that wake-up, and
+    // requests left queued at the end of a burst waited for the next
+    // arrival, forever if none came (found by bench/core_benchmark.cc).
+    if (from_scheduler) new_work_ = false;
+    const absl::Time now = clock_->Now();
+    for (auto it = queues_.begin(); it != queues_.end();) {
+      Queue& queue = it->second;
+      for (std::vector<Pending> batch = TakeDueBatch(queue, now); !batch.empty();
+           batch = TakeDueBatch(queue, now)) {
+        due.push_back(std::move(batch));
+      }
+      if (queue.pending.empty()) {
+        it = queues_.erase(it);
+      } else {
+        next = std::min(next,
+                        *queue.arrivals.begin() + options_.max_queue_delay);
+        ++it;
+      }
+    }
+    if (!from_scheduler && next != absl::InfiniteFuture()) new_work_ = true;
+    in_hand_ += static_cast<int>(due.size());
+  }
+  if (due.empty()) return next;
+  // Best level first (each batch's first member holds its best level).
+  std::stable_sort(due.begin(), due.end(),
+                   [](const std::vector<Pending>& a, const std::vector<Pending>& b) {
+                     return Rank(a.front().task->priority) <
+                            Rank(b.front().task->priority);
+                   });
+  for (std::vector<Pending>& batch : due) Dispatch(std::move(batch));
+  absl::MutexLock lock(&mu_);
+  in_hand_ -= static_cast<int>(due.size());
+  return next;
+}
+
+void Batcher::Dispatch(std::vector<Pending> batch) {
+  const uint64_t priority = batch.front().task->priority;
+  auto shared = std::make_shared<std::vector<Pending>>(std::move(batch));
+  const absl::Status status = executor_(
+      [runner = runner_, shared] { RunBatch(*runner, *shared); }, priority);
+  if (!status.ok()) {
+    for (Pending& pending : *shared) {
+      pending.task->done(status, BatchTiming{clock_->Now()});
+    }
+  }
+}
+
+void Batcher::RunBatch(const Runner& runner,
+                                std::vector<Pending>& batch) {
+  // Requests that expired or were cancelled while queued are not computed.
+  const absl::Time now = runner.clock->Now();
+  BatchTiming timing{now};
+  std::vector<Task*> live;
+  for (Pending& pending : batch) {
+    Task& task = *pending.task;
+    if (task.cancelled && task.cancelled()) {
+      task.done(absl::CancelledError("the call was cancelled while queued"),
+                timing);
+    } else if (task.deadline <= now) {
+      task.done(absl::DeadlineExceededError(absl::StrCat(
+                    "the deadline passed after ",
+                    absl::FormatDuration(now - pending.enqueued),
+                    " in the batching queue; the work was not started")),
+                timing);
+    } else {
+      live.push_back(&task);
+    }
+  }
+  if (live.empty()) return;
+
+  std::vector<const BatchableRequest*> requests;
+  for (Task* task : live) requests.push_back(&task->request);
+  CombinedWork work;
+  std::vector<absl::StatusOr<attn::OpResult>> results =
+      RunTogether(*runner.engine, requests, &work);
+  timing.batch_requests = static_cast<int>(live.size());
+  timing.kernel = runner.clock->Now() - now;
+  if (runner.observer) {
+    runner.observer(BatchStats{RpcOf(*requests.front()),
+                               static_cast<int>(live.size()),
+                               work.computed_elements, work.useful_elements});
+  }
+  for (size_t i = 0; i < live.size(); ++i) {
+    live[i]->done(std::move(results[i]), timing);
+  }
+}
+
+bool Batcher::HasWorkOrStopping() const {
+  return stopping_ || new_work_;
+}
+
+bool Batcher::NothingInHand() const { return in_hand_ == 0; }
+
+void Batcher::SchedulerLoop() {
+  absl::Time next = absl::InfiniteFuture();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Wake for new work (a class may now be full) or the next due time.
+      // The wait is on real time: the scheduler runs only with a real clock.
+      mu_.AwaitWithDeadline(
+          absl::Condition(this, &Batcher::HasWorkOrStopping), next);
+      if (stopping_ && queued_ == 0) return;
+    }
+    next = FormDueBatches(/*from_scheduler=*/true);
+  }
+}
+
+void Batcher::StartScheduler() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+void Batcher::Shutdown() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (scheduler_.joinable()) {
+    scheduler_.join();  // its last pass hands every queued task on
+  } else {
+    FormDueBatches();
+  }
+  // Schedule (a due batch) and OnExecutorIdle form batches on their own
+  // threads: one may have taken a batch off its queue, so that the queues
+  // look empty, and not handed it on yet. Wait until it has.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &Batcher::NothingInHand));
+}
+
+}  // namespace attnserve
