@@ -1,7 +1,8 @@
 // The serving core without gRPC (server/core/call_runner.h): 64 single
-// attention requests (B = 1) in flight through CallRunner::RunOp, with
-// the server's defaults (2 workers, kernels on 1 thread each), batching off
-// and on. Shows what batching buys the kernels alone on this CPU, without the
+// requests (B = 1) of each batchable operation in flight through
+// CallRunner::RunOp, with the server's defaults (2 workers, kernels on 1
+// thread each), batching off and on; and an empty call (the core's own cost).
+// Shows what batching buys the kernels alone on this CPU, without the
 // transport's cost. Reported: requests/s (items_per_second) per 64-request
 // wave. Not part of the test suite:
 //
@@ -49,51 +50,60 @@ class WaveResponder final : public CallResponder {
   std::unique_ptr<absl::Notification> done_;
 };
 
-// args: length (Lq = Lk), depth (d = v), batching (0 off, 1 on).
-void BM_CoreAttention(benchmark::State& state) {
-  const int64_t length = state.range(0), depth = state.range(1);
-  const bool batching = state.range(2) != 0;
-  attn::EngineOptions engine_options;
-  engine_options.max_threads = 1;  // attnserve's --kernel_threads default
-  auto engine = attn::Engine::Create(engine_options).value();
-  auto metrics = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
-  auto pool = WorkerPool::Create(WorkerPool::Options{}).value();
-  RealClock clock;
-  std::unique_ptr<Batcher> batcher;
-  if (batching) {
-    batcher = Batcher::Create(
-                  BatchingOptions{}, engine.get(), &clock,
-                  [raw = pool.get()](std::function<void()> work,
-                        uint64_t priority) {
-                    return raw->Schedule(std::move(work), priority);
-                  },
-                  {}, [raw = pool.get()] { return raw->available_threads() > 0; })
-                  .value();
-    pool->SetIdleCallback([raw = batcher.get()] { raw->OnExecutorIdle(); });
-    batcher->StartScheduler();
+// The core as attnserve wires it by default (2 workers, kernels on 1 thread
+// each), with or without a batcher.
+class Core {
+ public:
+  explicit Core(bool batching) {
+    attn::EngineOptions engine_options;
+    engine_options.max_threads = 1;  // attnserve's --kernel_threads default
+    engine_ = attn::Engine::Create(engine_options).value();
+    metrics_ = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
+    pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
+    if (batching) {
+      batcher_ = Batcher::Create(
+                     BatchingOptions{}, engine_.get(), &clock_,
+                     [raw = pool_.get()](std::function<void()> work,
+                                         uint64_t priority) {
+                       return raw->Schedule(std::move(work), priority);
+                     },
+                     {},
+                     [raw = pool_.get()] { return raw->available_threads() > 0; })
+                     .value();
+      pool_->SetIdleCallback([raw = batcher_.get()] { raw->OnExecutorIdle(); });
+      batcher_->StartScheduler();
+    }
+    calls_ = std::make_unique<CallRunner>(engine_.get(), pool_.get(),
+                                          batcher_.get(), metrics_.get(),
+                                          ServiceLimits{});
   }
-  CallRunner calls(engine.get(), pool.get(), batcher.get(), metrics.get(),
-                   ServiceLimits{});
+  ~Core() {
+    if (batcher_ != nullptr) batcher_->Shutdown();
+    pool_->Shutdown();
+  }
+  CallRunner& calls() { return *calls_; }
 
-  std::mt19937 rng(0);
-  std::vector<attn::Tensor> q, k, v;
-  for (int i = 0; i < kInFlight; ++i) {
-    q.push_back(attn::testing::RandomNormal(rng, {1, length, depth}));
-    k.push_back(attn::testing::RandomNormal(rng, {1, length, depth}));
-    v.push_back(attn::testing::RandomNormal(rng, {1, length, depth}));
-  }
+ private:
+  RealClock clock_;
+  std::unique_ptr<attn::Engine> engine_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<CallRunner> calls_;
+};
+
+// Sends waves of kInFlight calls of request(i) and waits for each wave.
+template <typename MakeRequest>
+void RunWaves(benchmark::State& state, Rpc rpc, MakeRequest request) {
+  Core core(state.range(2) != 0);
   WaveResponder responder;
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
-      calls.RunOp(
-          Rpc::kScaledDotProductAttention, CallContext{},
+      core.calls().RunOp(
+          rpc, CallContext{},
           [&, i](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
-            attn::AttentionRequest request;
-            request.queries = q[i].view();
-            request.keys = k[i].view();
-            request.values = v[i].view();
-            return request;
+            return request(i);
           },
           [](const attn::OpResult& result) { benchmark::DoNotOptimize(result); },
           {}, &responder);
@@ -102,18 +112,124 @@ void BM_CoreAttention(benchmark::State& state) {
   }
   if (responder.failures() > 0) state.SkipWithError("a request failed");
   state.SetItemsProcessed(state.iterations() * kInFlight);
-  if (batcher != nullptr) batcher->Shutdown();
-  pool->Shutdown();
 }
 
-BENCHMARK(BM_CoreAttention)
-    ->ArgNames({"L", "d", "batching"})
-    ->Args({10, 2, 0})  // the textbook's toy scale
-    ->Args({10, 2, 1})
-    ->Args({64, 64, 0})  // medium rows
-    ->Args({64, 64, 1})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+std::vector<attn::Tensor> Inputs(attn::Shape shape, int count = kInFlight) {
+  std::mt19937 rng(0);
+  std::vector<attn::Tensor> tensors;
+  for (int i = 0; i < count; ++i) {
+    tensors.push_back(attn::testing::RandomNormal(rng, shape));
+  }
+  return tensors;
+}
+
+// Every benchmark: args (length, depth, batching: 0 off, 1 on).
+
+void BM_CoreAttention(benchmark::State& state) {
+  const int64_t length = state.range(0), depth = state.range(1);
+  const auto q = Inputs({1, length, depth}), k = Inputs({1, length, depth}),
+             v = Inputs({1, length, depth});
+  RunWaves(state, Rpc::kScaledDotProductAttention, [&](int i) {
+    attn::AttentionRequest request;
+    request.queries = q[i].view();
+    request.keys = k[i].view();
+    request.values = v[i].view();
+    return request;
+  });
+}
+
+// x (1, length, length).
+void BM_CoreMaskedSoftmax(benchmark::State& state) {
+  const int64_t length = state.range(0);
+  const auto x = Inputs({1, length, length});
+  RunWaves(state, Rpc::kMaskedSoftmax, [&](int i) {
+    return attn::MaskedSoftmaxRequest{x[i].view(), {}};
+  });
+}
+
+// (1, length, depth) x (1, depth, depth).
+void BM_CoreBatchMatmul(benchmark::State& state) {
+  const int64_t length = state.range(0), depth = state.range(1);
+  const auto a = Inputs({1, length, depth}), b = Inputs({1, depth, depth});
+  RunWaves(state, Rpc::kBatchMatmul, [&](int i) {
+    return attn::BatchMatmulRequest{a[i].view(), b[i].view(), {}};
+  });
+}
+
+// One repository model's weights (h = depth), queries and keys of width
+// depth, values of width depth.
+void BM_CoreAdditiveAttention(benchmark::State& state) {
+  const int64_t length = state.range(0), depth = state.range(1);
+  const auto q = Inputs({1, length, depth}), k = Inputs({1, length, depth}),
+             v = Inputs({1, length, depth});
+  const auto w_q = Inputs({depth, depth}, 1), w_k = Inputs({depth, depth}, 1),
+             w_v = Inputs({depth}, 1);
+  RunWaves(state, Rpc::kAdditiveAttention, [&](int i) {
+    attn::AdditiveAttentionRequest request;
+    request.queries = q[i].view();
+    request.keys = k[i].view();
+    request.values = v[i].view();
+    request.w_q = w_q[0].view();
+    request.w_k = w_k[0].view();
+    request.w_v = w_v[0].view();
+    return request;
+  });
+}
+
+// `length` queries each against one training set of `depth` points.
+void BM_CoreNadarayaWatson(benchmark::State& state) {
+  const int64_t queries = state.range(0), points = state.range(1);
+  const auto x_query = Inputs({queries});
+  const auto x_train = Inputs({points}, 1), y_train = Inputs({points}, 1);
+  RunWaves(state, Rpc::kNadarayaWatson, [&](int i) {
+    attn::NadarayaWatsonRequest request;
+    request.x_train = x_train[0].view();
+    request.y_train = y_train[0].view();
+    request.x_query = x_query[i].view();
+    return request;
+  });
+}
+
+// The core's own cost per call: a Run whose work does nothing (no decode,
+// no kernel), through admission, the worker queue, metrics and statistics.
+void BM_CoreEmptyCall(benchmark::State& state) {
+  Core core(false);
+  WaveResponder responder;
+  for (auto _ : state) {
+    responder.Start(kInFlight);
+    for (int i = 0; i < kInFlight; ++i) {
+      core.calls().Run(
+          Rpc::kMaskedSoftmax, CallContext{},
+          [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+            return CallRunner::Work(
+                []() -> absl::StatusOr<std::string> { return "none"; });
+          },
+          &responder);
+    }
+    responder.Wait();
+  }
+  if (responder.failures() > 0) state.SkipWithError("a request failed");
+  state.SetItemsProcessed(state.iterations() * kInFlight);
+}
+
+#define CORE_CASES(name, toy_length, toy_depth, medium_length, medium_depth) \
+  BENCHMARK(name)                                                            \
+      ->ArgNames({"L", "d", "batching"})                                     \
+      ->Args({toy_length, toy_depth, 0})                                     \
+      ->Args({toy_length, toy_depth, 1})                                     \
+      ->Args({medium_length, medium_depth, 0})                               \
+      ->Args({medium_length, medium_depth, 1})                               \
+      ->UseRealTime()                                                        \
+      ->Unit(benchmark::kMillisecond)
+
+// Toy: the textbook's scale; medium: L 64, d 64 rows.
+CORE_CASES(BM_CoreAttention, 10, 2, 64, 64);
+CORE_CASES(BM_CoreMaskedSoftmax, 10, 0, 64, 0);
+CORE_CASES(BM_CoreBatchMatmul, 10, 2, 64, 64);
+CORE_CASES(BM_CoreAdditiveAttention, 10, 8, 64, 64);
+// Nadaraya-Watson: L queries against d training points.
+CORE_CASES(BM_CoreNadarayaWatson, 10, 50, 64, 1000);
+BENCHMARK(BM_CoreEmptyCall)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace attnserve

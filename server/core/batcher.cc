@@ -1,11 +1,9 @@
 #include "server/core/batcher.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "attn/validate.h"
 
 namespace attnserve {
 namespace {
@@ -43,10 +41,9 @@ absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
       std::move(executor_available)));
 }
 
-Batcher::Batcher(const BatchingOptions& options,
-                                   attn::Engine* engine, const Clock* clock,
-                                   Executor executor, BatchObserver observer,
-                                   ExecutorAvailable executor_available)
+Batcher::Batcher(const BatchingOptions& options, attn::Engine* engine,
+                 const Clock* clock, Executor executor, BatchObserver observer,
+                 ExecutorAvailable executor_available)
     : options_(options),
       clock_(clock),
       executor_(std::move(executor)),
@@ -198,8 +195,7 @@ void Batcher::Dispatch(std::vector<Pending> batch) {
   }
 }
 
-void Batcher::RunBatch(const Runner& runner,
-                                std::vector<Pending>& batch) {
+void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
   // Requests that expired or were cancelled while queued are not computed.
   const absl::Time now = runner.clock->Now();
   BatchTiming timing{now};

@@ -174,8 +174,8 @@ class Batcher {
   };
 
   Batcher(const BatchingOptions& options, attn::Engine* engine,
-                   const Clock* clock, Executor executor,
-                   BatchObserver observer, ExecutorAvailable executor_available);
+          const Clock* clock, Executor executor, BatchObserver observer,
+          ExecutorAvailable executor_available);
 
   // Takes the tasks of the next batch off `queue` if one is due at `now`.
   std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now)

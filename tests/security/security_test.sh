@@ -8,24 +8,31 @@
 #    one from the CA is served;
 #  - tokens (over TLS): no token and a wrong token get UNAUTHENTICATED and are
 #    counted by reason; a good token is served; health checks need none;
-#    save_as needs the save_as permission (PERMISSION_DENIED otherwise); an
+#    save_as needs the save_as permission (PERMISSION_DENIED otherwise), and
+#    KServe RepositoryModelLoad/Unload the model_control permission (checked
+#    with tritonclient's generated stubs from VENV, when given); an
 #    edit of the token file takes effect within seconds, and so does SIGHUP;
 #    no token ever appears in the server's log;
 #  - bad security flags exit 1 naming the flag.
 #
-#   tests/security/security_test.sh ATTNSERVE ATTNCTL
+#   tests/security/security_test.sh ATTNSERVE ATTNCTL [VENV]
+#
+# VENV: the KServe test's virtual environment (tests/kserve/requirements.txt;
+# made here if missing), for the model_control checks.
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 ATTNSERVE ATTNCTL" >&2
+if [[ $# -ne 2 && $# -ne 3 ]]; then
+  echo "usage: $0 ATTNSERVE ATTNCTL [VENV]" >&2
   exit 64
 fi
 server_bin=$(realpath "$1")
 attnctl=$(realpath "$2")
+venv=${3:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 py=/usr/bin/python3
 source "$repo/tests/lib/server.sh"
+source "$repo/tests/lib/venv.sh"
 
 workdir=$(mktemp -d -t attnserve-security.XXXXXX)
 # shellcheck disable=SC2317  # run by the EXIT trap
@@ -67,8 +74,9 @@ issue other-ca stranger "extendedKeyUsage=clientAuth"
 token_plain=$(openssl rand -hex 24)
 token_saver=$(openssl rand -hex 24)
 token_new=$(openssl rand -hex 24)
-printf '# test tokens\n%s\n%s save_as\n' "$token_plain" "$token_saver" \
-  >"$workdir/tokens"
+token_controller=$(openssl rand -hex 24)
+printf '# test tokens\n%s\n%s save_as\n%s model_control\n' "$token_plain" \
+  "$token_saver" "$token_controller" >"$workdir/tokens"
 cp -r "$repo/deploy/models" "$workdir/models"
 
 ctl() { "$attnctl" --target="127.0.0.1:$GRPC_PORT" --deadline=10s "$@"; }
@@ -149,7 +157,8 @@ stop_server
 # --- 4. tokens ---------------------------------------------------------------------
 start_server "$server_bin" "$workdir/tokens.log" --drain_notice_ms=0 \
   --tls_cert="$pki/server.crt" --tls_key="$pki/server.key" \
-  --auth_tokens_file="$workdir/tokens" --model_repository="$workdir/models" ||
+  --auth_tokens_file="$workdir/tokens" --model_repository="$workdir/models" \
+  --model_control_mode=explicit ||
   { echo "security: FATAL: token server did not start" >&2; exit 1; }
 tls=(--ca="$pki/ca.crt")
 expect_refused "tokens: no token -> UNAUTHENTICATED" "UNAUTHENTICATED: missing token" \
@@ -172,6 +181,49 @@ expect_ok "tokens: save_as with the permission" "${tls[@]}" --token="$token_save
 [[ -f "$workdir/models/fitted_by_test/config.pbtxt" ]] &&
   pass "the permitted save_as wrote the model" ||
   fail "the permitted save_as wrote nothing under $workdir/models"
+# model_control: KServe RepositoryModelUnload / Load need the permission.
+# control TOKEN load|unload MODEL: prints the gRPC status code's name.
+control() {
+  "$venv/bin/python" - "$GRPC_PORT" "$pki/ca.crt" "$@" <<'PYTHON'
+import sys
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+port, ca, token, action, model = sys.argv[1:]
+with open(ca, "rb") as f:
+    credentials = grpc.ssl_channel_credentials(f.read())
+with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    call, request = ((stub.RepositoryModelLoad,
+                      service_pb2.RepositoryModelLoadRequest(model_name=model))
+                     if action == "load" else
+                     (stub.RepositoryModelUnload,
+                      service_pb2.RepositoryModelUnloadRequest(model_name=model)))
+    try:
+        call(request, metadata=[("authorization", f"Bearer {token}")],
+             timeout=10)
+        print("OK")
+    except grpc.RpcError as e:
+        print(e.code().name)
+PYTHON
+}
+if [[ -n "$venv" ]]; then
+  ensure_venv "$venv" "$repo/tests/kserve/requirements.txt"
+  for check in "$token_plain unload PERMISSION_DENIED" \
+               "$token_saver load PERMISSION_DENIED" \
+               "$token_controller unload OK" \
+               "$token_controller load OK"; do
+    read -r token action want <<<"$check"
+    got=$(control "$token" "$action" additive_attention 2>&1 | tail -n 1)
+    who=plain
+    [[ $token == "$token_saver" ]] && who=save_as
+    [[ $token == "$token_controller" ]] && who=model_control
+    [[ "$got" == "$want" ]] &&
+      pass "tokens: $action by a $who token -> $want" ||
+      fail "tokens: $action by a $who token -> $got, want $want"
+  done
+else
+  echo "skip tokens: model_control (no VENV given)"
+fi
 
 # An edit takes effect without a restart (the file is polled every second).
 printf '%s\n%s save_as\n%s\n' "$token_plain" "$token_saver" "$token_new" \
@@ -201,7 +253,8 @@ expect_ok "tokens: a broken file on SIGHUP keeps the previous tokens" \
 kill -0 "$SERVER_PID" 2>/dev/null && pass "the server survived the broken file" ||
   fail "the server died on a broken token file"
 stop_server
-if grep -q -e "$token_plain" -e "$token_saver" -e "$token_new" "$workdir"/*.log; then
+if grep -q -e "$token_plain" -e "$token_saver" -e "$token_new" \
+    -e "$token_controller" "$workdir"/*.log; then
   fail "a token appears in the server's log"
 else
   pass "no token in the server's log"
