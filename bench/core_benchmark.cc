@@ -8,6 +8,8 @@
 //
 //   build/bench/core_benchmark --benchmark_min_time=2
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "server/core/batcher.h"
 #include "server/core/call_runner.h"
 #include "server/core/clock.h"
+#include "server/core/malloc_policy.h"
 #include "server/core/metrics.h"
 #include "server/core/worker_pool.h"
 
@@ -212,6 +215,52 @@ void BM_CoreEmptyCall(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kInFlight);
 }
 
+// 32 requests of one class, on the calling thread: run one by one
+// (together 0) or combined into one library call (together 1). What
+// combining itself costs or buys, without the pool. args: operation (0
+// masked softmax, 1 batch matmul, 2 attention), length, together.
+void BM_Combine(benchmark::State& state) {
+  const int op = static_cast<int>(state.range(0));
+  const int64_t length = state.range(1);
+  const bool together = state.range(2) != 0;
+  attn::EngineOptions engine_options;
+  engine_options.max_threads = 1;
+  auto engine = attn::Engine::Create(engine_options).value();
+  const auto x = Inputs({1, length, length}, 32), y = Inputs({1, length, length}, 32),
+             z = Inputs({1, length, length}, 32);
+  std::vector<BatchableRequest> requests;
+  for (int i = 0; i < 32; ++i) {
+    if (op == 0) {
+      requests.push_back(attn::MaskedSoftmaxRequest{x[i].view(), {}});
+    } else if (op == 1) {
+      requests.push_back(attn::BatchMatmulRequest{x[i].view(), y[i].view(), {}});
+    } else {
+      attn::AttentionRequest request;
+      request.queries = x[i].view();
+      request.keys = y[i].view();
+      request.values = z[i].view();
+      requests.push_back(request);
+    }
+  }
+  std::vector<const BatchableRequest*> pointers;
+  for (const BatchableRequest& request : requests) pointers.push_back(&request);
+  for (auto _ : state) {
+    if (together) {
+      CombinedWork work;
+      benchmark::DoNotOptimize(RunTogether(*engine, pointers, &work));
+    } else {
+      for (const BatchableRequest* request : pointers) {
+        benchmark::DoNotOptimize(RunAlone(*engine, *request));
+      }
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * 32);
+}
+BENCHMARK(BM_Combine)
+    ->ArgNames({"op", "L", "together"})
+    ->ArgsProduct({{0, 1, 2}, {64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
 #define CORE_CASES(name, toy_length, toy_depth, medium_length, medium_depth) \
   BENCHMARK(name)                                                            \
       ->ArgNames({"L", "d", "batching"})                                     \
@@ -234,4 +283,17 @@ BENCHMARK(BM_CoreEmptyCall)->UseRealTime()->Unit(benchmark::kMillisecond);
 }  // namespace
 }  // namespace attnserve
 
-BENCHMARK_MAIN();
+// As the server runs with --batching (server/core/malloc_policy.h; one call
+// at a time measured the same either way); ATTN_DEFAULT_MALLOC=1 keeps
+// glibc's defaults, to see what the policy buys.
+int main(int argc, char** argv) {
+  const char* defaults = std::getenv("ATTN_DEFAULT_MALLOC");
+  if (defaults == nullptr || std::string(defaults) != "1") {
+    attnserve::KeepFreedMemoryForReuse();
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -60,6 +60,7 @@
 #include "server/api/attention_service.h"
 #include "server/api/auth.h"
 #include "server/core/clock.h"
+#include "server/core/malloc_policy.h"
 #include "server/api/inference_service.h"
 #include "server/repository/model_repository.h"
 #include "server/core/cpu_budget.h"
@@ -441,6 +442,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<attnserve::Batcher> batcher;
   attnserve::BatchingOptions batching;
   if (absl::GetFlag(FLAGS_batching)) {
+    // A batch frees several large buffers at once: keep them for the next
+    // (server/core/malloc_policy.h).
+    attnserve::KeepFreedMemoryForReuse();
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
     batching.max_batch_elements = absl::GetFlag(FLAGS_max_batch_elements);
     batching.max_queue_delay =

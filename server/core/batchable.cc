@@ -1,8 +1,10 @@
 #include "server/core/batchable.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -101,6 +103,50 @@ attn::Tensor SlicePadded(const attn::Tensor& all, int64_t first_block,
   return out;
 }
 
+// The combined inputs live in buffers each batch thread keeps between
+// batches: a combined call's buffers, freed and faulted in again every time
+// (glibc returns large freed blocks at the top of the heap to the system),
+// made it 3-6x slower than its requests run alone (bench/core_benchmark.cc,
+// BM_Combine; ~570 page faults per batch of 32 64x64 products).
+class Staging {
+ public:
+  // A tensor of `shape` in buffer `slot` (0-3), zero-filled when `zero`;
+  // valid on this thread until the next call for the same slot.
+  struct Staged {
+    float* ptr;
+    attn::Shape shape;
+    float* data() const { return ptr; }
+    attn::TensorView view() const { return attn::TensorView{ptr, shape}; }
+  };
+  static Staged Get(int slot, attn::Shape shape, bool zero) {
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim;
+    std::vector<float>& buffer = Buffers()[slot];
+    if (static_cast<int64_t>(buffer.size()) < count) {
+      buffer.clear();
+      buffer.shrink_to_fit();
+      buffer.resize(count);
+    }
+    if (zero) std::fill(buffer.begin(), buffer.begin() + count, 0.0f);
+    return Staged{buffer.data(), std::move(shape)};
+  }
+  // Frees buffers beyond what a thread keeps (a rare huge batch).
+  static void Trim() {
+    for (std::vector<float>& buffer : Buffers()) {
+      if (buffer.size() * sizeof(float) > kKeptBytesPerSlot) {
+        std::vector<float>().swap(buffer);
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kKeptBytesPerSlot = size_t{8} << 20;
+  static std::array<std::vector<float>, 4>& Buffers() {
+    thread_local std::array<std::vector<float>, 4> buffers;
+    return buffers;
+  }
+};
+
 // --- one set of rules per operation ---------------------------------------
 
 absl::StatusOr<BatchClass> Classify(const attn::MaskedSoftmaxRequest& r) {
@@ -178,12 +224,12 @@ Results Combine(attn::Engine& engine,
     rows = std::max(rows, params.back().rows);
     columns = std::max(columns, params.back().columns);
   }
-  attn::Tensor x = attn::Tensor::Zeros({total, rows, columns});
+  const Staging::Staged x = Staging::Get(0, {total, rows, columns}, true);
   PaddedLengths lengths(total, rows);
   int64_t offset = 0;
   for (const auto& p : params) {
     CopyPadded(p.x, p.batch, p.rows, p.columns, rows, columns,
-               x.data.data() + offset * rows * columns);
+               x.data() + offset * rows * columns);
     lengths.Add(offset, p.batch, p.rows, p.columns, p.valid);
     work->useful_elements += p.batch * p.rows * p.columns;
     offset += p.batch;
@@ -217,12 +263,12 @@ Results Combine(attn::Engine& engine,
     m = std::max(m, params.back().m);
   }
   const int64_t k = params.front().k, p_cols = params.front().p;
-  attn::Tensor a = attn::Tensor::Zeros({total, m, k});
-  attn::Tensor b = attn::Tensor::Uninitialized({total, k, p_cols});
+  const Staging::Staged a = Staging::Get(0, {total, m, k}, true);
+  const Staging::Staged b = Staging::Get(1, {total, k, p_cols}, false);
   int64_t offset = 0;
   for (const auto& p : params) {
-    CopyPadded(p.a, p.n, p.m, k, m, k, a.data.data() + offset * m * k);
-    CopyFloats(p.b, p.n * k * p_cols, b.data.data() + offset * k * p_cols);
+    CopyPadded(p.a, p.n, p.m, k, m, k, a.data() + offset * m * k);
+    CopyFloats(p.b, p.n * k * p_cols, b.data() + offset * k * p_cols);
     work->useful_elements += p.n * p.m * p_cols;
     offset += p.n;
   }
@@ -263,25 +309,25 @@ Results Combine(attn::Engine& engine,
     return multi_head ? attn::Shape{batch, heads, length, depth}
                       : attn::Shape{batch, length, depth};
   };
-  attn::Tensor q = attn::Tensor::Zeros({total, heads, lq, d});
-  attn::Tensor k = attn::Tensor::Zeros({total, heads, lk, d});
-  attn::Tensor v = attn::Tensor::Zeros({total, heads, lk, dv});
+  const Staging::Staged q = Staging::Get(0, {total, heads, lq, d}, true);
+  const Staging::Staged k = Staging::Get(1, {total, heads, lk, d}, true);
+  const Staging::Staged v = Staging::Get(2, {total, heads, lk, dv}, true);
   PaddedLengths lengths(total, lq);
   int64_t offset = 0;
   for (const auto& p : params) {
     const int64_t blocks = p.batch * heads, first = offset * heads;
-    CopyPadded(p.q, blocks, p.lq, d, lq, d, q.data.data() + first * lq * d);
-    CopyPadded(p.k, blocks, p.lk, d, lk, d, k.data.data() + first * lk * d);
-    CopyPadded(p.v, blocks, p.lk, dv, lk, dv, v.data.data() + first * lk * dv);
+    CopyPadded(p.q, blocks, p.lq, d, lq, d, q.data() + first * lq * d);
+    CopyPadded(p.k, blocks, p.lk, d, lk, d, k.data() + first * lk * d);
+    CopyPadded(p.v, blocks, p.lk, dv, lk, dv, v.data() + first * lk * dv);
     lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
     work->useful_elements += blocks * p.lq * p.lk;
     offset += p.batch;
   }
   work->computed_elements = total * heads * lq * lk;
   attn::AttentionRequest combined;
-  combined.queries = attn::TensorView{q.data.data(), shape(total, lq, d)};
-  combined.keys = attn::TensorView{k.data.data(), shape(total, lk, d)};
-  combined.values = attn::TensorView{v.data.data(), shape(total, lk, dv)};
+  combined.queries = attn::TensorView{q.data(), shape(total, lq, d)};
+  combined.keys = attn::TensorView{k.data(), shape(total, lk, d)};
+  combined.values = attn::TensorView{v.data(), shape(total, lk, dv)};
   combined.valid_lens = lengths.view(total);
   combined.causal = like.causal;
   combined.scale = params.front().scale;
@@ -321,15 +367,15 @@ Results Combine(attn::Engine& engine,
   }
   const int64_t dq = params.front().dq, dk = params.front().dk,
                 dv = params.front().dv;
-  attn::Tensor q = attn::Tensor::Zeros({total, lq, dq});
-  attn::Tensor k = attn::Tensor::Zeros({total, lk, dk});
-  attn::Tensor v = attn::Tensor::Zeros({total, lk, dv});
+  const Staging::Staged q = Staging::Get(0, {total, lq, dq}, true);
+  const Staging::Staged k = Staging::Get(1, {total, lk, dk}, true);
+  const Staging::Staged v = Staging::Get(2, {total, lk, dv}, true);
   PaddedLengths lengths(total, lq);
   int64_t offset = 0;
   for (const auto& p : params) {
-    CopyPadded(p.q, p.batch, p.lq, dq, lq, dq, q.data.data() + offset * lq * dq);
-    CopyPadded(p.k, p.batch, p.lk, dk, lk, dk, k.data.data() + offset * lk * dk);
-    CopyPadded(p.v, p.batch, p.lk, dv, lk, dv, v.data.data() + offset * lk * dv);
+    CopyPadded(p.q, p.batch, p.lq, dq, lq, dq, q.data() + offset * lq * dq);
+    CopyPadded(p.k, p.batch, p.lk, dk, lk, dk, k.data() + offset * lk * dk);
+    CopyPadded(p.v, p.batch, p.lk, dv, lk, dv, v.data() + offset * lk * dv);
     lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
     work->useful_elements += p.batch * p.lq * p.lk;
     offset += p.batch;
@@ -376,11 +422,12 @@ Results Combine(attn::Engine& engine,
   const attn::NadarayaWatsonRequest& like = *members.front();
   const int64_t dx = params.front().dx, dy = params.front().dy,
                 n = params.front().n_train;
-  attn::Tensor queries = attn::Tensor::Uninitialized(
-      like.x_query.rank() == 1 ? attn::Shape{total} : attn::Shape{total, dx});
+  const Staging::Staged queries = Staging::Get(
+      0, like.x_query.rank() == 1 ? attn::Shape{total} : attn::Shape{total, dx},
+      false);
   int64_t offset = 0;
   for (const auto& p : params) {
-    CopyFloats(p.x_query, p.n_query * dx, queries.data.data() + offset * dx);
+    CopyFloats(p.x_query, p.n_query * dx, queries.data() + offset * dx);
     work->useful_elements += p.n_query * n;
     offset += p.n_query;
   }
@@ -460,6 +507,7 @@ Results RunClass(attn::Engine& engine,
   if (together.size() > 1) {
     CombinedWork combined_work;
     Results combined = Combine(engine, together, &combined_work);
+    Staging::Trim();
     if (!combined.empty()) {
       work->computed_elements += combined_work.computed_elements;
       work->useful_elements += combined_work.useful_elements;
