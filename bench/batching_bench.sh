@@ -57,6 +57,9 @@ load() {  # name, attnctl load flags...
   scrape "$name.after"
 }
 
+# The smallest call through the serving core: against health (no core),
+# what decoding, the core and encoding add to a trivial call.
+trivial="--rpc=masked-softmax --shape=x=1x1x1"
 toy="--rpc=attention --shape=queries=1x1x2,keys=1x10x2,values=1x10x4"
 medium="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --valid_lens_range=1:64"
 ragged="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --lk_range=16:128"
@@ -66,6 +69,7 @@ for mode in off on; do
   # shellcheck disable=SC2086
   {
     load "health_$mode" --rpc=health
+    load "trivial_$mode" $trivial
     load "toy_$mode" $toy
     load "medium_$mode" $medium
     load "ragged_$mode" $ragged

@@ -10,6 +10,17 @@
 # script runs the binary in a Debian 13 (trixie) chroot made with
 # debootstrap from Debian's mirror (root; once, cached in $CHROOT).
 #
+# Besides perf_analyzer's throughput and latency, each row has the server's
+# own CPU time per inference (user + system, from /proc, over the requests
+# its metrics counted): with client and server on the same two cores,
+# perf_analyzer itself can be the bottleneck (it took 167% of the 2 cores
+# against the server's 40% at toy size), and then the server's cost per
+# inference is what tells the APIs apart.
+#
+# Each measurement window is a count of requests (count_windows): with
+# time windows, perf_analyzer 2.60 grew by ~500 MB a second on the medium
+# case and was OOM-killed at 24 GB. Its address space is capped as well.
+#
 # Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE [APIS [BATCHING]]]
 #   defaults: 16:64:16, "unary streaming", "off on"
 set -euo pipefail
@@ -52,8 +63,14 @@ PY
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 pid=""
 trap '[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null' EXIT
-echo "| case | API | batching | concurrency | infer/s | p50 ms | p99 ms |"
-echo "|---|---|---|---:|---:|---:|---:|"
+# The server's CPU seconds (user + system) and the requests it counted.
+server_cpu() { awk '{printf "%.6f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$pid/stat"; }
+server_requests() {
+  curl -s "http://127.0.0.1:$metrics_port/metrics" |
+    awk '/^attnserve_requests_total/ {n += $NF} END {printf "%d", n}'
+}
+echo "| case | API | batching | concurrency | infer/s | p50 ms | p99 ms | server CPU µs / infer |"
+echo "|---|---|---|---:|---:|---:|---:|---:|"
 for mode in $batching_modes; do
   grpc_port=$(port)
   metrics_port=$(port)
@@ -63,21 +80,37 @@ for mode in $batching_modes; do
   pid=$!
   sleep 2
   for case in toy medium; do
+    requests_per_window=20000
+    [[ $case == medium ]] && requests_per_window=4000
     for api in $apis; do
       streaming=()
       [[ $api == streaming ]] && streaming=(--streaming)
+      cpu_before=$(server_cpu)
+      requests_before=$(server_requests)
+      # A memory cap: perf_analyzer once grew to 24 GB on the medium case and
+      # was OOM-killed, taking the machine with it; now it fails alone.
+      prlimit --as=$((6 << 30)) -- \
       chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
         -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
         "${streaming[@]}" \
-        --concurrency-range "$range" --measurement-interval 4000 -f "/tmp/$case.csv" \
+        --concurrency-range "$range" --measurement-mode count_windows \
+        --measurement-request-count "$requests_per_window" -f "/tmp/$case.csv" \
         --max-trials=6 --stability-percentage=30 \
         >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($api, $mode)" >&2; continue; }
-      python3 - "$chroot_dir/tmp/$case.csv" "$case" "$api" "$mode" <<'PY'
+      cpu_after=$(server_cpu)
+      requests_after=$(server_requests)
+      python3 - "$chroot_dir/tmp/$case.csv" "$case" "$api" "$mode" \
+        "$cpu_before" "$cpu_after" "$requests_before" "$requests_after" <<'PY'
 import csv, sys
+case, api, mode = sys.argv[2:5]
+cpu = float(sys.argv[6]) - float(sys.argv[5])
+requests = int(sys.argv[8]) - int(sys.argv[7])
+# Over the whole perf_analyzer run (every trial and concurrency).
+per_infer = f"{1e6 * cpu / requests:.0f}" if requests > 0 else "-"
 for row in csv.DictReader(open(sys.argv[1])):
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {row['Concurrency']} | "
+    print(f"| {case} | {api} | {mode} | {row['Concurrency']} | "
           f"{float(row['Inferences/Second']):.0f} | {int(row['p50 latency']) / 1e3:.2f} | "
-          f"{int(row['p99 latency']) / 1e3:.2f} |")
+          f"{int(row['p99 latency']) / 1e3:.2f} | {per_infer} |")
 PY
     done
   done

@@ -140,7 +140,7 @@ class Staging {
   }
 
  private:
-  static constexpr size_t kKeptBytesPerSlot = size_t{8} << 20;
+  static constexpr size_t kKeptBytesPerSlot = size_t{4} << 20;
   static std::array<std::vector<float>, 4>& Buffers() {
     thread_local std::array<std::vector<float>, 4> buffers;
     return buffers;
