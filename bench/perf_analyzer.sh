@@ -89,7 +89,11 @@ for mode in $batching_modes; do
       requests_before=$(server_requests)
       # A memory cap: perf_analyzer once grew to 24 GB on the medium case and
       # was OOM-killed, taking the machine with it; now it fails alone.
-      prlimit --as=$((6 << 30)) -- \
+      # And a time limit: with --streaming and batching on, perf_analyzer
+      # twice sat idle for minutes (0 s of CPU; the server had answered
+      # everything it was sent) right after a unary run on the same server,
+      # and ran normally when retried.
+      timeout 300 prlimit --as=$((6 << 30)) -- \
       chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
         -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
         "${streaming[@]}" \

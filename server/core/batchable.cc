@@ -49,13 +49,19 @@ void CopyFloats(const float* src, int64_t count, float* dst) {
 
 // Per-row valid lengths of a padded batch: member rows keep their limit
 // (their own column count when they had no lengths, so that padded
-// columns get zero weight), padded rows get 0.
+// columns get zero weight), padded rows get 0. Absent when no member has
+// lengths or padding: the kernels' unmasked path is the faster one.
 class PaddedLengths {
  public:
-  PaddedLengths(int64_t total_batch, int64_t rows)
-      : rows_(rows), lengths_(total_batch * rows, 0) {}
+  PaddedLengths(int64_t total_batch, int64_t rows, int64_t columns)
+      : rows_(rows),
+        columns_(columns),
+        total_batch_(total_batch),
+        lengths_(total_batch * rows, 0) {}
   void Add(int64_t batch_offset, int64_t batch, int64_t rows, int64_t columns,
            const attn::ValidLengths& valid) {
+    needed_ |= valid.kind != attn::ValidLengths::Kind::kNone ||
+               rows != rows_ || columns != columns_;
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t i = 0; i < rows; ++i) {
         lengths_[(batch_offset + b) * rows_ + i] =
@@ -63,12 +69,14 @@ class PaddedLengths {
       }
     }
   }
-  attn::LengthsView view(int64_t total_batch) const {
-    return attn::LengthsView{lengths_.data(), {total_batch, rows_}};
+  attn::LengthsView view() const {
+    if (!needed_) return attn::LengthsView{};
+    return attn::LengthsView{lengths_.data(), {total_batch_, rows_}};
   }
 
  private:
-  const int64_t rows_;
+  const int64_t rows_, columns_, total_batch_;
+  bool needed_ = false;
   std::vector<int32_t> lengths_;
 };
 
@@ -225,7 +233,7 @@ Results Combine(attn::Engine& engine,
     columns = std::max(columns, params.back().columns);
   }
   const Staging::Staged x = Staging::Get(0, {total, rows, columns}, true);
-  PaddedLengths lengths(total, rows);
+  PaddedLengths lengths(total, rows, columns);
   int64_t offset = 0;
   for (const auto& p : params) {
     CopyPadded(p.x, p.batch, p.rows, p.columns, rows, columns,
@@ -235,7 +243,7 @@ Results Combine(attn::Engine& engine,
     offset += p.batch;
   }
   work->computed_elements = total * rows * columns;
-  attn::MaskedSoftmaxRequest combined{x.view(), lengths.view(total)};
+  attn::MaskedSoftmaxRequest combined{x.view(), lengths.view()};
   absl::StatusOr<attn::OpResult> all = engine.MaskedSoftmax(combined);
   if (!all.ok()) return {};
   Results results;
@@ -312,7 +320,7 @@ Results Combine(attn::Engine& engine,
   const Staging::Staged q = Staging::Get(0, {total, heads, lq, d}, true);
   const Staging::Staged k = Staging::Get(1, {total, heads, lk, d}, true);
   const Staging::Staged v = Staging::Get(2, {total, heads, lk, dv}, true);
-  PaddedLengths lengths(total, lq);
+  PaddedLengths lengths(total, lq, lk);
   int64_t offset = 0;
   for (const auto& p : params) {
     const int64_t blocks = p.batch * heads, first = offset * heads;
@@ -328,7 +336,7 @@ Results Combine(attn::Engine& engine,
   combined.queries = attn::TensorView{q.data(), shape(total, lq, d)};
   combined.keys = attn::TensorView{k.data(), shape(total, lk, d)};
   combined.values = attn::TensorView{v.data(), shape(total, lk, dv)};
-  combined.valid_lens = lengths.view(total);
+  combined.valid_lens = lengths.view();
   combined.causal = like.causal;
   combined.scale = params.front().scale;
   combined.score = like.score;
@@ -370,7 +378,7 @@ Results Combine(attn::Engine& engine,
   const Staging::Staged q = Staging::Get(0, {total, lq, dq}, true);
   const Staging::Staged k = Staging::Get(1, {total, lk, dk}, true);
   const Staging::Staged v = Staging::Get(2, {total, lk, dv}, true);
-  PaddedLengths lengths(total, lq);
+  PaddedLengths lengths(total, lq, lk);
   int64_t offset = 0;
   for (const auto& p : params) {
     CopyPadded(p.q, p.batch, p.lq, dq, lq, dq, q.data() + offset * lq * dq);
@@ -389,7 +397,7 @@ Results Combine(attn::Engine& engine,
   combined.w_q = like.w_q;
   combined.w_k = like.w_k;
   combined.w_v = like.w_v;
-  combined.valid_lens = lengths.view(total);
+  combined.valid_lens = lengths.view();
   combined.return_weights = like.return_weights;
   absl::StatusOr<attn::OpResult> all = engine.AdditiveAttention(combined);
   if (!all.ok()) return {};

@@ -23,6 +23,10 @@ using ::attn::testing::AllExactly;
 using ::attn::testing::RandomNormal;
 using ::attn::testing::WithinBounds;
 
+attn::testing::ErrorBounds BoundsFor(const attn::AttentionRequest& r,
+                                     const attn::OpResult& exact) {
+  return attn::testing::AttentionBounds(r, exact);
+}
 attn::testing::ErrorBounds BoundsFor(const attn::MaskedSoftmaxRequest& r,
                                      const attn::OpResult& exact) {
   return attn::testing::MaskedSoftmaxBounds(r, exact);
@@ -138,6 +142,26 @@ TEST_F(BatchableTest, MaskedSoftmaxPadsRowsAndColumns) {
   }
   const CombinedWork work = ExpectEachAsAlone(requests);
   EXPECT_GT(work.computed_elements, work.useful_elements);
+}
+
+TEST_F(BatchableTest, EqualShapesWithoutLengthsNeedNoMask) {
+  // No padding and no lengths: the combined call runs unmasked.
+  std::vector<attn::MaskedSoftmaxRequest> softmax;
+  std::vector<attn::AttentionRequest> attention;
+  for (int i = 0; i < 4; ++i) {
+    softmax.push_back(attn::MaskedSoftmaxRequest{Normal({2, 5, 9}, 3.0f), {}});
+    attn::AttentionRequest r;
+    r.queries = Normal({1, 2, 6, 8});
+    r.keys = Normal({1, 2, 7, 8});
+    r.values = Normal({1, 2, 7, 3});
+    r.causal = i == 0 ? false : true;
+    r.return_weights = true;
+    if (i > 0) attention.push_back(r);  // one class: all causal
+  }
+  CombinedWork work = ExpectEachAsAlone(softmax);
+  EXPECT_EQ(work.computed_elements, work.useful_elements);
+  work = ExpectEachAsAlone(attention);
+  EXPECT_EQ(work.computed_elements, work.useful_elements);
 }
 
 class BatchMatmulBatchingTest
