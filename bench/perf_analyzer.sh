@@ -93,7 +93,7 @@ for mode in $batching_modes; do
       # twice sat idle for minutes (0 s of CPU; the server had answered
       # everything it was sent) right after a unary run on the same server,
       # and ran normally when retried.
-      timeout 300 prlimit --as=$((6 << 30)) -- \
+      timeout 300 prlimit --as=$((12 << 30)) -- \
       chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
         -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
         "${streaming[@]}" \
