@@ -519,6 +519,7 @@ Results RunClass(attn::Engine& engine,
     if (!combined.empty()) {
       work->computed_elements += combined_work.computed_elements;
       work->useful_elements += combined_work.useful_elements;
+      work->combined_requests = static_cast<int>(combined.size());
       for (size_t i = 0; i < combined.size(); ++i) {
         results[positions[i]] = std::move(combined[i]);
         answered[positions[i]] = true;
@@ -533,6 +534,7 @@ Results RunClass(attn::Engine& engine,
     work->computed_elements += elements;
     work->useful_elements += elements;
   }
+  work->in_combined_call = std::move(answered);
   return results;
 }
 

@@ -73,6 +73,11 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
 struct CombinedWork {
   int64_t computed_elements = 0;
   int64_t useful_elements = 0;
+  // How many requests the combined call computed together (0 when none
+  // was made), and whether each request was one of them (the others ran
+  // alone), by position.
+  int combined_requests = 0;
+  std::vector<bool> in_combined_call;
 };
 
 // Runs valid requests of one class (equal ClassifyForBatching keys) as one

@@ -258,6 +258,8 @@ TEST_F(BatchableTest, OperandsThatDifferRunAloneWhateverTheirKey) {
   int64_t useful = 0;
   for (const auto& r : requests) useful += r.x_query.shape[0] * 40;
   EXPECT_EQ(work.useful_elements, useful);
+  EXPECT_EQ(work.combined_requests, 2);
+  EXPECT_EQ(work.in_combined_call, (std::vector<bool>{true, true, false}));
 }
 
 TEST_F(BatchableTest, ClassKeysSeparateWhatMustNotShareABatch) {

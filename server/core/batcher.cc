@@ -230,7 +230,15 @@ void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
                                work.computed_elements, work.useful_elements});
   }
   for (size_t i = 0; i < live.size(); ++i) {
-    live[i]->done(std::move(results[i]), timing);
+    // A member that ran alone (its operands differed, or the combined call
+    // failed) was computed with no company.
+    BatchTiming own = timing;
+    if (i >= work.in_combined_call.size() || !work.in_combined_call[i]) {
+      own.batch_requests = 1;
+    } else {
+      own.batch_requests = work.combined_requests;
+    }
+    live[i]->done(std::move(results[i]), own);
   }
 }
 
