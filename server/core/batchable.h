@@ -23,8 +23,10 @@
 // compared in full before they are combined: a request whose operands only
 // collide in the hash runs alone.
 //
-// Thread-safe (pure functions); RunTogether blocks while the engine
-// computes.
+// Thread-safe; RunTogether blocks while the engine computes, and keeps the
+// combined inputs in buffers of the calling thread (up to 4 x 4 MiB),
+// reused by its next batch: a batch's buffers freed and faulted in again
+// every time cost more than the batch's copies (server/core/malloc_policy.h).
 #ifndef ATTNSERVE_SERVER_CORE_BATCHABLE_H_
 #define ATTNSERVE_SERVER_CORE_BATCHABLE_H_
 
