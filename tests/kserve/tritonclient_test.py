@@ -1201,6 +1201,12 @@ class ModelControlTest(KServeTestCase):
 
             self.client.unload_model(self.COPY)
             self.assertFalse(self.client.is_model_ready(self.COPY))
+            # UNLOADING until the server has let go of the last call's hold
+            # (microseconds after its answer was sent).
+            for _ in range(50):
+                if self.state(self.COPY)[0] != "UNLOADING":
+                    break
+                time.sleep(0.02)
             self.assertEqual(self.state(self.COPY), ("UNAVAILABLE", "unloaded"))
             # tritonclient does not send `ready`; its generated stub does.
             from tritonclient.grpc import service_pb2, service_pb2_grpc
