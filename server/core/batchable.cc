@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -53,6 +55,7 @@ void CopyFloats(const float* src, int64_t count, float* dst) {
 // lengths or padding: the kernels' unmasked path is the faster one.
 class PaddedLengths {
  public:
+  PaddedLengths() = default;
   PaddedLengths(int64_t total_batch, int64_t rows, int64_t columns)
       : rows_(rows),
         columns_(columns),
@@ -75,7 +78,7 @@ class PaddedLengths {
   }
 
  private:
-  const int64_t rows_, columns_, total_batch_;
+  int64_t rows_ = 0, columns_ = 0, total_batch_ = 0;
   bool needed_ = false;
   std::vector<int32_t> lengths_;
 };
@@ -121,7 +124,7 @@ class Staging {
   // A tensor of `shape` in buffer `slot` (0-3), zero-filled when `zero`;
   // valid on this thread until the next call for the same slot.
   struct Staged {
-    float* ptr;
+    float* ptr = nullptr;
     attn::Shape shape;
     float* data() const { return ptr; }
     attn::TensorView view() const { return attn::TensorView{ptr, shape}; }
@@ -154,6 +157,27 @@ class Staging {
     return buffers;
   }
 };
+
+// The params of a request that Schedule has validated in full: shapes
+// only, without the 16-bit range check, which reads every operand (the
+// engine checks it again anyway).
+attn::MaskedSoftmaxParams ParamsOf(const attn::MaskedSoftmaxRequest& r) {
+  return attn::ValidateMaskedSoftmax(r)->params;
+}
+attn::BatchMatmulParams ParamsOf(attn::BatchMatmulRequest r) {
+  r.precision = attn::Precision::kFloat32;
+  return attn::ValidateBatchMatmul(r)->params;
+}
+attn::AttentionParams ParamsOf(attn::AttentionRequest r) {
+  r.precision = attn::Precision::kFloat32;
+  return attn::ValidateAttention(r)->params;
+}
+attn::AdditiveAttentionParams ParamsOf(const attn::AdditiveAttentionRequest& r) {
+  return attn::ValidateAdditiveAttention(r)->params;
+}
+attn::NadarayaWatsonParams ParamsOf(const attn::NadarayaWatsonRequest& r) {
+  return attn::ValidateNadarayaWatson(r)->params;
+}
 
 // --- one set of rules per operation ---------------------------------------
 
@@ -227,7 +251,7 @@ Results Combine(attn::Engine& engine,
   std::vector<attn::MaskedSoftmaxParams> params;
   int64_t total = 0, rows = 0, columns = 0;
   for (const auto* r : members) {
-    params.push_back(attn::ValidateMaskedSoftmax(*r)->params);
+    params.push_back(ParamsOf(*r));
     total += params.back().batch;
     rows = std::max(rows, params.back().rows);
     columns = std::max(columns, params.back().columns);
@@ -266,7 +290,7 @@ Results Combine(attn::Engine& engine,
   std::vector<attn::BatchMatmulParams> params;
   int64_t total = 0, m = 0;
   for (const auto* r : members) {
-    params.push_back(attn::ValidateBatchMatmul(*r)->params);
+    params.push_back(ParamsOf(*r));
     total += params.back().n;
     m = std::max(m, params.back().m);
   }
@@ -298,63 +322,75 @@ Results Combine(attn::Engine& engine,
   return results;
 }
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::AttentionRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::AttentionParams> params;
-  int64_t total = 0, lq = 0, lk = 0;
-  for (const auto* r : members) {
-    params.push_back(attn::ValidateAttention(*r)->params);
-    total += params.back().batch;
-    lq = std::max(lq, params.back().lq);
-    lk = std::max(lk, params.back().lk);
-  }
-  const attn::AttentionRequest& like = *members.front();
-  const int64_t heads = params.front().heads, d = params.front().d,
-                dv = params.front().dv;
-  const bool multi_head = like.queries.rank() == 4;
-  auto shape = [&](int64_t batch, int64_t length, int64_t depth) {
+// The layout of an attention-like request (attention, additive attention):
+// `heads` blocks per batch entry, each Lq queries of width dq, Lk keys of
+// width dk and values of width dv, and how its tensors are shaped.
+struct AttentionLayout {
+  int64_t heads, dq, dk, dv;
+  bool multi_head;  // (B, H, L, depth) tensors; else (B, L, depth)
+  attn::Shape Shape(int64_t batch, int64_t length, int64_t depth) const {
     return multi_head ? attn::Shape{batch, heads, length, depth}
                       : attn::Shape{batch, length, depth};
-  };
-  const Staging::Staged q = Staging::Get(0, {total, heads, lq, d}, true);
-  const Staging::Staged k = Staging::Get(1, {total, heads, lk, d}, true);
-  const Staging::Staged v = Staging::Get(2, {total, heads, lk, dv}, true);
-  PaddedLengths lengths(total, lq, lk);
+  }
+};
+
+// Attention-like members' queries, keys and values padded to the longest
+// Lq and Lk, with their per-row lengths; counts the work.
+struct PaddedAttentionInputs {
+  int64_t total = 0, lq = 0, lk = 0;  // batch entries, padded lengths
+  Staging::Staged q, k, v;
+  PaddedLengths lengths;
+};
+template <typename Params>
+PaddedAttentionInputs PadAttentionInputs(const std::vector<Params>& params,
+                                         const AttentionLayout& layout,
+                                         CombinedWork* work) {
+  PaddedAttentionInputs in;
+  for (const Params& p : params) {
+    in.total += p.batch;
+    in.lq = std::max(in.lq, p.lq);
+    in.lk = std::max(in.lk, p.lk);
+  }
+  const int64_t h = layout.heads;
+  in.q = Staging::Get(0, layout.Shape(in.total, in.lq, layout.dq), true);
+  in.k = Staging::Get(1, layout.Shape(in.total, in.lk, layout.dk), true);
+  in.v = Staging::Get(2, layout.Shape(in.total, in.lk, layout.dv), true);
+  in.lengths = PaddedLengths(in.total, in.lq, in.lk);
   int64_t offset = 0;
-  for (const auto& p : params) {
-    const int64_t blocks = p.batch * heads, first = offset * heads;
-    CopyPadded(p.q, blocks, p.lq, d, lq, d, q.data() + first * lq * d);
-    CopyPadded(p.k, blocks, p.lk, d, lk, d, k.data() + first * lk * d);
-    CopyPadded(p.v, blocks, p.lk, dv, lk, dv, v.data() + first * lk * dv);
-    lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
+  for (const Params& p : params) {
+    const int64_t blocks = p.batch * h, first = offset * h;
+    CopyPadded(p.q, blocks, p.lq, layout.dq, in.lq, layout.dq,
+               in.q.data() + first * in.lq * layout.dq);
+    CopyPadded(p.k, blocks, p.lk, layout.dk, in.lk, layout.dk,
+               in.k.data() + first * in.lk * layout.dk);
+    CopyPadded(p.v, blocks, p.lk, layout.dv, in.lk, layout.dv,
+               in.v.data() + first * in.lk * layout.dv);
+    in.lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
     work->useful_elements += blocks * p.lq * p.lk;
     offset += p.batch;
   }
-  work->computed_elements = total * heads * lq * lk;
-  attn::AttentionRequest combined;
-  combined.queries = attn::TensorView{q.data(), shape(total, lq, d)};
-  combined.keys = attn::TensorView{k.data(), shape(total, lk, d)};
-  combined.values = attn::TensorView{v.data(), shape(total, lk, dv)};
-  combined.valid_lens = lengths.view();
-  combined.causal = like.causal;
-  combined.scale = params.front().scale;
-  combined.score = like.score;
-  combined.return_weights = like.return_weights;
-  combined.precision = like.precision;
-  absl::StatusOr<attn::OpResult> all = engine.Attention(combined);
-  if (!all.ok()) return {};
+  work->computed_elements = in.total * h * in.lq * in.lk;
+  return in;
+}
+
+// Each member's output and weights out of the padded result.
+template <typename Params>
+Results SliceAttentionResults(const attn::OpResult& all,
+                              const std::vector<Params>& params,
+                              const AttentionLayout& layout,
+                              const PaddedAttentionInputs& in) {
   Results results;
-  offset = 0;
-  for (const auto& p : params) {
-    const int64_t blocks = p.batch * heads, first = offset * heads;
+  int64_t offset = 0;
+  for (const Params& p : params) {
+    const int64_t blocks = p.batch * layout.heads, first = offset * layout.heads;
     attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(all->output, first, blocks, p.lq, dv, lq, dv,
-                                shape(p.batch, p.lq, dv));
-    if (!all->weights.empty()) {
-      result.weights = SlicePadded(all->weights, first, blocks, p.lq, p.lk, lq,
-                                   lk, shape(p.batch, p.lq, p.lk));
+    result.implementation = all.implementation;
+    result.output =
+        SlicePadded(all.output, first, blocks, p.lq, layout.dv, in.lq,
+                    layout.dv, layout.Shape(p.batch, p.lq, layout.dv));
+    if (!all.weights.empty()) {
+      result.weights = SlicePadded(all.weights, first, blocks, p.lq, p.lk,
+                                   in.lq, in.lk, layout.Shape(p.batch, p.lq, p.lk));
     }
     offset += p.batch;
     results.push_back(std::move(result));
@@ -363,59 +399,55 @@ Results Combine(attn::Engine& engine,
 }
 
 Results Combine(attn::Engine& engine,
+                const std::vector<const attn::AttentionRequest*>& members,
+                CombinedWork* work) {
+  std::vector<attn::AttentionParams> params;
+  for (const auto* r : members) {
+    params.push_back(ParamsOf(*r));
+  }
+  const attn::AttentionRequest& like = *members.front();
+  const attn::AttentionParams& first = params.front();
+  const AttentionLayout layout{first.heads, first.d, first.d, first.dv,
+                               like.queries.rank() == 4};
+  const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
+  attn::AttentionRequest combined;
+  combined.queries = in.q.view();
+  combined.keys = in.k.view();
+  combined.values = in.v.view();
+  combined.valid_lens = in.lengths.view();
+  combined.causal = like.causal;
+  combined.scale = first.scale;
+  combined.score = like.score;
+  combined.return_weights = like.return_weights;
+  combined.precision = like.precision;
+  absl::StatusOr<attn::OpResult> all = engine.Attention(combined);
+  if (!all.ok()) return {};
+  return SliceAttentionResults(*all, params, layout, in);
+}
+
+Results Combine(attn::Engine& engine,
                 const std::vector<const attn::AdditiveAttentionRequest*>& members,
                 CombinedWork* work) {
   std::vector<attn::AdditiveAttentionParams> params;
-  int64_t total = 0, lq = 0, lk = 0;
   for (const auto* r : members) {
-    params.push_back(attn::ValidateAdditiveAttention(*r)->params);
-    total += params.back().batch;
-    lq = std::max(lq, params.back().lq);
-    lk = std::max(lk, params.back().lk);
+    params.push_back(ParamsOf(*r));
   }
-  const int64_t dq = params.front().dq, dk = params.front().dk,
-                dv = params.front().dv;
-  const Staging::Staged q = Staging::Get(0, {total, lq, dq}, true);
-  const Staging::Staged k = Staging::Get(1, {total, lk, dk}, true);
-  const Staging::Staged v = Staging::Get(2, {total, lk, dv}, true);
-  PaddedLengths lengths(total, lq, lk);
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    CopyPadded(p.q, p.batch, p.lq, dq, lq, dq, q.data() + offset * lq * dq);
-    CopyPadded(p.k, p.batch, p.lk, dk, lk, dk, k.data() + offset * lk * dk);
-    CopyPadded(p.v, p.batch, p.lk, dv, lk, dv, v.data() + offset * lk * dv);
-    lengths.Add(offset, p.batch, p.lq, p.lk, p.valid);
-    work->useful_elements += p.batch * p.lq * p.lk;
-    offset += p.batch;
-  }
-  work->computed_elements = total * lq * lk;
   const attn::AdditiveAttentionRequest& like = *members.front();
+  const attn::AdditiveAttentionParams& first = params.front();
+  const AttentionLayout layout{1, first.dq, first.dk, first.dv, false};
+  const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
   attn::AdditiveAttentionRequest combined;
-  combined.queries = q.view();
-  combined.keys = k.view();
-  combined.values = v.view();
+  combined.queries = in.q.view();
+  combined.keys = in.k.view();
+  combined.values = in.v.view();
   combined.w_q = like.w_q;
   combined.w_k = like.w_k;
   combined.w_v = like.w_v;
-  combined.valid_lens = lengths.view();
+  combined.valid_lens = in.lengths.view();
   combined.return_weights = like.return_weights;
   absl::StatusOr<attn::OpResult> all = engine.AdditiveAttention(combined);
   if (!all.ok()) return {};
-  Results results;
-  offset = 0;
-  for (const auto& p : params) {
-    attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(all->output, offset, p.batch, p.lq, dv, lq, dv,
-                                {p.batch, p.lq, dv});
-    if (!all->weights.empty()) {
-      result.weights = SlicePadded(all->weights, offset, p.batch, p.lq, p.lk,
-                                   lq, lk, {p.batch, p.lq, p.lk});
-    }
-    offset += p.batch;
-    results.push_back(std::move(result));
-  }
-  return results;
+  return SliceAttentionResults(*all, params, layout, in);
 }
 
 Results Combine(attn::Engine& engine,
@@ -424,7 +456,7 @@ Results Combine(attn::Engine& engine,
   std::vector<attn::NadarayaWatsonParams> params;
   int64_t total = 0;
   for (const auto* r : members) {
-    params.push_back(attn::ValidateNadarayaWatson(*r)->params);
+    params.push_back(ParamsOf(*r));
     total += params.back().n_query;
   }
   const attn::NadarayaWatsonRequest& like = *members.front();
@@ -464,33 +496,24 @@ Results Combine(attn::Engine& engine,
 }
 
 // A request's own score (or output) elements, for CombinedWork.
-template <typename Request>
-int64_t WorkElements(Request request);
-template <>
-int64_t WorkElements(attn::MaskedSoftmaxRequest r) {
-  const auto p = attn::ValidateMaskedSoftmax(r)->params;
+int64_t WorkElements(const attn::MaskedSoftmaxRequest& r) {
+  const auto p = ParamsOf(r);
   return p.batch * p.rows * p.columns;
 }
-template <>
-int64_t WorkElements(attn::BatchMatmulRequest r) {
-  r.precision = attn::Precision::kFloat32;  // shapes only: no range scan
-  const auto p = attn::ValidateBatchMatmul(r)->params;
+int64_t WorkElements(const attn::BatchMatmulRequest& r) {
+  const auto p = ParamsOf(r);
   return p.n * p.m * p.p;
 }
-template <>
-int64_t WorkElements(attn::AttentionRequest r) {
-  r.precision = attn::Precision::kFloat32;
-  const auto p = attn::ValidateAttention(r)->params;
+int64_t WorkElements(const attn::AttentionRequest& r) {
+  const auto p = ParamsOf(r);
   return p.batch * p.heads * p.lq * p.lk;
 }
-template <>
-int64_t WorkElements(attn::AdditiveAttentionRequest r) {
-  const auto p = attn::ValidateAdditiveAttention(r)->params;
+int64_t WorkElements(const attn::AdditiveAttentionRequest& r) {
+  const auto p = ParamsOf(r);
   return p.batch * p.lq * p.lk;
 }
-template <>
-int64_t WorkElements(attn::NadarayaWatsonRequest r) {
-  const auto p = attn::ValidateNadarayaWatson(r)->params;
+int64_t WorkElements(const attn::NadarayaWatsonRequest& r) {
+  const auto p = ParamsOf(r);
   return p.n_query * p.n_train;
 }
 
@@ -541,10 +564,20 @@ Results RunClass(attn::Engine& engine,
 }  // namespace
 
 Rpc RpcOf(const BatchableRequest& request) {
-  static constexpr Rpc kRpcs[] = {Rpc::kMaskedSoftmax, Rpc::kBatchMatmul,
-                                  Rpc::kScaledDotProductAttention,
-                                  Rpc::kAdditiveAttention, Rpc::kNadarayaWatson};
-  return kRpcs[request.index()];
+  struct Visitor {
+    Rpc operator()(const attn::MaskedSoftmaxRequest&) { return Rpc::kMaskedSoftmax; }
+    Rpc operator()(const attn::BatchMatmulRequest&) { return Rpc::kBatchMatmul; }
+    Rpc operator()(const attn::AttentionRequest&) {
+      return Rpc::kScaledDotProductAttention;
+    }
+    Rpc operator()(const attn::AdditiveAttentionRequest&) {
+      return Rpc::kAdditiveAttention;
+    }
+    Rpc operator()(const attn::NadarayaWatsonRequest&) {
+      return Rpc::kNadarayaWatson;
+    }
+  };
+  return std::visit(Visitor{}, request);
 }
 
 absl::StatusOr<BatchClass> ClassifyForBatching(const BatchableRequest& request) {
@@ -579,18 +612,12 @@ std::vector<absl::StatusOr<attn::OpResult>> RunTogether(
     CombinedWork* work) {
   *work = CombinedWork{};
   if (requests.empty()) return {};
-  switch (requests.front()->index()) {
-    case 0:
-      return RunClass<attn::MaskedSoftmaxRequest>(engine, requests, work);
-    case 1:
-      return RunClass<attn::BatchMatmulRequest>(engine, requests, work);
-    case 2:
-      return RunClass<attn::AttentionRequest>(engine, requests, work);
-    case 3:
-      return RunClass<attn::AdditiveAttentionRequest>(engine, requests, work);
-    default:
-      return RunClass<attn::NadarayaWatsonRequest>(engine, requests, work);
-  }
+  return std::visit(
+      [&](const auto& first) {
+        using Request = std::decay_t<decltype(first)>;
+        return RunClass<Request>(engine, requests, work);
+      },
+      *requests.front());
 }
 
 }  // namespace attnserve

@@ -264,8 +264,9 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
         "--model_repository ", dir, ": cannot open the folder"));
   }
   closedir(handle);
+  const std::vector<std::string> names = repository->Folders();
   absl::MutexLock lock(&repository->mu_);
-  for (const std::string& name : repository->Folders()) {
+  for (const std::string& name : names) {
     ASSIGN_OR_RETURN(repository->models_[name],
                      ReadModel(dir + "/" + name, name));
   }

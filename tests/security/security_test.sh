@@ -10,24 +10,24 @@
 #    counted by reason; a good token is served; health checks need none;
 #    save_as needs the save_as permission (PERMISSION_DENIED otherwise), and
 #    KServe RepositoryModelLoad/Unload the model_control permission (checked
-#    with tritonclient's generated stubs from VENV, when given); an
+#    with tritonclient's generated stubs from VENV); an
 #    edit of the token file takes effect within seconds, and so does SIGHUP;
 #    no token ever appears in the server's log;
 #  - bad security flags exit 1 naming the flag.
 #
-#   tests/security/security_test.sh ATTNSERVE ATTNCTL [VENV]
+#   tests/security/security_test.sh ATTNSERVE ATTNCTL VENV
 #
 # VENV: the KServe test's virtual environment (tests/kserve/requirements.txt;
 # made here if missing), for the model_control checks.
 set -uo pipefail
 
-if [[ $# -ne 2 && $# -ne 3 ]]; then
-  echo "usage: $0 ATTNSERVE ATTNCTL [VENV]" >&2
+if [[ $# -ne 3 ]]; then
+  echo "usage: $0 ATTNSERVE ATTNCTL VENV" >&2
   exit 64
 fi
 server_bin=$(realpath "$1")
 attnctl=$(realpath "$2")
-venv=${3:-}
+venv=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 py=/usr/bin/python3
@@ -206,24 +206,20 @@ with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
         print(e.code().name)
 PYTHON
 }
-if [[ -n "$venv" ]]; then
-  ensure_venv "$venv" "$repo/tests/kserve/requirements.txt"
-  for check in "$token_plain unload PERMISSION_DENIED" \
-               "$token_saver load PERMISSION_DENIED" \
-               "$token_controller unload OK" \
-               "$token_controller load OK"; do
-    read -r token action want <<<"$check"
-    got=$(control "$token" "$action" additive_attention 2>&1 | tail -n 1)
-    who=plain
-    [[ $token == "$token_saver" ]] && who=save_as
-    [[ $token == "$token_controller" ]] && who=model_control
-    [[ "$got" == "$want" ]] &&
-      pass "tokens: $action by a $who token -> $want" ||
-      fail "tokens: $action by a $who token -> $got, want $want"
-  done
-else
-  echo "skip tokens: model_control (no VENV given)"
-fi
+ensure_venv "$venv" "$repo/tests/kserve/requirements.txt"
+for check in "$token_plain unload PERMISSION_DENIED" \
+             "$token_saver load PERMISSION_DENIED" \
+             "$token_controller unload OK" \
+             "$token_controller load OK"; do
+  read -r token action want <<<"$check"
+  got=$(control "$token" "$action" additive_attention 2>&1 | tail -n 1)
+  who=plain
+  [[ $token == "$token_saver" ]] && who=save_as
+  [[ $token == "$token_controller" ]] && who=model_control
+  [[ "$got" == "$want" ]] &&
+    pass "tokens: $action by a $who token -> $want" ||
+    fail "tokens: $action by a $who token -> $got, want $want"
+done
 
 # An edit takes effect without a restart (the file is polled every second).
 printf '%s\n%s save_as\n%s\n' "$token_plain" "$token_saver" "$token_new" \
