@@ -6,10 +6,14 @@
 #
 # Usage: bench/batching_bench.sh [DURATION]    (default 10s per row; build first)
 # Extra server flags for both runs: ATTNSERVE_FLAGS='--max_queue_delay_us=300'
+# The medium case's batch: MEDIUM_BATCH=32 (default 1).
+# Other binaries (the GPU bundle's): ATTNSERVE=path ATTNCTL=path; the GPU's
+# name for the table: ATTN_GPU_NAME (deploy/device/run_gpu_checks.sh sets
+# all three).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-server=build/server/attnserve
-ctl=build/client/attnctl
+server=${ATTNSERVE:-build/server/attnserve}
+ctl=${ATTNCTL:-build/client/attnctl}
 duration="${1:-10s}"
 [[ -x "$server" && -x "$ctl" ]] || { echo "build first: make build" >&2; exit 1; }
 out=$(mktemp -d -t attnserve-batching.XXXXXX)
@@ -18,7 +22,7 @@ cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" 
 trap cleanup EXIT
 
 free_port() {
-  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 start_server() {  # flags...
@@ -44,7 +48,14 @@ stop_server() {
   pid=""
 }
 
-scrape() { curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$out/$1.prom"; }
+scrape() {  # the metrics, with curl or, on machines without it, Python
+  local url="http://127.0.0.1:$metrics_port/metrics"
+  if command -v curl >/dev/null; then
+    curl -fsS "$url" >"$out/$1.prom"
+  else
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$url" >"$out/$1.prom"
+  fi
+}
 
 load() {  # name, attnctl load flags...
   local name=$1
@@ -61,7 +72,9 @@ load() {  # name, attnctl load flags...
 # what decoding, the core and encoding add to a trivial call.
 trivial="--rpc=masked-softmax --shape=x=1x1x1"
 toy="--rpc=attention --shape=queries=1x1x2,keys=1x10x2,values=1x10x4"
-medium="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --valid_lens_range=1:64"
+# MEDIUM_BATCH: the medium request's batch (1; the GPU issue asks for 32).
+mb=${MEDIUM_BATCH:-1}
+medium="--rpc=attention --shape=queries=${mb}x64x64,keys=${mb}x64x64,values=${mb}x64x64 --valid_lens_range=1:64"
 ragged="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --lk_range=16:128"
 for mode in off on; do
   echo "batching $mode:" >&2
@@ -77,4 +90,4 @@ for mode in off on; do
   stop_server
 done
 max_delay_us=$(grep -o -- "--max_queue_delay_us=[0-9]*" <<<"${ATTNSERVE_FLAGS:-}" | cut -d= -f2 || true)
-/usr/bin/python3 bench/batching_table.py "$out" "${max_delay_us:-500}"
+python3 bench/batching_table.py "$out" "${max_delay_us:-500}"

@@ -58,7 +58,19 @@ def main():
         padding = delta(out, row, "attnserve_batch_padding_elements_total{%s}" % rpc_of(row))
         return padding / computed if computed else float("nan")
 
-    print(cpu_line() + "\n")
+    print(cpu_line())
+    gpu = os.environ.get("ATTN_GPU_NAME")
+    print(f"GPU: {gpu}\n" if gpu else "")
+
+    def gpu_share(row):
+        """The share of the row's kernel calls that ran on the GPU (the rest
+        stayed on the CPU: below --cuda_min_flops, or no GPU)."""
+        if row.startswith("health"):
+            return ""
+        cuda = delta(out, row, "attnserve_kernel_duration_seconds_count{backend=\"cuda\",%s}" % rpc_of(row))
+        total = delta_all(out, row, "attnserve_kernel_duration_seconds_count", rpc_of(row))
+        return f"{100 * cuda / total:.0f}%" if total else ""
+
     def cpu_us_per_call(row):
         """The server's CPU time (user + system) per call over the row's
         warm-up and measured window, at the measured rate."""
@@ -67,8 +79,8 @@ def main():
         cpu = delta(out, row, "process_cpu_seconds_total")
         return 1e6 * cpu / calls if calls else float("nan")
 
-    print("| case (64 in flight) | batching | req/s | p50 ms | p99 ms | server CPU µs / call | mean batch | padding waste | errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| case (64 in flight) | batching | req/s | p50 ms | p99 ms | server CPU µs / call | mean batch | padding waste | on the GPU | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case in ["health", "trivial", "toy", "medium", "ragged"]:
         for mode in ["off", "on"]:
             r = report.get(f"{case}_{mode}")
@@ -80,7 +92,8 @@ def main():
             pad = f"{100 * waste(f'{case}_{mode}'):.1f}%" if mode == "on" and case != "health" else ""
             cpu = cpu_us_per_call(f"{case}_{mode}")
             print(f"| {case} | {mode} | {r['throughput_rps']:.0f} | {lat['p50']:.2f} | "
-                  f"{lat['p99']:.2f} | {cpu:.0f} | {batch} | {pad} | {errors} |")
+                  f"{lat['p99']:.2f} | {cpu:.0f} | {batch} | {pad} | "
+                  f"{gpu_share(f'{case}_{mode}')} | {errors} |")
 
     def rps(row):
         return report[row]["throughput_rps"]
@@ -88,7 +101,8 @@ def main():
     print()
     checks = [
         ("toy: batching on / off >= 2", rps("toy_on") / rps("toy_off"), 2.0),
-        ("medium: batching on / off >= 1.5", rps("medium_on") / rps("medium_off"), 1.5),
+        ("medium: batching on / off >= 1.5 (>= 2 on a GPU)", rps("medium_on") / rps("medium_off"),
+         2.0 if gpu else 1.5),
         ("ragged: batching on / off > 1", rps("ragged_on") / rps("ragged_off"), 1.0),
         ("overhead: toy / health (batching on) >= 0.6", rps("toy_on") / rps("health_on"), 0.6),
         ("trivial call / health (batching off), req/s", rps("trivial_off") / rps("health_off"), 0.0),
@@ -103,6 +117,9 @@ def main():
     p99 = report["medium_on"]["latency_ms"]["p99"]
     print(f"- medium p99 {p99:.2f} ms vs max delay + 3 batch compute times "
           f"{bound:.2f} ms ({'meets' if p99 < bound else 'MISSES'})")
+    p99_off = report["medium_off"]["latency_ms"]["p99"]
+    print(f"- medium p99 batching on / off: {p99:.2f} / {p99_off:.2f} ms "
+          f"({'no worse' if p99 <= p99_off else 'WORSE'})")
 
 
 if __name__ == "__main__":

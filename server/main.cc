@@ -80,6 +80,14 @@ ABSL_FLAG(std::string, max_cpu_isa, "auto",
           "CPUs to one code path. oneDNN's own kernels follow "
           "ONEDNN_MAX_CPU_ISA; start-up logs both.");
 ABSL_FLAG(int32_t, cuda_device, 0, "The GPU's CUDA ordinal (--backend=cuda|auto).");
+ABSL_FLAG(double, cuda_min_flops, 1e6,
+          "With a GPU (--backend=cuda|auto), calls estimated at fewer "
+          "floating-point operations than this run on the CPU: a GPU call "
+          "pays a fixed round trip (copies, launches, a synchronisation) that "
+          "a small call does not repay. 0 sends the GPU every call it takes. "
+          "The default is where this project's CPU kernels take about 30 us "
+          "on one call; bench/cuda_crossover_bench measures the crossover on "
+          "your machine (docs/deploy.md).");
 ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -385,6 +393,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   engine_options.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  engine_options.cuda_min_flops = absl::GetFlag(FLAGS_cuda_min_flops);
+  if (!(engine_options.cuda_min_flops >= 0)) {
+    absl::FPrintF(stderr, "attnserve: --cuda_min_flops must be >= 0, got %g\n",
+                  engine_options.cuda_min_flops);
+    return 1;
+  }
   if (const std::string isa = absl::GetFlag(FLAGS_max_cpu_isa); isa != "auto") {
     absl::StatusOr<attn::CpuIsa> cap = attn::ParseCpuIsa(isa);
     if (!cap.ok()) {

@@ -5,7 +5,8 @@
 #
 #   bash deploy/device/bundle.sh            # builds build/ with CUDA first
 #
-# The bundle holds the CUDA backend's test binary and benchmark, built here
+# The bundle holds the CUDA backend's test binary and benchmarks, the server
+# and attnctl (for the batching measurements on the GPU), built here
 # (Debian 12, glibc 2.36: they run on any newer glibc), with every shared
 # library they load that is not part of glibc, libstdc++ or the CUDA driver;
 # cuBLAS is dlopen'ed from the GPU machine's own CUDA toolkit. Then, there:
@@ -17,12 +18,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target cuda_backend_test cuda_attention_bench
+targets="cuda_backend_test cuda_attention_bench cuda_crossover_bench attnserve attnctl"
+# shellcheck disable=SC2086  # a target list
+cmake --build "$build" -j"$(nproc)" --target $targets
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-cp "$build/lib/cuda_backend_test" "$build/bench/cuda_attention_bench" "$stage/bin/"
+cp "$build/lib/cuda_backend_test" "$build/bench/cuda_attention_bench" \
+  "$build/bench/cuda_crossover_bench" "$build/server/attnserve" \
+  "$build/client/attnctl" "$stage/bin/"
 # Shared libraries from Debian's packages; the system's own stay behind.
 system='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcublas)\.'
 for binary in "$stage"/bin/*; do

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, from .device/bundle.tar.gz
 # (made by deploy/device/bundle.sh): the test suite, compute-sanitizer's
-# memcheck and racecheck over it, and the benchmark beside PyTorch.
+# memcheck and racecheck over it, the benchmark beside PyTorch, where the GPU
+# starts to beat the CPU (for --cuda_min_flops), and the server on the GPU
+# under load with batching off and on.
 #
-#   bash deploy/device/run_gpu_checks.sh [tests|sanitize|bench|all]
+#   bash deploy/device/run_gpu_checks.sh [tests|sanitize|bench|crossover|serve|all]
+#
+# SERVE_DURATION (default 10s) is each load row's length in `serve`.
 #
 # Writes logs to $OUT (or /tmp/gpu_checks) and prints a summary; exits
 # non-zero when a step fails.
@@ -29,7 +33,7 @@ for binary in "$root"/bin/*; do
     >"$root/run/$(basename "$binary")"
   chmod +x "$root/run/$(basename "$binary")"
 done
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU (nvidia-smi failed)"; } | tee "$out/gpu.txt"
 status=0
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, reports
   local name=$1; shift
@@ -60,5 +64,18 @@ fi
 if [[ $what == bench || $what == all ]]; then
   step bench python3 bench/cuda_bench.py "$root/run/cuda_attention_bench"
   cat "$out/bench.log"
+fi
+if [[ $what == crossover || $what == all ]]; then
+  step crossover "$root/run/cuda_crossover_bench"
+  cat "$out/crossover.log"
+fi
+if [[ $what == serve || $what == all ]]; then
+  # The issue's cases at 64 in flight (medium: B = 32, L = 64, d = 64), the
+  # server on the GPU with its default --cuda_min_flops.
+  step serve env ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
+    ATTN_GPU_NAME="$(cut -d, -f1 "$out/gpu.txt")" MEDIUM_BATCH=32 \
+    ATTNSERVE_FLAGS="--backend=cuda ${ATTNSERVE_FLAGS:-}" \
+    bash bench/batching_bench.sh "${SERVE_DURATION:-10s}"
+  cat "$out/serve.log"
 fi
 exit $status

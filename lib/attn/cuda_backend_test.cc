@@ -230,6 +230,35 @@ TEST(CudaBackendWithoutGpuTest, DeviceChoiceOfTheEngine) {
   }
 }
 
+TEST(CudaRoutingTest, SmallCallsStayOnTheCpu) {
+  REQUIRE_GPU();
+  // The server's --cuda_min_flops: a toy call runs on the CPU, a call past
+  // the threshold on the GPU (attn/minimum_work_backend_test.cc proves the
+  // rule itself without a GPU).
+  EngineOptions options;
+  options.device = Device::kCuda;
+  options.cuda_min_flops = 1e6;
+  auto engine = Engine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_NE((*engine)->backend_descriptions().front().find("1e+06 flops"),
+            std::string::npos);
+  std::mt19937 rng(17);
+  auto run = [&](int64_t length) {
+    const Tensor q = RandomNormal(rng, {1, length, 64});
+    const Tensor k = RandomNormal(rng, {1, length, 64});
+    const Tensor v = RandomNormal(rng, {1, length, 64});
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = k.view();
+    request.values = v.view();
+    auto result = (*engine)->Attention(request);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? result->implementation : std::string();
+  };
+  EXPECT_EQ(run(4), "onednn-cpu");  // 8 Kflop
+  EXPECT_EQ(run(128), "cuda");      // 4.2 Mflop
+}
+
 // ---- attention ------------------------------------------------------------
 
 enum class Mask { kNone, kPerBatch, kPerRow, kCausal, kCausalPerRow };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "attn/cuda_backend.h"
 #include "attn/fit.h"
+#include "attn/minimum_work_backend.h"
 #include "attn/onednn_backend.h"
 #include "attn/reference.h"
 #include "attn/status_macros.h"
@@ -88,7 +89,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     absl::StatusOr<std::unique_ptr<CudaBackend>> cuda =
         CudaBackend::Create(cuda_options);
     if (cuda.ok()) {
-      backends.push_back(std::move(cuda).value());
+      std::unique_ptr<Backend> gpu = std::move(cuda).value();
+      if (options.cuda_min_flops > 0) {
+        gpu = std::make_unique<MinimumWorkBackend>(std::move(gpu),
+                                                   options.cuda_min_flops);
+      }
+      backends.push_back(std::move(gpu));
     } else if (options.device == Device::kCuda) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the CUDA backend was asked for but cannot run: ",

@@ -42,6 +42,11 @@ struct EngineOptions {
   Device device = Device::kCpu;
   // The CUDA backend's device ordinal (kCuda, kAuto).
   int cuda_device = 0;
+  // Calls estimated (attn/work.h) at fewer floating-point operations than
+  // this skip the CUDA backend and run on the CPU, so a toy call does not pay
+  // a GPU round trip (see attn/minimum_work_backend.h). 0: the GPU takes
+  // every call it can. The server sets it (--cuda_min_flops).
+  double cuda_min_flops = 0;
   // Use the oneDNN CPU backend (it runs on every CPU). Off: the reference
   // backend runs everything (slow; for tests and debugging).
   bool use_onednn = true;

@@ -21,6 +21,7 @@
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu_kernels.h"
 #include "attn/status_macros.h"
+#include "attn/work.h"
 
 namespace attn {
 namespace {
@@ -268,8 +269,7 @@ const char* OneDnnBackend::bfloat16_attention() const {
 }
 
 absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
-  const double elements = static_cast<double>(p.batch) * p.rows * p.columns;
-  ScopedOmpThreads threads(impl_->ThreadsFor(10.0 * elements));
+  ScopedOmpThreads threads(impl_->ThreadsFor(EstimatedFlops(p)));
   if (p.valid.kind == ValidLengths::Kind::kNone) {
     return impl_->Softmax(p.x, p.out, p.batch * p.rows, p.columns);
   }
@@ -278,8 +278,7 @@ absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
 }
 
 absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
-  ScopedOmpThreads threads(
-      impl_->ThreadsFor(2.0 * p.n * p.m * p.k * p.p));
+  ScopedOmpThreads threads(impl_->ThreadsFor(EstimatedFlops(p)));
   if (p.precision != Precision::kFloat32) {
     try {
       const std::vector<float> a = RoundedCopy(p.a, p.n * p.m * p.k, p.precision);
@@ -293,8 +292,7 @@ absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
 }
 
 absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
-  const double flops = 2.0 * p.batch * p.heads * p.lq * p.lk * (p.d + p.dv);
-  const int threads = impl_->ThreadsFor(flops);
+  const int threads = impl_->ThreadsFor(EstimatedFlops(p));
   ScopedOmpThreads scoped(threads);
   if (p.precision == Precision::kBFloat16) {
     try {
@@ -328,10 +326,7 @@ absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
 
 absl::Status OneDnnBackend::AdditiveAttention(
     const AdditiveAttentionParams& p) {
-  const double flops =
-      2.0 * p.batch * (p.lq * p.dq + p.lk * p.dk) * p.h +
-      12.0 * p.batch * p.lq * p.lk * p.h + 2.0 * p.batch * p.lq * p.lk * p.dv;
-  const int threads = impl_->ThreadsFor(flops);
+  const int threads = impl_->ThreadsFor(EstimatedFlops(p));
   ScopedOmpThreads scoped(threads);
   try {
     return impl_->kernels().additive_attention(p, threads);
@@ -341,9 +336,7 @@ absl::Status OneDnnBackend::AdditiveAttention(
 }
 
 absl::Status OneDnnBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
-  const double flops =
-      static_cast<double>(p.n_query) * p.n_train * (3.0 * p.dx + 10.0 + 2.0 * p.dy);
-  const int threads = impl_->ThreadsFor(flops);
+  const int threads = impl_->ThreadsFor(EstimatedFlops(p));
   ScopedOmpThreads scoped(threads);
   return impl_->kernels().nadaraya_watson(p, threads);
 }

@@ -1,0 +1,56 @@
+#include "attn/minimum_work_backend.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "attn/work.h"
+
+namespace attn {
+
+MinimumWorkBackend::MinimumWorkBackend(std::unique_ptr<Backend> wrapped,
+                                       double min_flops)
+    : wrapped_(std::move(wrapped)), min_flops_(min_flops) {}
+
+std::string MinimumWorkBackend::description() const {
+  if (min_flops_ <= 0) return wrapped_->description();
+  return absl::StrFormat(
+      "%s; takes calls from %g flops, smaller ones run on the next backend",
+      wrapped_->description(), min_flops_);
+}
+
+template <typename Params>
+absl::Status MinimumWorkBackend::Route(
+    const Params& params, absl::Status (Backend::*method)(const Params&)) {
+  // A plain message: toy calls take this path on every request, and the
+  // engine drops the status anyway.
+  if (EstimatedFlops(params) < min_flops_) {
+    return absl::UnimplementedError("below the backend's minimum work");
+  }
+  return ((*wrapped_).*method)(params);
+}
+
+absl::Status MinimumWorkBackend::MaskedSoftmax(
+    const MaskedSoftmaxParams& params) {
+  return Route(params, &Backend::MaskedSoftmax);
+}
+
+absl::Status MinimumWorkBackend::BatchMatmul(const BatchMatmulParams& params) {
+  return Route(params, &Backend::BatchMatmul);
+}
+
+absl::Status MinimumWorkBackend::Attention(const AttentionParams& params) {
+  return Route(params, &Backend::Attention);
+}
+
+absl::Status MinimumWorkBackend::AdditiveAttention(
+    const AdditiveAttentionParams& params) {
+  return Route(params, &Backend::AdditiveAttention);
+}
+
+absl::Status MinimumWorkBackend::NadarayaWatson(
+    const NadarayaWatsonParams& params) {
+  return Route(params, &Backend::NadarayaWatson);
+}
+
+}  // namespace attn

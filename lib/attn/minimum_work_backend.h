@@ -1,0 +1,55 @@
+// A backend that declines the calls too small to be worth it: every call
+// estimated (attn/work.h) at fewer floating-point operations than a threshold
+// gets UNIMPLEMENTED, so the engine's next backend runs it; the rest go to the
+// backend it wraps.
+//
+// Why: a GPU call pays a fixed round trip (staging, copies both ways, kernel
+// launches, a stream synchronisation: tens of microseconds) that a toy
+// request, done on the CPU in a few microseconds, never repays. The engine
+// wraps the CUDA backend in one (EngineOptions::cuda_min_flops); the server's
+// flag --cuda_min_flops sets the threshold, and
+// bench/cuda_crossover_bench measures where the GPU starts to win.
+//
+// Thread safety: as the wrapped backend's (the threshold is immutable).
+#ifndef ATTN_MINIMUM_WORK_BACKEND_H_
+#define ATTN_MINIMUM_WORK_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "attn/backend.h"
+
+namespace attn {
+
+class MinimumWorkBackend final : public Backend {
+ public:
+  // `min_flops` <= 0 passes every call on to `wrapped`.
+  MinimumWorkBackend(std::unique_ptr<Backend> wrapped, double min_flops);
+
+  // The wrapped backend's: results and metrics name the backend that ran.
+  std::string name() const override { return wrapped_->name(); }
+  // The wrapped backend's, and the threshold.
+  std::string description() const override;
+
+  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
+  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
+  absl::Status Attention(const AttentionParams& params) override;
+  absl::Status AdditiveAttention(
+      const AdditiveAttentionParams& params) override;
+  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+
+  double min_flops() const { return min_flops_; }
+
+ private:
+  // UNIMPLEMENTED below the threshold, else `method` of the wrapped backend.
+  template <typename Params>
+  absl::Status Route(const Params& params,
+                     absl::Status (Backend::*method)(const Params&));
+
+  const std::unique_ptr<Backend> wrapped_;
+  const double min_flops_;
+};
+
+}  // namespace attn
+
+#endif  // ATTN_MINIMUM_WORK_BACKEND_H_
