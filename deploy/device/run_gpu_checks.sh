@@ -5,7 +5,11 @@
 # starts to beat the CPU (for --cuda_min_flops), and the server on the GPU
 # under load with batching off and on.
 #
-#   bash deploy/device/run_gpu_checks.sh [tests|sanitize|bench|crossover|serve|all]
+#   bash deploy/device/run_gpu_checks.sh [STEP...]   # default: all
+#
+# STEP: tests, sanitize, bench, crossover, serve, or all. The device tool
+# stops a command at 10 minutes, so split a lease into two calls:
+# `tests bench crossover serve` (~5 min), then `sanitize`.
 #
 # SERVE_DURATION (default 10s) is each load row's length in `serve`.
 #
@@ -13,7 +17,14 @@
 # non-zero when a step fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-what=${1:-all}
+steps=" ${*:-all} "
+for name in $steps; do
+  case $name in
+    tests|sanitize|bench|crossover|serve|all) ;;
+    *) echo "unknown step '$name' (tests, sanitize, bench, crossover, serve, all)" >&2; exit 64 ;;
+  esac
+done
+wants() { [[ $steps == *" $1 "* || $steps == *" all "* ]]; }
 out=${OUT:-/tmp/gpu_checks}
 mkdir -p "$out"
 root=/tmp/attn_bundle
@@ -46,7 +57,7 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, reports
     status=1
   fi
 }
-if [[ $what == tests || $what == all ]]; then
+if wants tests; then
   step tests "$root/run/cuda_backend_test"
   grep -E "^\[  (PASSED|FAILED) " "$out/tests.log"
   # Here a skipped test means the GPU is not usable: that is a failure.
@@ -55,21 +66,21 @@ if [[ $what == tests || $what == all ]]; then
     status=1
   fi
 fi
-if [[ $what == sanitize || $what == all ]]; then
+if wants sanitize; then
   # The sweep without its largest cases keeps the sanitizers within minutes.
   filter='--gtest_filter=-CudaResourcesTest.FusedAttentionMemoryIsLinearInLength'
   step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$root/run/cuda_backend_test" "$filter"
   step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$root/run/cuda_backend_test" "$filter"
 fi
-if [[ $what == bench || $what == all ]]; then
+if wants bench; then
   step bench python3 bench/cuda_bench.py "$root/run/cuda_attention_bench"
   cat "$out/bench.log"
 fi
-if [[ $what == crossover || $what == all ]]; then
+if wants crossover; then
   step crossover "$root/run/cuda_crossover_bench"
   cat "$out/crossover.log"
 fi
-if [[ $what == serve || $what == all ]]; then
+if wants serve; then
   # The issue's cases at 64 in flight (medium: B = 32, L = 64, d = 64), the
   # server on the GPU with its default --cuda_min_flops.
   step serve env ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
