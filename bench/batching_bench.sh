@@ -78,7 +78,7 @@ medium="--rpc=attention --shape=queries=${mb}x64x64,keys=${mb}x64x64,values=${mb
 ragged="--rpc=attention --shape=queries=1x64x64,keys=1x64x64,values=1x64x64 --lk_range=16:128"
 for mode in off on; do
   echo "batching $mode:" >&2
-  start_server --batching=$([[ $mode == on ]] && echo true || echo false)
+  start_server "--batching=$([[ $mode == on ]] && echo true || echo false)"
   # shellcheck disable=SC2086
   {
     load "health_$mode" --rpc=health

@@ -23,15 +23,29 @@
 #
 # Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE [APIS [BATCHING]]]
 #   defaults: 16:64:16, "unary streaming", "off on"
+# Where glibc is 2.38 or newer (the GPU machines), PERF_ANALYZER=path runs
+# that binary directly, no chroot; ATTNSERVE=path picks the server binary
+# and ATTNSERVE_FLAGS adds server flags (deploy/device/run_gpu_checks.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 range="${1:-16:64:16}"
 apis="${2:-unary streaming}"
 batching_modes="${3:-off on}"
 chroot_dir="${CHROOT:-/var/tmp/attnserve-trixie}"
-server=build/server/attnserve
+server=${ATTNSERVE:-build/server/attnserve}
 [[ -x "$server" ]] || { echo "build first: make build" >&2; exit 1; }
-if [[ ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
+if [[ -n "${PERF_ANALYZER:-}" ]]; then
+  # Direct: the input data and CSVs in a temporary folder.
+  data=$(mktemp -d -t attnserve-pa.XXXXXX)
+  data_seen=$data
+  perf_analyzer=("$PERF_ANALYZER")
+else
+  # In the chroot: files in its /tmp.
+  data=$chroot_dir/tmp
+  data_seen=/tmp
+  perf_analyzer=(chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer)
+fi
+if [[ -z "${PERF_ANALYZER:-}" && ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
   command -v debootstrap >/dev/null || apt-get install -y debootstrap
   [[ -d "$chroot_dir/usr" ]] ||
     debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian >&2
@@ -46,7 +60,7 @@ if [[ ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
 fi
 
 # Input data: per batch item, without the batch dimension.
-python3 - "$chroot_dir/tmp" <<'PY'
+python3 - "$data" <<'PY'
 import json, random, sys
 random.seed(0)
 r = lambda n: [round(random.gauss(0, 1), 4) for _ in range(n)]
@@ -66,7 +80,8 @@ trap '[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null' EXIT
 # The server's CPU seconds (user + system) and the requests it counted.
 server_cpu() { awk '{printf "%.6f", ($14 + $15) / '"$(getconf CLK_TCK)"'}' "/proc/$pid/stat"; }
 server_requests() {
-  curl -s "http://127.0.0.1:$metrics_port/metrics" |
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+    "http://127.0.0.1:$metrics_port/metrics" |
     awk '/^attnserve_requests_total/ {n += $NF} END {printf "%d", n}'
 }
 echo "| case | API | batching | concurrency | infer/s | p50 ms | p99 ms | server CPU µs / infer |"
@@ -74,9 +89,10 @@ echo "|---|---|---|---:|---:|---:|---:|---:|"
 for mode in $batching_modes; do
   grpc_port=$(port)
   metrics_port=$(port)
+  # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
   "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port="$metrics_port" \
     --drain_notice_ms=0 "--batching=$([[ $mode == on ]] && echo true || echo false)" \
-    >/dev/null 2>&1 &
+    ${ATTNSERVE_FLAGS:-} >/dev/null 2>&1 &
   pid=$!
   sleep 2
   for case in toy medium; do
@@ -88,22 +104,24 @@ for mode in $batching_modes; do
       cpu_before=$(server_cpu)
       requests_before=$(server_requests)
       # A memory cap: perf_analyzer once grew to 24 GB on the medium case and
-      # was OOM-killed, taking the machine with it; now it fails alone.
+      # was OOM-killed, taking the machine with it; now it fails alone
+      # (PA_MEMORY_CAP_GIB, default 12: at that cap its medium unary run
+      # sometimes aborts, so larger machines raise it).
       # And a time limit: with --streaming and batching on, perf_analyzer
       # twice sat idle for minutes (0 s of CPU; the server had answered
       # everything it was sent) right after a unary run on the same server,
       # and ran normally when retried.
-      timeout 300 prlimit --as=$((12 << 30)) -- \
-      chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer -m dot_product_attention \
-        -i grpc -u "127.0.0.1:$grpc_port" --input-data "/tmp/$case.json" \
+      timeout 300 prlimit --as=$((${PA_MEMORY_CAP_GIB:-12} << 30)) -- \
+      "${perf_analyzer[@]}" -m dot_product_attention \
+        -i grpc -u "127.0.0.1:$grpc_port" --input-data "$data_seen/$case.json" \
         "${streaming[@]}" \
         --concurrency-range "$range" --measurement-mode count_windows \
-        --measurement-request-count "$requests_per_window" -f "/tmp/$case.csv" \
+        --measurement-request-count "$requests_per_window" -f "$data_seen/$case.csv" \
         --max-trials=6 --stability-percentage=30 \
         >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($api, $mode)" >&2; continue; }
       cpu_after=$(server_cpu)
       requests_after=$(server_requests)
-      python3 - "$chroot_dir/tmp/$case.csv" "$case" "$api" "$mode" \
+      python3 - "$data/$case.csv" "$case" "$api" "$mode" \
         "$cpu_before" "$cpu_after" "$requests_before" "$requests_after" <<'PY'
 import csv, sys
 case, api, mode = sys.argv[2:5]

@@ -35,7 +35,22 @@ for binary in "$stage"/bin/*; do
     if [[ ! "$name" =~ $system ]]; then cp -n "$path" "$stage/lib/$name"; fi
   done
 done
+# Triton's perf_analyzer (PyPI's wheel; it needs glibc 2.38, which the GPU
+# machines have and Debian 12 does not), unwrapped: it loads the GPU
+# machine's own libraries. Optional: the bundle says when it is left out.
+mkdir -p "$stage/tools"
+wheels=$(mktemp -d)
+if python3 -m pip download --quiet --no-deps --only-binary=:all: \
+     --platform manylinux_2_38_x86_64 --python-version 3.11 -d "$wheels" \
+     perf-analyzer==2.60.0 >/dev/null 2>&1; then
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('perf_analyzer/bin/perf_analyzer', sys.argv[2])" \
+    "$wheels"/perf_analyzer-*.whl "$wheels"
+  install -m 755 "$wheels/perf_analyzer/bin/perf_analyzer" "$stage/tools/perf_analyzer"
+else
+  echo "bundle: perf_analyzer left out (PyPI's wheel could not be had)" >&2
+fi
+rm -rf "$wheels"
 mkdir -p .device
-tar -C "$stage" -czf .device/bundle.tar.gz bin lib
+tar -C "$stage" -czf .device/bundle.tar.gz bin lib tools
 echo "bundle: .device/bundle.tar.gz ($(du -h .device/bundle.tar.gz | cut -f1)):"
 tar -tzf .device/bundle.tar.gz | sed 's/^/  /'

@@ -3,25 +3,26 @@
 # (made by deploy/device/bundle.sh): the test suite, compute-sanitizer's
 # memcheck and racecheck over it, the benchmark beside PyTorch, where the GPU
 # starts to beat the CPU (for --cuda_min_flops), and the server on the GPU
-# under load with batching off and on.
+# under load with batching off and on (attnctl load; perf_analyzer too when
+# it runs there).
 #
 #   bash deploy/device/run_gpu_checks.sh [STEP...]   # default: all
 #
-# STEP: tests, sanitize, bench, crossover, serve, or all. The device tool
-# stops a command at 10 minutes, so split a lease into two calls:
-# `tests bench crossover serve` (~5 min), then `sanitize`.
+# STEP: tests, sanitize, bench, crossover, serve, perf_analyzer, or all. The
+# device tool stops a command at 10 minutes, so split a lease into calls:
+# `tests bench crossover serve` (~5 min), `sanitize`, `perf_analyzer`.
 #
 # SERVE_DURATION (default 10s) is each load row's length in `serve`.
 #
 # Writes logs to $OUT (or /tmp/gpu_checks) and prints a summary; exits
 # non-zero when a step fails.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 steps=" ${*:-all} "
 for name in $steps; do
   case $name in
-    tests|sanitize|bench|crossover|serve|all) ;;
-    *) echo "unknown step '$name' (tests, sanitize, bench, crossover, serve, all)" >&2; exit 64 ;;
+    tests|sanitize|bench|crossover|serve|perf_analyzer|all) ;;
+    *) echo "unknown step '$name' (tests, sanitize, bench, crossover, serve, perf_analyzer, all)" >&2; exit 64 ;;
   esac
 done
 wants() { [[ $steps == *" $1 "* || $steps == *" all "* ]]; }
@@ -88,5 +89,17 @@ if wants serve; then
     ATTNSERVE_FLAGS="--backend=cuda ${ATTNSERVE_FLAGS:-}" \
     bash bench/batching_bench.sh "${SERVE_DURATION:-10s}"
   cat "$out/serve.log"
+fi
+if wants perf_analyzer; then
+  # Triton's own load tester on the KServe API, when the bundle has it and
+  # it runs here (glibc 2.38 or newer).
+  if "$root/tools/perf_analyzer" --version >/dev/null 2>&1; then
+    step perf_analyzer env PERF_ANALYZER="$root/tools/perf_analyzer" PA_MEMORY_CAP_GIB=48 \
+      ATTNSERVE="$root/run/attnserve" ATTNSERVE_FLAGS="--backend=cuda ${ATTNSERVE_FLAGS:-}" \
+      bash bench/perf_analyzer.sh 64:64:1 "unary streaming" "off on"
+    cat "$out/perf_analyzer.log"
+  else
+    echo "SKIP perf_analyzer: not in the bundle, or it does not run on this machine"
+  fi
 fi
 exit $status
