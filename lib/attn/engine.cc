@@ -233,6 +233,22 @@ absl::StatusOr<OpResult> Engine::NadarayaWatson(
 }
 
 absl::Status Engine::WarmUp() {
+  // Warm-up calls are small, and a work threshold would keep them all off
+  // the GPU, whose module loads and first allocations most need paying here:
+  // thresholds are lifted while they run.
+  std::vector<MinimumWorkBackend*> routed;
+  for (const auto& backend : backends_) {
+    if (auto* r = dynamic_cast<MinimumWorkBackend*>(backend.get())) {
+      routed.push_back(r);
+    }
+  }
+  for (MinimumWorkBackend* r : routed) r->set_take_every_call(true);
+  const absl::Status status = RunWarmUpCalls();
+  for (MinimumWorkBackend* r : routed) r->set_take_every_call(false);
+  return status;
+}
+
+absl::Status Engine::RunWarmUpCalls() {
   // The textbook's toy shapes; values only need to be finite.
   Tensor q = Tensor::Zeros({2, 1, 2}), k = Tensor::Zeros({2, 10, 2}),
          v = Tensor::Zeros({2, 10, 4});

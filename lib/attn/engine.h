@@ -93,9 +93,9 @@ class Engine {
       const FitBandwidthRequest& request);
 
   // Runs every operation once on small inputs, so that one-time costs
-  // (oneDNN's JIT code generation, first-touch of its buffers; ~2 ms) are
-  // paid at start-up rather than by the first requests. Blocks; returns the
-  // first failure.
+  // (oneDNN's JIT code generation, first-touch of its buffers; ~2 ms; the
+  // GPU's module loads, whatever cuda_min_flops says) are paid at start-up
+  // rather than by the first requests. Blocks; returns the first failure.
   absl::Status WarmUp();
 
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
@@ -108,6 +108,9 @@ class Engine {
 
  private:
   explicit Engine(std::vector<std::unique_ptr<Backend>> backends);
+
+  // WarmUp's calls, one per operation and path.
+  absl::Status RunWarmUpCalls();
 
   // Runs `method` on the first backend that takes `params`; returns its
   // name. `inputs` and `result` serve the overflow check (see engine.cc);

@@ -10,10 +10,12 @@
 // flag --cuda_min_flops sets the threshold, and
 // bench/cuda_crossover_bench measures where the GPU starts to win.
 //
-// Thread safety: as the wrapped backend's (the threshold is immutable).
+// Thread safety: as the wrapped backend's (the threshold is immutable; the
+// warm-up switch is atomic).
 #ifndef ATTN_MINIMUM_WORK_BACKEND_H_
 #define ATTN_MINIMUM_WORK_BACKEND_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -40,6 +42,13 @@ class MinimumWorkBackend final : public Backend {
 
   double min_flops() const { return min_flops_; }
 
+  // While true, every call goes to the wrapped backend: Engine::WarmUp's
+  // small calls must reach the GPU. Calls running meanwhile are routed
+  // either way, and both ways give a valid result.
+  void set_take_every_call(bool take) {
+    take_every_call_.store(take, std::memory_order_relaxed);
+  }
+
  private:
   // UNIMPLEMENTED below the threshold, else `method` of the wrapped backend.
   template <typename Params>
@@ -48,6 +57,7 @@ class MinimumWorkBackend final : public Backend {
 
   const std::unique_ptr<Backend> wrapped_;
   const double min_flops_;
+  std::atomic<bool> take_every_call_{false};
 };
 
 }  // namespace attn

@@ -267,5 +267,22 @@ TEST(MinimumWorkBackendTest, DeclinesBeforeWritingAnyOutput) {
   EXPECT_EQ(out, (std::array<float, 4>{1, 2, 3, 4}));
 }
 
+TEST(MinimumWorkBackendTest, WarmUpReachesTheWrappedBackendWhateverTheThreshold) {
+  // Warm-up calls are tiny; they must still load the GPU's kernels.
+  Routed routed = RoutedEngine(1e12);
+  ASSERT_TRUE(routed.engine->WarmUp().ok());
+  EXPECT_GT(routed.stand_in->calls(), 0);
+  // And the threshold holds again afterwards.
+  const int warm_calls = routed.stand_in->calls();
+  Inputs in(7);
+  for (const OpCase& c : EveryOperation(in, 1)) {
+    SCOPED_TRACE(c.op);
+    absl::StatusOr<OpResult> result = c.call(*routed.engine);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->implementation, "reference");
+  }
+  EXPECT_EQ(routed.stand_in->calls(), warm_calls);
+}
+
 }  // namespace
 }  // namespace attn
