@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "attn/status_macros.h"
 #include "server/api/auth.h"
+#include "server/api/kserve_request.h"
 #include "server/api/status.h"
 #include "server/api/tensor_codec.h"
 #include "server/api/unary_call.h"
@@ -54,14 +55,10 @@ absl::Status DecodeInputs(const inference::ModelInferRequest& request,
                           const InferenceService::ModelSpec& model,
                           ElementBudget* budget, DecodeStorage* storage,
                           Inputs* out) {
+  // CheckInferRequestStructure has run: each input is the model's, once,
+  // and raw contents are one per input.
   Inputs& inputs = *out;
   const bool raw = request.raw_input_contents_size() > 0;
-  if (raw && request.raw_input_contents_size() != request.inputs_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "raw_input_contents: ", request.raw_input_contents_size(),
-        " entries for ", request.inputs_size(),
-        " inputs; give one per input, in order"));
-  }
   for (int i = 0; i < request.inputs_size(); ++i) {
     const auto& input = request.inputs(i);
     const std::string field = absl::StrCat("input '", input.name(), "'");
@@ -163,22 +160,21 @@ absl::Status DecodeInputs(const inference::ModelInferRequest& request,
   return absl::OkStatus();
 }
 
-// The outputs to return, in order: those requested, else the defaults.
-absl::StatusOr<std::vector<std::string>> RequestedOutputs(
+// The outputs to return, in order: those requested (checked by
+// CheckInferRequestStructure: the model's, each once), else the defaults.
+std::vector<std::string> RequestedOutputs(
     const inference::ModelInferRequest& request,
     const InferenceService::ModelSpec& model) {
   std::vector<std::string> names;
-  for (const auto& output : request.outputs()) {
-    bool known = false;
-    for (const auto& spec : model.outputs) known |= spec.name == output.name();
-    if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "output '", output.name(), "': model '", model.name,
-          "' has no such output"));
-    }
-    names.push_back(output.name());
-  }
+  for (const auto& output : request.outputs()) names.push_back(output.name());
   if (names.empty()) names = model.default_outputs;
+  return names;
+}
+
+ModelTensorNames TensorNamesOf(const InferenceService::ModelSpec& model) {
+  ModelTensorNames names{model.name, {}, {}};
+  for (const auto& input : model.inputs) names.inputs.push_back(input.name);
+  for (const auto& output : model.outputs) names.outputs.push_back(output.name);
   return names;
 }
 
@@ -672,12 +668,13 @@ void InferenceService::Infer(const inference::ModelInferRequest* request,
   // outlive the kernel.
   auto held = std::make_shared<Resolved>(*std::move(resolved));
   const ModelSpec* model = &held->spec;
-  absl::StatusOr<std::vector<std::string>> names =
-      RequestedOutputs(*request, *model);
-  if (!names.ok()) {
-    responder->Answer(names.status(), CallRecord{}, Admission::Ticket());
+  if (absl::Status structure =
+          CheckInferRequestStructure(*request, TensorNamesOf(*model));
+      !structure.ok()) {
+    responder->Answer(structure, CallRecord{}, Admission::Ticket());
     return;
   }
+  const std::vector<std::string> names = RequestedOutputs(*request, *model);
   context.model = model->name;
   if (absl::Status status = ApplyPriorityAndTimeout(*request, &context);
       !status.ok()) {
@@ -699,7 +696,7 @@ void InferenceService::Infer(const inference::ModelInferRequest* request,
   // Every model but the fit is one batchable operation: decode it, hand it
   // to the core, and encode its outputs under the model's names.
   auto decode_op = [held, model, request, decode, inputs, lengths,
-                    names = *names](
+                    names](
                        ElementBudget* budget) -> absl::StatusOr<BatchableRequest> {
     RETURN_IF_ERROR(decode(budget));
     switch (model->rpc) {
@@ -761,7 +758,7 @@ void InferenceService::Infer(const inference::ModelInferRequest* request,
   // Holds `inputs` and `held` until the kernel has run: the decoded views
   // and any repository weights live there.
   auto encode = [held, model, request, response, inputs,
-                 names = *names](const attn::OpResult& result) {
+                 names](const attn::OpResult& result) {
     switch (model->rpc) {
       case Rpc::kMaskedSoftmax:
         Respond(*request, names, {{"Y", &result.output}}, response);
