@@ -17,7 +17,9 @@
 //   UNKNOWN;
 // - an accepted request was well formed, checked here independently: the
 //   model exists (version "" or "1"); raw_input_contents, when used, has one
-//   entry per input; every input is one of the model's, of its datatype;
+//   entry per input; every input is one of the model's, given once, of its
+//   datatype, with raw or typed contents but not both; at most as many
+//   inputs as the model takes; every requested output once;
 //   every FP32 input has as many elements as its shape's product (every
 //   dimension >= 1, at most 2^31-1), all finite; every required input is
 //   there; the tensors' shapes agree as the model documents; valid lengths
@@ -103,8 +105,28 @@ Accepted CheckInputs(const inference::ModelInferRequest& request,
   FUZZ_CHECK(!raw || request.raw_input_contents_size() == request.inputs_size(),
              "%d raw contents for %d inputs accepted",
              request.raw_input_contents_size(), request.inputs_size());
+  FUZZ_CHECK(request.inputs_size() <= static_cast<int>(model.inputs.size()),
+             "%d inputs accepted for model '%s' of %zu",
+             request.inputs_size(), model.name.c_str(), model.inputs.size());
   for (int i = 0; i < request.inputs_size(); ++i) {
     const auto& input = request.inputs(i);
+    for (int j = 0; j < i; ++j) {
+      FUZZ_CHECK(request.inputs(j).name() != input.name(),
+                 "input '%s' given twice accepted", input.name().c_str());
+    }
+    if (raw && input.has_contents()) {
+      const auto& typed = input.contents();
+      FUZZ_CHECK(typed.bool_contents_size() + typed.int_contents_size() +
+                         typed.int64_contents_size() +
+                         typed.uint_contents_size() +
+                         typed.uint64_contents_size() +
+                         typed.fp32_contents_size() +
+                         typed.fp64_contents_size() +
+                         typed.bytes_contents_size() ==
+                     0,
+                 "input '%s': raw and typed contents together accepted",
+                 input.name().c_str());
+    }
     const attnserve::InferenceService::TensorSpec* spec = nullptr;
     for (const auto& candidate : model.inputs) {
       if (candidate.name == input.name()) spec = &candidate;
@@ -326,7 +348,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckModelInputs(request, *model, accepted);
 
   std::vector<std::string> names;
-  for (const auto& output : request.outputs()) names.push_back(output.name());
+  for (const auto& output : request.outputs()) {
+    for (const std::string& earlier : names) {
+      FUZZ_CHECK(earlier != output.name(), "output '%s' requested twice accepted",
+                 output.name().c_str());
+    }
+    names.push_back(output.name());
+  }
   if (names.empty()) names = model->default_outputs;
   FUZZ_CHECK(response.model_name() == request.model_name() &&
                  response.id() == request.id(),

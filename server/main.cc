@@ -56,6 +56,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
+#include "server/core/accept_guard.h"
 #include "server/core/admission.h"
 #include "server/core/batcher.h"
 #include "server/api/attention_service.h"
@@ -174,6 +175,14 @@ ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, int64_t{512} << 20,
           "The same for the calls of one client connection, so that a "
           "client that never reads its responses cannot hold the whole "
           "--max_inflight_bytes.");
+ABSL_FLAG(int32_t, fd_reserve, 256,
+          "File descriptors kept free for the server's own use: a new "
+          "connection is closed at once (attnserve_connections_refused_total) "
+          "while fewer would stay free, so that a connection flood cannot "
+          "reach the fd limit (at which gRPC 1.51 stops listening for good). "
+          "The server raises its soft fd limit to the hard limit at start; "
+          "connections are capped near that limit minus this. At most half "
+          "the limit is reserved.");
 ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, model_repository, "",
@@ -457,6 +466,20 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "attnserve: %s\n", pool.status().ToString());
     return 1;
   }
+
+  // Before any listener opens (server/core/accept_guard.h).
+  absl::StatusOr<attnserve::FdLimit> fd_limit = attnserve::RaiseFdLimit();
+  if (!fd_limit.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", fd_limit.status().ToString());
+    return 1;
+  }
+  const int fd_reserve =
+      attnserve::InstallAcceptGuard(absl::GetFlag(FLAGS_fd_reserve));
+  absl::FPrintF(stderr,
+                "attnserve: file descriptors: soft limit %d -> %d (the hard "
+                "limit); new connections refused while fewer than %d would "
+                "stay free (--fd_reserve)\n",
+                fd_limit->soft_before, fd_limit->soft, fd_reserve);
 
   std::unique_ptr<attnserve::Batcher> batcher;
   attnserve::BatchingOptions batching;

@@ -1,6 +1,7 @@
 #include "server/core/metrics.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <exception>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "server/core/accept_guard.h"
 
 namespace attnserve {
 namespace {
@@ -105,6 +107,17 @@ class SampledCollector : public prometheus::Collectable {
     families.push_back(Single("process_open_fds",
                               "Number of open file descriptors.",
                               prometheus::MetricType::Gauge, OpenFds()));
+    if (rlimit limits{}; getrlimit(RLIMIT_NOFILE, &limits) == 0) {
+      families.push_back(Single(
+          "process_max_fds", "Maximum number of open file descriptors.",
+          prometheus::MetricType::Gauge, static_cast<double>(limits.rlim_cur)));
+    }
+    families.push_back(Single(
+        "attnserve_connections_refused_total",
+        "Connections closed at accept because fewer than --fd_reserve file "
+        "descriptors would have stayed free.",
+        prometheus::MetricType::Counter,
+        static_cast<double>(ConnectionsRefusedByAcceptGuard())));
     return families;
   }
 

@@ -21,8 +21,12 @@
 //   attnserve_inflight_bytes                       gauge (sampled at scrape):
 //                                                  payload bytes of admitted
 //                                                  calls not yet sent
+//   attnserve_connections_refused_total            counter (sampled): closed
+//                                                  at accept to keep
+//                                                  --fd_reserve fds free
 //   process_cpu_seconds_total, process_resident_memory_bytes,
-//   process_virtual_memory_bytes, process_open_fds, process_start_time_seconds
+//   process_virtual_memory_bytes, process_open_fds, process_max_fds,
+//   process_start_time_seconds
 //
 // Thread-safe: prometheus-cpp's metrics are atomic; the maps are immutable
 // after Create.
