@@ -67,7 +67,7 @@ repo=$(cd "$here/../.." && pwd)
 py=/usr/bin/python3
 
 quick=0
-only="drain,overload,memory,hostile"
+only="drain,overload,memory,hostile,outputs,connections,scrape"
 venv=$repo/build/tests/faultsvenv
 positional=()
 while [[ $# -gt 0 ]]; do
@@ -704,13 +704,181 @@ scenario_hostile() {
     "$before" "$peak" "$after" "$bound" "$fails0"
 }
 
+# --- outputs ------------------------------------------------------------------
+# KServe requests whose answers would be huge: a 23 KB ModelInfer listing the
+# 4 MiB attention_weights 500 times (refused before anything is built), then
+# many at once of the largest legitimate answer of the same request.
+scenario_outputs() {
+  local fails0=$failures inflight_bytes=$((64 << 20)) quota=$((128 << 20)) calls
+  calls=$(( quick ? 32 : 128 ))
+  ensure_venv "$venv" "$here/requirements.txt" >/dev/null ||
+    { fail "outputs: could not make the venv $venv"; row outputs - - - - - "" "" "" "" "$fails0"; return; }
+  local hpy=$venv/bin/python
+  SERVER_FLAGS=(--max_message_bytes=$((16 << 20)) --kernel_threads=1 --drain_notice_ms=0)
+  want_flag max_inflight_bytes $inflight_bytes
+  want_flag grpc_memory_quota_bytes $quota
+  boot outputs || { row outputs - - - - - "" "" "" "" "$fails0"; stop_server; return; }
+  sleep 0.5
+  local before peak after bound
+  before=$(rss_kb "$SERVER_PID")
+  bound=$((before + 5 * inflight_bytes / 2048 + quota / 1024 + 128 * 1024))
+  start_sampler "$SERVER_PID" "$workdir/outputs.rss" 0.05
+  "$hpy" "$here/hostile.py" outputs --port="$GRPC_PORT" --calls="$calls" --connections=4 \
+    --copies=500 >"$workdir/outputs_repeated.json" 2>"$workdir/outputs_repeated.err"
+  sleep 0.3
+  local peak_repeated
+  peak_repeated=$(peak_kb "$workdir/outputs.rss")
+  "$hpy" "$here/hostile.py" outputs --port="$GRPC_PORT" --calls="$calls" --connections=4 \
+    --copies=1 >"$workdir/outputs_once.json" 2>"$workdir/outputs_once.err"
+  sleep 1
+  stop_sampler
+  peak=$(peak_kb "$workdir/outputs.rss")
+  after=$(rss_kb "$SERVER_PID")
+  note "outputs: repeated: $(cat "$workdir/outputs_repeated.json" 2>/dev/null || head -c 300 "$workdir/outputs_repeated.err")"
+  note "outputs: once: $(cat "$workdir/outputs_once.json" 2>/dev/null || head -c 300 "$workdir/outputs_once.err")"
+  local repeated_invalid once_ok once_other
+  repeated_invalid=$(jget "$workdir/outputs_repeated.json" outcomes INVALID_ARGUMENT)
+  once_ok=$(jget "$workdir/outputs_once.json" outcomes OK)
+  once_other=$("$py" -c 'import json,sys
+o = json.load(open(sys.argv[1]))["outcomes"]
+print(" ".join("%s=%d" % kv for kv in o.items() if kv[0] not in ("OK", "RESOURCE_EXHAUSTED")))' \
+    "$workdir/outputs_once.json" 2>/dev/null || echo "?")
+  [[ "${repeated_invalid:-0}" -eq $calls ]] &&
+    pass "outputs: $calls requests listing attention_weights 500 times -> INVALID_ARGUMENT" ||
+    fail "outputs: of $calls requests listing attention_weights 500 times, ${repeated_invalid:-0} INVALID_ARGUMENT"
+  [[ $peak_repeated -le $((before + 32 * 1024)) ]] &&
+    pass "outputs: RSS $(mib "$peak_repeated") MiB at most while refusing them (idle $(mib "$before") MiB + 32)" ||
+    fail "outputs: RSS rose to $(mib "$peak_repeated") MiB refusing them (idle $(mib "$before") MiB): the copies were built"
+  [[ ${once_ok:-0} -gt 0 && -z "$once_other" ]] &&
+    pass "outputs: $calls at once of the largest legitimate answer: ${once_ok} OK, the rest RESOURCE_EXHAUSTED" ||
+    fail "outputs: the largest legitimate answer: ${once_ok:-0} OK, other outcomes: ${once_other:-none}"
+  [[ $peak -le $bound ]] && pass "outputs: peak RSS $(mib "$peak") MiB <= bound $(mib "$bound") MiB" ||
+    fail "outputs: peak RSS $(mib "$peak") MiB > bound $(mib "$bound") MiB (idle $(mib "$before") MiB)"
+  shutdown_checked outputs
+  row outputs "$((2 * calls))" "${once_ok:-0}" "INVALID_ARGUMENT=${repeated_invalid:-0}" - - \
+    "$before" "$peak" "$after" "$bound" "$fails0"
+}
+
+# --- connections --------------------------------------------------------------
+# A connection flood past the fd limit (gRPC 1.51 stopped listening for good
+# on the first EMFILE), and the memory a flood of idle connections leaves.
+# with_nofile LIMIT: a wrapper of the server binary under `ulimit LIMIT`.
+with_nofile() {
+  local wrapper=$workdir/attnserve-nofile${1//[^0-9]/}
+  printf '#!/usr/bin/env bash\nulimit %s || exit 1\nexec %q "$@"\n' "$1" "$server_bin" >"$wrapper"
+  chmod +x "$wrapper"
+  echo "$wrapper"
+}
+scenario_connections() {
+  local fails0=$failures flood
+  ensure_venv "$venv" "$here/requirements.txt" >/dev/null ||
+    { fail "connections: could not make the venv $venv"; row connections - - - - - "" "" "" "" "$fails0"; return; }
+  local hpy=$venv/bin/python saved_bin=$server_bin
+  # 1. Soft and hard limit 1024, a flood of 1100 connections.
+  server_bin=$(with_nofile "-n 1024")
+  SERVER_FLAGS=(--kernel_threads=1 --drain_notice_ms=0)
+  boot connections || { server_bin=$saved_bin; row connections - - - - - "" "" "" "" "$fails0"; stop_server; return; }
+  server_bin=$saved_bin
+  "$hpy" "$here/hostile.py" fd_flood --port="$GRPC_PORT" --connections=1100 --hold=1 \
+    --recover_within=5 >"$workdir/fd_flood.json" 2>"$workdir/fd_flood.err"
+  note "connections: fd limit 1024: $(cat "$workdir/fd_flood.json" 2>/dev/null || head -c 300 "$workdir/fd_flood.err")"
+  local again
+  again=$(jget "$workdir/fd_flood.json" served_again_after_s)
+  [[ -n "$again" ]] && le "$again" 1.0 &&
+    pass "connections: 1100 connections at an fd limit of 1024, closed: new clients served again after $again s" ||
+    fail "connections: after 1100 connections at an fd limit of 1024, new clients not served within 1 s (${again:-never in 5 s})"
+  ctl health --deadline=2s 2>/dev/null | grep -q '"SERVING"' &&
+    pass "connections: health SERVING after the flood" || fail "connections: health not SERVING after the flood"
+  scrape "$workdir/connections.metrics.txt"
+  local refused max_fds
+  refused=$(metric "$workdir/connections.metrics.txt" attnserve_connections_refused_total)
+  max_fds=$(metric "$workdir/connections.metrics.txt" process_max_fds)
+  [[ ${refused%.*} -gt 0 && ${max_fds%.*} -eq 1024 ]] &&
+    pass "connections: attnserve_connections_refused_total $refused, process_max_fds $max_fds" ||
+    fail "connections: attnserve_connections_refused_total ${refused:-?}, process_max_fds ${max_fds:-?} (want > 0, 1024)"
+  grep -q "Failed accept4" "$workdir/connections.server.log" &&
+    fail "connections: gRPC logged a failed accept4: $(grep -m1 'Failed accept4' "$workdir/connections.server.log")"
+  shutdown_checked connections
+
+  # 2. A soft limit of 1024 under a higher hard one: raised at start; a
+  # flood of idle connections, closed, gives its memory back.
+  local hard
+  hard=$(ulimit -Hn)
+  [[ $hard == unlimited ]] && hard=1048576
+  flood=$(( quick ? 3000 : 7000 ))
+  if [[ $hard -lt $((flood + 512)) ]]; then
+    note "connections: hard fd limit $hard here: the raise and the $flood-connection flood are not checked"
+    row connections 1100 - - - - "" "" "" "" "$fails0"
+    return
+  fi
+  server_bin=$(with_nofile "-Sn 1024")
+  boot connections2 || { server_bin=$saved_bin; row connections - - - - - "" "" "" "" "$fails0"; stop_server; return; }
+  server_bin=$saved_bin
+  grep -q "soft limit 1024 -> " "$workdir/connections2.server.log" &&
+    pass "connections: $(grep -o 'soft limit 1024 -> [0-9]*' "$workdir/connections2.server.log") at start (hard $hard)" ||
+    fail "connections: the soft fd limit was not raised at start (log: $(grep -m1 'file descriptors' "$workdir/connections2.server.log"))"
+  sleep 0.5
+  local before peak after settle=0 i
+  before=$(rss_kb "$SERVER_PID")
+  start_sampler "$SERVER_PID" "$workdir/connections.rss" 0.1
+  "$hpy" "$here/hostile.py" fd_flood --port="$GRPC_PORT" --connections="$flood" --hold=2 \
+    --recover_within=5 >"$workdir/fd_flood2.json" 2>"$workdir/fd_flood2.err"
+  note "connections: $flood idle: $(cat "$workdir/fd_flood2.json" 2>/dev/null || head -c 300 "$workdir/fd_flood2.err")"
+  for ((i = 0; i < 50; i++)); do
+    after=$(rss_kb "$SERVER_PID")
+    [[ $after -le $((before + 32 * 1024)) ]] && { settle=1; break; }
+    sleep 0.1
+  done
+  stop_sampler
+  peak=$(peak_kb "$workdir/connections.rss")
+  [[ $settle -eq 1 ]] &&
+    pass "connections: RSS $(mib "$before") -> $(mib "$peak") -> $(mib "$after") MiB after $flood idle connections closed (<= idle + 32 within 5 s)" ||
+    fail "connections: RSS $(mib "$before") -> $(mib "$peak") MiB, still $(mib "$after") MiB 5 s after $flood idle connections closed"
+  shutdown_checked connections2
+  row connections "$((1100 + flood))" - "refused=${refused:-?}" - - "$before" "$peak" "$after" "$((before + 32 * 1024))" "$fails0"
+}
+
+# --- scrape -------------------------------------------------------------------
+# Hundreds of slow clients on the metrics port while Prometheus scrapes.
+scenario_scrape() {
+  local fails0=$failures slow hold
+  slow=$(( quick ? 300 : 500 )); hold=$(( quick ? 8 : 20 ))
+  ensure_venv "$venv" "$here/requirements.txt" >/dev/null ||
+    { fail "scrape: could not make the venv $venv"; row scrape - - - - - "" "" "" "" "$fails0"; return; }
+  SERVER_FLAGS=(--kernel_threads=1 --drain_notice_ms=0)
+  boot scrape || { row scrape - - - - - "" "" "" "" "$fails0"; stop_server; return; }
+  local before
+  before=$(rss_kb "$SERVER_PID")
+  "$venv/bin/python" "$here/hostile.py" slow_http --port="$METRICS_PORT" --connections="$slow" \
+    --hold="$hold" >"$workdir/scrape_slow.json" 2>"$workdir/scrape_slow.err" &
+  local slow_pid=$!
+  bg_pids+=("$slow_pid")
+  sleep 1
+  local scrapes=0 answered=0 worst=0 t0 took
+  while kill -0 "$slow_pid" 2>/dev/null && [[ $scrapes -lt 40 ]]; do
+    scrapes=$((scrapes + 1)); t0=$(now)
+    # Prometheus's default scrape timeout is 10 s; ask for much less.
+    curl -fsS --max-time 3 "http://127.0.0.1:$METRICS_PORT/metrics" -o /dev/null 2>/dev/null &&
+      answered=$((answered + 1))
+    took=$(since "$t0"); le "$worst" "$took" && worst=$took
+    sleep 0.3
+  done
+  wait "$slow_pid"
+  note "scrape: slow clients: $(cat "$workdir/scrape_slow.json" 2>/dev/null || head -c 300 "$workdir/scrape_slow.err")"
+  [[ $scrapes -gt 3 && $answered -eq $scrapes ]] &&
+    pass "scrape: /metrics answered $answered of $scrapes scrapes (slowest $worst s, 3 s timeout) among $slow slow clients" ||
+    fail "scrape: /metrics answered $answered of $scrapes scrapes (3 s timeout) among $slow slow clients"
+  shutdown_checked scrape
+  row scrape "$scrapes" "$answered" - "$((scrapes - answered))" - "$before" "" "" "" "$fails0"
+}
+
 echo "fault_test: $( ((quick)) && echo quick || echo full) mode; attnserve $server_bin; attnctl $attnctl;" \
   "$workers CPUs; scenarios $only"
 started=$(now)
 IFS=, read -r -a scenarios <<<"$only"
 for scenario in "${scenarios[@]}"; do
   case $scenario in
-    drain|overload|memory|hostile) "scenario_$scenario" ;;
+    drain|overload|memory|hostile|outputs|connections|scrape) "scenario_$scenario" ;;
     *) echo "fault_test: unknown scenario $scenario" >&2; exit 64 ;;
   esac
   stop_server

