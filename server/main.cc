@@ -23,9 +23,11 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -542,21 +544,31 @@ int main(int argc, char** argv) {
   // After the queue-depth source is set: a scrape may come at once.
   // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
   std::unique_ptr<prometheus::Exposer> exposer;
+  constexpr int kMetricsThreads = 256;
   const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host).empty()
                                        ? host
                                        : absl::GetFlag(FLAGS_metrics_host);
   const std::string metrics_address =
       absl::StrCat(metrics_host, ":", metrics_port);
   try {
-    // civetweb gives each connection a thread until its request is read or
-    // request_timeout_ms passes: with prometheus-cpp's default of 2
-    // threads and civetweb's 30 s, two half-sent requests silenced
-    // /metrics for 30 s (tests/faults hostile). 16 threads and 10 s keep
-    // scrapes answered through a few slow or hostile clients; keep the
-    // port private (--metrics_host) against more.
+    // civetweb gives each connection a worker thread until its request is
+    // read, or request_timeout_ms passes from the request's start (civetweb
+    // 1.15 read_message: a slow client is dropped after 1-2 x the timeout
+    // however often it sends a byte); accepted connections beyond the
+    // workers wait in a queue, then in the kernel's backlog. With
+    // prometheus-cpp's 2 threads and civetweb's 30 s, two half-sent
+    // requests silenced /metrics for 30 s; with 16 threads and 10 s, 500
+    // slow clients silenced it until they left. A scrape is one short
+    // request on loopback or the pod network, so 1 s is ample, and
+    // kMetricsThreads workers (idle threads cost no CPU and little
+    // memory) take hundreds of slow clients at once: tests/faults scrape.
     exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", metrics_address, "num_threads", "16",
-        "request_timeout_ms", "10000"});
+        "listening_ports", metrics_address,
+        "num_threads", std::to_string(kMetricsThreads),
+        "request_timeout_ms", "1000",
+        "connection_queue", "256",
+        "listen_backlog", "1024",
+        "max_request_size", "8192"});
   } catch (const std::exception& e) {
     absl::FPrintF(stderr, "attnserve: cannot serve metrics on %s: %s\n",
                   metrics_address, e.what());
@@ -720,19 +732,36 @@ int main(int argc, char** argv) {
   // in its per-thread arenas, so RSS would stay at a burst's peak (~1.2 GB
   // after 256 calls of 2.6 MB in a trial) long after it ended; malloc_trim
   // gives back every free page. Run when no call is in flight and enough
-  // was freed since the last time: it walks every arena (milliseconds), so
-  // never under load.
+  // was freed since the last time, or the resident set grew by as much
+  // since (what gRPC's transport allocated for connections and streams
+  // that are gone: 7,000 idle connections opened and closed left 159 MiB
+  // of 31 before this): it walks every arena (milliseconds), so never
+  // under load.
   absl::Notification stop_memory_return;
   std::thread memory_return([&stop_memory_return, &admission] {
-    constexpr int64_t kWorthTrimming = int64_t{64} << 20;
+    constexpr int64_t kWorthTrimming = int64_t{32} << 20;
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    auto resident_bytes = [page]() -> int64_t {
+      int64_t size = 0, resident = 0;
+      if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(statm, "%" SCNd64 " %" SCNd64, &size, &resident) != 2) {
+          resident = 0;
+        }
+        std::fclose(statm);
+      }
+      return resident * page;
+    };
     int64_t released_at_last_trim = 0;
+    int64_t resident_after_last_trim = resident_bytes();
     while (!stop_memory_return.WaitForNotificationWithTimeout(
         absl::Seconds(1))) {
+      if (admission.inflight_calls() != 0) continue;
       const int64_t released = admission.released_bytes();
-      if (admission.inflight_calls() == 0 &&
-          released - released_at_last_trim >= kWorthTrimming) {
+      if (released - released_at_last_trim >= kWorthTrimming ||
+          resident_bytes() - resident_after_last_trim >= kWorthTrimming) {
         malloc_trim(0);
         released_at_last_trim = released;
+        resident_after_last_trim = resident_bytes();
       }
     }
   });
