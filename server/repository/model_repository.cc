@@ -1,18 +1,16 @@
 #include "server/repository/model_repository.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "attn/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
@@ -20,29 +18,6 @@
 
 namespace attnserve {
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream bytes;
-  bytes << file.rdbuf();
-  return bytes.str();
-}
-
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& bytes) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!file) return absl::InternalError(absl::StrCat(temporary, ": write failed"));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat(path, ": rename failed: ",
-                                            std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
@@ -204,71 +179,208 @@ std::string SerializeSafetensors(
 
 namespace {
 
-// Reads and checks the model in `folder`, whose name is `name`.
+// Reads and checks the model in folder `dir`/`name`. Messages name the
+// files as `name`/<file>, relative to the repository.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
-    const std::string& folder, const std::string& name) {
+    FileSystem& fs, const std::string& dir, const std::string& name) {
   auto model = std::make_shared<RepositoryModel>();
-  ASSIGN_OR_RETURN(const std::string config_text,
-                   ReadFile(folder + "/config.pbtxt"));
+  auto read = [&](const std::string& file) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> bytes = fs.ReadFile(dir + "/" + name + "/" + file);
+    if (!bytes.ok()) {
+      return absl::Status(bytes.status().code(),
+                          absl::StrCat(name, "/", file, ": cannot open (",
+                                       bytes.status().message(), ")"));
+    }
+    return bytes;
+  };
+  ASSIGN_OR_RETURN(const std::string config_text, read("config.pbtxt"));
   if (!google::protobuf::TextFormat::ParseFromString(config_text,
                                                      &model->config)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        folder, "/config.pbtxt: not an inference.ModelConfig in protobuf "
-                "text format"));
+        name, "/config.pbtxt: not an inference.ModelConfig in protobuf "
+              "text format"));
   }
   if (model->config.name() != name) {
     return absl::InvalidArgumentError(absl::StrCat(
-        folder, "/config.pbtxt: name '", model->config.name(),
+        name, "/config.pbtxt: name '", model->config.name(),
         "' differs from its folder's name"));
   }
-  ASSIGN_OR_RETURN(const std::string weights,
-                   ReadFile(folder + "/weights.safetensors"));
+  ASSIGN_OR_RETURN(const std::string weights, read("weights.safetensors"));
   absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
       ParseSafetensors(weights);
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        folder, "/weights.safetensors: ", tensors.status().message()));
+        name, "/weights.safetensors: ", tensors.status().message()));
   }
   model->tensors = *std::move(tensors);
-  RETURN_IF_ERROR(CheckModel(folder, *model));
+  RETURN_IF_ERROR(CheckModel(name, *model));
   return std::shared_ptr<const RepositoryModel>(std::move(model));
+}
+
+// A leftover of an interrupted save: ".<name>.tmp-<id>" (a new version being
+// written, or the old one after the exchange) or ".<name>.old-<id>" (the old
+// version moved aside where there is no exchange). Sets `model` to <name>.
+bool IsLeftover(const std::string& entry, std::string* model, bool* old) {
+  if (entry.size() < 2 || entry[0] != '.') return false;
+  for (const char* kind : {".tmp-", ".old-"}) {
+    const size_t at = entry.find(kind);
+    if (at == std::string::npos) continue;
+    const std::string name = entry.substr(1, at - 1);
+    const std::string id = entry.substr(at + 5);
+    if (!ValidName(name) || id.empty() ||
+        id.find_first_not_of("0123456789-") != std::string::npos) {
+      continue;
+    }
+    *model = name;
+    *old = kind[1] == 'o';
+    return true;
+  }
+  return false;
+}
+
+// Writes `bytes` as the new file `path`: every write, the fsync and the
+// close checked; the file is closed whatever failed.
+absl::Status WriteDurably(FileSystem& fs, const std::string& path,
+                          const std::string& bytes) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewWritableFile(path));
+  absl::Status status = file->Append(bytes);
+  if (status.ok()) status = file->Sync();
+  absl::Status closed = file->Close();
+  return status.ok() ? closed : status;
+}
+
+// The answer for a save of `name` that failed at `step` with the file
+// system's `status`: its code kept where it tells the client what to do
+// (RESOURCE_EXHAUSTED, FAILED_PRECONDITION), INTERNAL otherwise.
+absl::Status SaveError(const std::string& name, absl::string_view step,
+                       const absl::Status& status) {
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  std::string why;
+  if (absl::IsResourceExhausted(status)) {
+    code = absl::StatusCode::kResourceExhausted;
+    why = " (the model repository's file system is full)";
+  } else if (absl::IsFailedPrecondition(status)) {
+    code = absl::StatusCode::kFailedPrecondition;
+    why = " (the model repository is read-only or not writable by the server)";
+  } else if (absl::IsNotFound(status)) {
+    code = absl::StatusCode::kFailedPrecondition;
+    why = " (the model repository folder is gone)";
+  }
+  return absl::Status(code, absl::StrCat("save_as '", name, "': ", step, ": ",
+                                         status.message(), why,
+                                         "; the model is unchanged"));
 }
 
 }  // namespace
 
+void ModelRepository::Log(const std::string& note) const {
+  if (log_) {
+    log_(note);
+  } else {
+    absl::FPrintF(stderr, "attnserve: model repository: %s\n", note);
+  }
+}
+
 std::vector<std::string> ModelRepository::Folders() const {
   std::vector<std::string> names;
-  DIR* handle = opendir(dir_.c_str());
-  if (handle == nullptr) return names;
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    struct stat info;
-    if (name[0] == '.' || stat((dir_ + "/" + name).c_str(), &info) != 0 ||
-        !S_ISDIR(info.st_mode)) {
-      continue;
-    }
-    names.push_back(name);
+  absl::StatusOr<std::vector<FileSystem::Entry>> entries = fs_->ListDir(dir_);
+  if (!entries.ok()) return names;
+  for (const FileSystem::Entry& entry : *entries) {
+    if (entry.name[0] != '.' && entry.is_dir) names.push_back(entry.name);
   }
-  closedir(handle);
   std::sort(names.begin(), names.end());
   return names;
 }
 
+void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
+  absl::StatusOr<std::vector<FileSystem::Entry>> entries = fs_->ListDir(dir_);
+  if (!entries.ok()) return;
+  // Newest first, so that a model folder missing after a crash gets its
+  // latest version back.
+  std::sort(entries->begin(), entries->end(),
+            [](const FileSystem::Entry& a, const FileSystem::Entry& b) {
+              return a.modified > b.modified;
+            });
+  std::set<std::string> present;
+  for (const FileSystem::Entry& entry : *entries) {
+    if (entry.name[0] != '.') present.insert(entry.name);
+  }
+  const absl::Time now = absl::Now();
+  for (const FileSystem::Entry& entry : *entries) {
+    std::string model;
+    bool old = false;
+    if (!IsLeftover(entry.name, &model, &old)) continue;
+    const std::string path = dir_ + "/" + entry.name;
+    if (old && present.count(model) == 0) {
+      // Moved aside by a save (no RENAME_EXCHANGE) that died before the new
+      // version took its place: the old version comes back.
+      absl::Status status = fs_->Rename(path, dir_ + "/" + model);
+      if (status.ok()) status = fs_->SyncDir(dir_);
+      if (status.ok()) {
+        present.insert(model);
+        Log(absl::StrCat("put back '", model, "' from ", entry.name,
+                         ", left by an interrupted save"));
+      } else {
+        Log(absl::StrCat("cannot put back '", model, "' from ", entry.name,
+                         ": ", status.message()));
+      }
+      continue;
+    }
+    if (now - entry.modified < older_than) {
+      Log(absl::StrCat("ignored ", entry.name,
+                       ": a save in progress, or left by one that was "
+                       "interrupted; removed once it is ",
+                       absl::FormatDuration(older_than), " old"));
+      continue;
+    }
+    const absl::Status removed = RemoveTree(*fs_, path);
+    if (removed.ok()) {
+      Log(absl::StrCat("removed ", entry.name, ", left by an interrupted save"));
+    } else {
+      Log(absl::StrCat("cannot remove ", entry.name,
+                       " (left by an interrupted save; ignored): ",
+                       removed.message()));
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     const std::string& dir) {
-  std::unique_ptr<ModelRepository> repository(new ModelRepository(dir));
-  if (dir.empty()) return repository;
-  DIR* handle = opendir(dir.c_str());
-  if (handle == nullptr) {
+  Options options;
+  options.dir = dir;
+  return Load(options);
+}
+
+absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
+    const Options& options) {
+  FileSystem* fs = options.file_system != nullptr ? options.file_system
+                                                  : DefaultFileSystem();
+  std::unique_ptr<ModelRepository> repository(new ModelRepository(options, fs));
+  if (options.dir.empty()) return repository;
+  absl::StatusOr<std::vector<FileSystem::Entry>> listed =
+      fs->ListDir(options.dir);
+  if (!listed.ok()) {
     return absl::NotFoundError(absl::StrCat(
-        "--model_repository ", dir, ": cannot open the folder"));
+        "--model_repository ", options.dir, ": cannot open the folder (",
+        listed.status().message(), ")"));
   }
-  closedir(handle);
-  const std::vector<std::string> names = repository->Folders();
-  absl::MutexLock lock(&repository->mu_);
-  for (const std::string& name : names) {
-    ASSIGN_OR_RETURN(repository->models_[name],
-                     ReadModel(dir + "/" + name, name));
+  repository->CleanUpLeftovers(options.remove_leftovers_after);
+  for (const std::string& name : repository->Folders()) {
+    absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
+        ReadModel(*fs, options.dir, name);
+    absl::MutexLock lock(&repository->mu_);
+    if (model.ok()) {
+      repository->models_[name] = *std::move(model);
+    } else if (options.fail_on_model_error) {
+      return absl::Status(model.status().code(),
+                          absl::StrCat("--model_repository ", options.dir, ": ",
+                                       model.status().message()));
+    } else {
+      repository->Log(absl::StrCat("not serving '", name,
+                                   "': ", model.status().message()));
+      repository->unloaded_[name].reason =
+          absl::StrCat("failed to load: ", model.status().message());
+    }
   }
   return repository;
 }
@@ -282,29 +394,38 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model_name: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
   }
-  const std::string folder = dir_ + "/" + name;
-  struct stat info;
-  if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+  absl::MutexLock write(&write_mu_);
+  absl::StatusOr<FileSystem::Entry> folder = fs_->Stat(dir_ + "/" + name);
+  if (!folder.ok() || !folder->is_dir) {
     return absl::NotFoundError(absl::StrCat(
         "model_name: no folder '", name, "' in the model repository"));
   }
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-      ReadModel(folder, name);
+      ReadModel(*fs_, dir_, name);
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
-    // What serves stays (a half-copied folder never takes a model away).
-    unloaded_[name].reason =
-        absl::StrCat("failed to load: ", model.status().message());
+    // What serves stays (a half-copied folder never takes a model away),
+    // and the index says why it is not the folder's version.
+    if (models_.count(name) != 0) {
+      reload_failures_[name] = absl::StrCat(
+          "failed to reload, the version loaded before still serves: ",
+          model.status().message());
+    } else {
+      unloaded_[name].reason =
+          absl::StrCat("failed to load: ", model.status().message());
+    }
     return absl::Status(model.status().code(),
                         absl::StrCat("failed to load '", name,
                                      "': ", model.status().message()));
   }
   models_[name] = *std::move(model);
   unloaded_.erase(name);
+  reload_failures_.erase(name);
   return absl::OkStatus();
 }
 
 absl::Status ModelRepository::UnloadModel(const std::string& name) {
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
@@ -313,6 +434,7 @@ absl::Status ModelRepository::UnloadModel(const std::string& name) {
   }
   unloaded_[name] = Unloaded{it->second, "unloaded"};
   models_.erase(it);
+  reload_failures_.erase(name);
   return absl::OkStatus();
 }
 
@@ -325,7 +447,10 @@ std::vector<ModelRepository::ModelState> ModelRepository::Index() const {
   std::vector<ModelState> states;
   for (const std::string& name : names) {
     ModelState state{name, "READY", ""};
-    if (models_.count(name) == 0) {
+    if (models_.count(name) != 0) {
+      auto failure = reload_failures_.find(name);
+      if (failure != reload_failures_.end()) state.reason = failure->second;
+    } else {
       auto it = unloaded_.find(name);
       if (it == unloaded_.end()) {
         state.state = "UNAVAILABLE";
@@ -357,6 +482,84 @@ std::vector<std::string> ModelRepository::Names() const {
   return names;
 }
 
+absl::Status ModelRepository::WriteModelFolder(const std::string& name,
+                                               const RepositoryModel& model) {
+  const std::string folder = dir_ + "/" + name;
+  // A fresh hidden folder; a name taken (a leftover of an earlier process
+  // with this pid, as in a container) is skipped.
+  std::string id;
+  std::string temporary;
+  absl::Status status;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    id = absl::StrCat(getpid(), "-", ++saves_);
+    temporary = absl::StrCat(dir_, "/.", name, ".tmp-", id);
+    status = fs_->CreateDir(temporary);
+    if (!absl::IsAlreadyExists(status)) break;
+  }
+  if (!status.ok()) return SaveError(name, "creating a folder", status);
+  // Until the new folder takes the model's place, a failure removes it
+  // (best effort: what is left is a leftover, ignored and removed by Load).
+  auto abandon = [&](absl::string_view step, const absl::Status& failure) {
+    RemoveTree(*fs_, temporary).IgnoreError();
+    return SaveError(name, step, failure);
+  };
+  std::string config_text;
+  google::protobuf::TextFormat::PrintToString(model.config, &config_text);
+  status = WriteDurably(*fs_, temporary + "/weights.safetensors",
+                        SerializeSafetensors(model.tensors));
+  if (!status.ok()) return abandon("writing weights.safetensors", status);
+  status = WriteDurably(*fs_, temporary + "/config.pbtxt", config_text);
+  if (!status.ok()) return abandon("writing config.pbtxt", status);
+  status = fs_->SyncDir(temporary);
+  if (!status.ok()) return abandon("syncing the new folder", status);
+
+  absl::StatusOr<FileSystem::Entry> existing = fs_->Stat(folder);
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) {
+    return abandon("looking for the model's folder", existing.status());
+  }
+  // Where the old version went: `temporary` after an exchange, or its own
+  // hidden name where the file system cannot exchange.
+  std::string aside;
+  if (!existing.ok()) {
+    status = fs_->Rename(temporary, folder);
+    if (!status.ok()) return abandon("moving the new folder into place", status);
+  } else {
+    status = fs_->Exchange(temporary, folder);
+    if (status.ok()) {
+      aside = temporary;
+    } else if (absl::IsUnimplemented(status)) {
+      aside = absl::StrCat(dir_, "/.", name, ".old-", id);
+      status = fs_->Rename(folder, aside);
+      if (!status.ok()) return abandon("moving the old folder aside", status);
+      status = fs_->Rename(temporary, folder);
+      if (!status.ok()) {
+        fs_->Rename(aside, folder).IgnoreError();
+        return abandon("moving the new folder into place", status);
+      }
+    } else {
+      return abandon("exchanging the old and new folders", status);
+    }
+  }
+  status = fs_->SyncDir(dir_);
+  if (!status.ok()) {
+    // Answered as a failure, so the old version must be the one in place.
+    if (aside.empty()) {
+      fs_->Rename(folder, temporary).IgnoreError();
+    } else if (aside == temporary) {
+      fs_->Exchange(temporary, folder).IgnoreError();
+    } else {
+      fs_->Rename(folder, temporary).IgnoreError();
+      fs_->Rename(aside, folder).IgnoreError();
+    }
+    fs_->SyncDir(dir_).IgnoreError();
+    return abandon("syncing the repository folder", status);
+  }
+  // Committed. The old version is garbage now; Load removes it if this
+  // does not.
+  if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
+  return absl::OkStatus();
+}
+
 absl::Status ModelRepository::SaveBandwidth(const std::string& name,
                                             float bandwidth) {
   if (dir_.empty()) {
@@ -367,12 +570,6 @@ absl::Status ModelRepository::SaveBandwidth(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(
         "save_as: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
   }
-  if (auto existing = Find(name);
-      existing != nullptr && existing->config.backend() != "nadaraya_watson") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "save_as: '", name, "' is a ", existing->config.backend(),
-        " model; pick another name"));
-  }
   auto model = std::make_shared<RepositoryModel>();
   model->config.set_name(name);
   model->config.set_platform("attnserve");
@@ -381,18 +578,19 @@ absl::Status ModelRepository::SaveBandwidth(const std::string& name,
   w.data[0] = bandwidth;
   model->tensors["bandwidth"] = std::move(w);
   RETURN_IF_ERROR(CheckModel(name, *model));
-  const std::string folder = dir_ + "/" + name;
-  if (mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrCat(folder, ": ", std::strerror(errno)));
+  // Disk and memory change together, one save (or load) at a time.
+  absl::MutexLock write(&write_mu_);
+  if (auto existing = Find(name);
+      existing != nullptr && existing->config.backend() != "nadaraya_watson") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "save_as: '", name, "' is a ", existing->config.backend(),
+        " model; pick another name"));
   }
-  std::string config_text;
-  google::protobuf::TextFormat::PrintToString(model->config, &config_text);
-  RETURN_IF_ERROR(WriteFileAtomically(folder + "/weights.safetensors",
-                                      SerializeSafetensors(model->tensors)));
-  RETURN_IF_ERROR(WriteFileAtomically(folder + "/config.pbtxt", config_text));
+  RETURN_IF_ERROR(WriteModelFolder(name, *model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(model);
   unloaded_.erase(name);
+  reload_failures_.erase(name);
   return absl::OkStatus();
 }
 

@@ -8,9 +8,21 @@
 // The folder name must equal the config's `name`.
 //
 // Load validates everything at start-up and fails with a message naming the
-// file and the problem. Save writes a fitted Nadaraya-Watson model (both
-// files, each through a temporary file and a rename, so a reader never sees
-// half a model) and makes it servable at once.
+// file and the problem (or, without fail_on_model_error, lists the broken
+// model as UNAVAILABLE with that message). SaveBandwidth writes a fitted
+// Nadaraya-Watson model crash-safely and makes it servable at once:
+// - both files go into a fresh hidden folder `.<name>.tmp-<id>`, each
+//   fsynced, then the folder is fsynced;
+// - that folder then takes the model folder's place in one step: rename(2)
+//   for a new name, renameat2(RENAME_EXCHANGE) over an existing one (the old
+//   folder, now under the hidden name, is removed after), and the
+//   repository folder is fsynced before the answer;
+// - where the file system has no RENAME_EXCHANGE (NFS), the old folder is
+//   first renamed to `.<name>.old-<id>` and put back by the next Load if a
+//   crash came before the new one took its place.
+// A kill at any instant leaves each model its old complete folder or its
+// new complete one; the hidden leftovers are never loaded, and Load removes
+// them (docs/repository.md).
 //
 // Live model control (Triton's model_repository extension): LoadModel reads
 // a folder again (a new or changed model) and serves it; UnloadModel stops
@@ -18,11 +30,16 @@
 // until it is done, so an unloaded or replaced model finishes its calls in
 // flight with the weights they started with, and is freed after the last.
 //
-// Thread-safe: lookups may run concurrently with Save, LoadModel and
-// UnloadModel.
+// Thread-safe: lookups (Find, Names, Index) may run concurrently with
+// SaveBandwidth, LoadModel and UnloadModel, which run one at a time in the
+// order they take the repository's write lock. Messages name models and
+// files relative to the repository, never the server's folders (but Load's
+// own failure, which only the operator sees, names the repository folder).
 #ifndef ATTNSERVE_SERVER_REPOSITORY_MODEL_REPOSITORY_H_
 #define ATTNSERVE_SERVER_REPOSITORY_MODEL_REPOSITORY_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,8 +48,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "attn/tensor.h"
 #include "inference/model_config.pb.h"
+#include "server/repository/file_system.h"
 
 namespace attnserve {
 
@@ -51,8 +70,34 @@ std::string SerializeSafetensors(
 
 class ModelRepository {
  public:
-  // An empty `dir` gives an empty repository (Save then fails).
-  // INVALID_ARGUMENT / NOT_FOUND naming the file for anything malformed.
+  struct Options {
+    // The repository folder; empty gives an empty repository (saves and
+    // loads then fail with FAILED_PRECONDITION).
+    std::string dir;
+    // A model folder that cannot be loaded at start-up fails Load (true,
+    // Triton's --exit-on-error), or is left unserved and listed by Index as
+    // UNAVAILABLE with its reason (false). Leftovers of interrupted saves
+    // never count as models.
+    bool fail_on_model_error = true;
+    // Leftovers of interrupted saves (.<name>.tmp-*, .<name>.old-*) at least
+    // this old are removed by Load; younger ones may be another server's
+    // save in progress in a shared repository, and are only ignored.
+    absl::Duration remove_leftovers_after = absl::Minutes(10);
+    // Not owned, must outlive the repository; null: DefaultFileSystem().
+    FileSystem* file_system = nullptr;
+    // Receives Load's notes (leftovers removed or put back, models skipped);
+    // empty: stderr, as "attnserve: model repository: <note>".
+    std::function<void(const std::string&)> log;
+  };
+
+  // Lists the folder, restores or removes leftovers of interrupted saves
+  // (logged; failures to remove them are logged, never fatal), and loads
+  // every model folder. NOT_FOUND without the folder; with
+  // fail_on_model_error, the first broken model's error (INVALID_ARGUMENT,
+  // NOT_FOUND, ...) naming its file. Blocks on file I/O.
+  static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(
+      const Options& options);
+  // Load with the default Options for `dir`.
   static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(
       const std::string& dir);
 
@@ -62,18 +107,21 @@ class ModelRepository {
 
   // Reads folder `name` (again) and serves its model, replacing any loaded
   // one. INVALID_ARGUMENT for a bad name or a malformed model (the message
-  // names the file; a model already served stays served), NOT_FOUND without
-  // such a folder, FAILED_PRECONDITION without a repository folder. Blocks
-  // on file I/O.
+  // names the file; a model already served stays served and Index gives the
+  // failure as its reason), NOT_FOUND without such a folder,
+  // FAILED_PRECONDITION without a repository folder. Blocks on file I/O and
+  // on a save in progress.
   absl::Status LoadModel(const std::string& name);
   // Stops serving `name` (NOT_FOUND if it is not served); calls holding it
   // finish with it.
   absl::Status UnloadModel(const std::string& name);
 
   // Every model folder and every served model, by name, with Triton's
-  // state: READY (served), UNLOADING (unloaded, calls that hold it still
-  // running), UNAVAILABLE (with the reason: unloaded, failed to load, or
-  // not loaded yet).
+  // state: READY (served; the reason is empty, or names the failure of the
+  // last reload, the version loaded before still serving), UNLOADING
+  // (unloaded, calls that hold it still running), UNAVAILABLE (with the
+  // reason: unloaded, failed to load, or not loaded yet). Hidden folders
+  // (leftovers of saves) are not listed.
   struct ModelState {
     std::string name;
     std::string state;
@@ -81,16 +129,34 @@ class ModelRepository {
   };
   std::vector<ModelState> Index() const;
 
-  // Writes and serves a fitted Nadaraya-Watson model `name`. INVALID_ARGUMENT
-  // for a bad name or a name taken by another kind of model;
-  // FAILED_PRECONDITION without a repository folder; INTERNAL on I/O errors.
+  // Writes a fitted Nadaraya-Watson model `name` durably (files and folders
+  // fsynced) and serves it. Saves run one at a time: the last one answered
+  // OK is the one on disk and served. On any failure the previous version
+  // (or none) stays on disk and in memory, and the message names the model
+  // and the failed step, never a server path:
+  // - INVALID_ARGUMENT: a bad name, a bad bandwidth, or a name taken by
+  //   another kind of model;
+  // - RESOURCE_EXHAUSTED: the repository's file system is full (retryable
+  //   once space is freed);
+  // - FAILED_PRECONDITION: no repository folder, or it is read-only or not
+  //   writable by the server (not retryable until that changes);
+  // - INTERNAL: any other I/O error (EIO...).
+  // Blocks on file I/O (several fsyncs) and on other saves.
   absl::Status SaveBandwidth(const std::string& name, float bandwidth);
 
  private:
-  explicit ModelRepository(std::string dir) : dir_(std::move(dir)) {}
+  ModelRepository(const Options& options, FileSystem* fs)
+      : dir_(options.dir), fs_(fs), log_(options.log) {}
 
-  // The repository's model folders, sorted.
+  // The repository's model folders (not hidden ones), sorted.
   std::vector<std::string> Folders() const;
+  // Puts back or removes what interrupted saves left (Load).
+  void CleanUpLeftovers(absl::Duration older_than) const;
+  void Log(const std::string& note) const;
+  // Writes `model` as folder `name`, durably, replacing any (SaveBandwidth).
+  absl::Status WriteModelFolder(const std::string& name,
+                                const RepositoryModel& model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // A model no longer (or never successfully) served, for Index.
   struct Unloaded {
@@ -99,10 +165,21 @@ class ModelRepository {
   };
 
   const std::string dir_;
+  FileSystem* const fs_;
+  const std::function<void(const std::string&)> log_;
+
+  // Held by SaveBandwidth, LoadModel and UnloadModel for all their work, so
+  // that what is on disk and what is served change together, in one order.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Numbers this process's saves, for unique hidden folder names.
+  uint64_t saves_ ABSL_GUARDED_BY(write_mu_) = 0;
+
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const RepositoryModel>> models_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, Unloaded> unloaded_ ABSL_GUARDED_BY(mu_);
+  // Why the last reload of a served model failed (it serves on).
+  std::map<std::string, std::string> reload_failures_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve

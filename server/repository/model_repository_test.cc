@@ -2,12 +2,16 @@
 // and every malformed file is refused with a message naming it.
 #include "server/repository/model_repository.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -216,7 +220,7 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
   EXPECT_EQ(broken.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(broken.message()), HasSubstr("b/weights.safetensors"));
   EXPECT_EQ(repository->Find("b")->tensors.at("W_q").data[0], 3.0f);
-  EXPECT_EQ(States(*repository)["b"], "READY");
+  EXPECT_THAT(States(*repository)["b"], HasSubstr("READY: failed to reload"));
   // Unloaded, it shows why it could not come back.
   ASSERT_TRUE(repository->UnloadModel("b").ok());
   EXPECT_FALSE(repository->LoadModel("b").ok());
@@ -228,6 +232,151 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
   EXPECT_EQ(repository->LoadModel("absent").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ModelRepository::Load("").value()->LoadModel("a").code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// The folder's entries, hidden ones included.
+std::set<std::string> Entries(const std::string& dir) {
+  std::set<std::string> names;
+  DIR* handle = opendir(dir.c_str());
+  while (dirent* entry = readdir(handle)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.insert(name);
+  }
+  closedir(handle);
+  return names;
+}
+
+// Issue #25: a reload that fails while the old version serves is READY
+// with the failure as its reason (it said READY and nothing), and the
+// reason names the file relative to the repository, never its folder.
+TEST(ModelRepositoryTest, IndexReportsAFailedReloadBesideTheServedVersion) {
+  const std::string dir = TempDir();
+  WriteAdditive(dir, "b", 2.0f);
+  auto repository = ModelRepository::Load(dir).value();
+  Write(dir + "/b/weights.safetensors", "garbage");
+  EXPECT_FALSE(repository->LoadModel("b").ok());
+  ASSERT_EQ(repository->Index().size(), 1u);
+  const ModelRepository::ModelState state = repository->Index()[0];
+  EXPECT_EQ(state.state, "READY");
+  EXPECT_THAT(state.reason, HasSubstr("failed to reload"));
+  EXPECT_THAT(state.reason, HasSubstr("b/weights.safetensors"));
+  EXPECT_THAT(state.reason, ::testing::Not(HasSubstr(dir)));
+  EXPECT_EQ(repository->Find("b")->tensors.at("W_q").data[0], 2.0f);
+  // Mended and reloaded, the reason goes.
+  WriteAdditive(dir, "b", 4.0f);
+  ASSERT_TRUE(repository->LoadModel("b").ok());
+  EXPECT_EQ(States(*repository)["b"], "READY");
+}
+
+// A broken folder at start stops the start by default (Triton's
+// --exit-on-error); without fail_on_model_error it is UNAVAILABLE with its
+// reason and the other models serve.
+TEST(ModelRepositoryTest, BrokenFolderAtStartIsUnavailableWithItsReason) {
+  const std::string dir = TempDir();
+  WriteAdditive(dir, "good", 1.0f);
+  WriteAdditive(dir, "broken", 1.0f);
+  Write(dir + "/broken/weights.safetensors", "abc");
+  absl::StatusOr<std::unique_ptr<ModelRepository>> strict =
+      ModelRepository::Load(dir);
+  EXPECT_EQ(strict.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(strict.status().message()),
+              HasSubstr("broken/weights.safetensors: safetensors: shorter"));
+
+  ModelRepository::Options options;
+  options.dir = dir;
+  options.fail_on_model_error = false;
+  std::vector<std::string> notes;
+  options.log = [&notes](const std::string& note) { notes.push_back(note); };
+  auto lenient = ModelRepository::Load(options);
+  ASSERT_TRUE(lenient.ok()) << lenient.status();
+  EXPECT_EQ((*lenient)->Names(), std::vector<std::string>{"good"});
+  const std::string broken = States(**lenient)["broken"];
+  EXPECT_THAT(broken, HasSubstr("UNAVAILABLE: failed to load: "
+                                "broken/weights.safetensors"));
+  EXPECT_THAT(broken, ::testing::Not(HasSubstr(dir)));
+  EXPECT_THAT(notes, ::testing::Contains(HasSubstr("not serving 'broken'")));
+}
+
+// Leftovers of interrupted saves never stop a start: a half-written new
+// version is ignored and removed, an old version moved aside (no
+// RENAME_EXCHANGE) before its replacement landed is put back, and what is
+// not ours (a ConfigMap's ..data) is left alone. Young leftovers may be
+// another server's save in progress: ignored, kept.
+TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
+  const std::string dir = TempDir();
+  WriteAdditive(dir, "m", 1.0f);
+  mkdir((dir + "/.m.tmp-12-3").c_str(), 0755);
+  Write(dir + "/.m.tmp-12-3/weights.safetensors", "");  // cut by the crash
+  WriteAdditive(dir, "n", 5.0f);
+  ASSERT_EQ(rename((dir + "/n").c_str(), (dir + "/.n.old-7-1").c_str()), 0);
+  mkdir((dir + "/..data").c_str(), 0755);
+
+  // Default options: nothing is removed yet (young), and the start works.
+  auto first = ModelRepository::Load(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->Names(), (std::vector<std::string>{"m", "n"}));
+  EXPECT_EQ((*first)->Find("n")->tensors.at("W_q").data[0], 5.0f);
+  EXPECT_EQ(Entries(dir),
+            (std::set<std::string>{"m", "n", ".m.tmp-12-3", "..data"}));
+
+  ModelRepository::Options options;
+  options.dir = dir;
+  options.remove_leftovers_after = absl::ZeroDuration();
+  std::vector<std::string> notes;
+  options.log = [&notes](const std::string& note) { notes.push_back(note); };
+  auto second = ModelRepository::Load(options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Entries(dir), (std::set<std::string>{"m", "n", "..data"}));
+  EXPECT_THAT(notes, ::testing::Contains(HasSubstr("removed .m.tmp-12-3")));
+}
+
+// Issue #25: saves to one name from many threads all succeed (none fails
+// because another ran: they shared one .tmp name) and what is served is
+// what is on disk; no temporary is left behind.
+TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
+  const std::string dir = TempDir();
+  auto repository = ModelRepository::Load(dir).value();
+  constexpr int kThreads = 8;
+  constexpr int kSaves = 25;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures[kThreads];
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kSaves; ++i) {
+        const absl::Status status =
+            repository->SaveBandwidth("same", 1.0f + t * kSaves + i);
+        if (!status.ok()) failures[t].push_back(status.ToString());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_THAT(failures[t], ::testing::IsEmpty()) << "thread " << t;
+  }
+  const float served = repository->Find("same")->tensors.at("bandwidth").data[0];
+  auto reloaded = ModelRepository::Load(dir);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ((*reloaded)->Find("same")->tensors.at("bandwidth").data[0], served);
+  EXPECT_EQ(Entries(dir), std::set<std::string>{"same"});
+  EXPECT_EQ(Entries(dir + "/same"),
+            (std::set<std::string>{"config.pbtxt", "weights.safetensors"}));
+}
+
+// Saves and reloads of one name interleave in one order: after each
+// reload the served version is the last saved one.
+TEST(ModelRepositoryTest, ReloadsBetweenSavesServeTheLastSave) {
+  const std::string dir = TempDir();
+  auto repository = ModelRepository::Load(dir).value();
+  ASSERT_TRUE(repository->SaveBandwidth("m", 1.0f).ok());
+  std::thread reloader([&] {
+    for (int i = 0; i < 50; ++i) EXPECT_TRUE(repository->LoadModel("m").ok());
+  });
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(repository->SaveBandwidth("m", 2.0f + i).ok());
+  }
+  reloader.join();
+  ASSERT_TRUE(repository->LoadModel("m").ok());
+  EXPECT_EQ(repository->Find("m")->tensors.at("bandwidth").data[0], 51.0f);
 }
 
 }  // namespace
