@@ -349,8 +349,16 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
                            calls_->engine()->FitBandwidth(op));
           if (!request->save_as().empty()) {
-            RETURN_IF_ERROR(
-                repository_->SaveBandwidth(request->save_as(), result.bandwidth));
+            // The repository's code stands (RESOURCE_EXHAUSTED: disk full;
+            // FAILED_PRECONDITION: read-only); the fit is not lost with it.
+            const absl::Status saved =
+                repository_->SaveBandwidth(request->save_as(), result.bandwidth);
+            if (!saved.ok()) {
+              return absl::Status(saved.code(),
+                                  absl::StrCat(saved.message(),
+                                               "; the fit itself finished: "
+                                               "bandwidth ", result.bandwidth));
+            }
           }
           response->set_bandwidth(result.bandwidth);
           response->mutable_loss_per_epoch()->Assign(

@@ -362,22 +362,5 @@ TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
             (std::set<std::string>{"config.pbtxt", "weights.safetensors"}));
 }
 
-// Saves and reloads of one name interleave in one order: after each
-// reload the served version is the last saved one.
-TEST(ModelRepositoryTest, ReloadsBetweenSavesServeTheLastSave) {
-  const std::string dir = TempDir();
-  auto repository = ModelRepository::Load(dir).value();
-  ASSERT_TRUE(repository->SaveBandwidth("m", 1.0f).ok());
-  std::thread reloader([&] {
-    for (int i = 0; i < 50; ++i) EXPECT_TRUE(repository->LoadModel("m").ok());
-  });
-  for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(repository->SaveBandwidth("m", 2.0f + i).ok());
-  }
-  reloader.join();
-  ASSERT_TRUE(repository->LoadModel("m").ok());
-  EXPECT_EQ(repository->Find("m")->tensors.at("bandwidth").data[0], 51.0f);
-}
-
 }  // namespace
 }  // namespace attnserve
