@@ -192,6 +192,12 @@ ABSL_FLAG(std::string, model_repository, "",
           "additive-attention weights and fitted Nadaraya-Watson bandwidths, "
           "served over KServe and by name in the typed API. `make run` "
           "points it at deploy/models.");
+ABSL_FLAG(bool, exit_on_model_error, true,
+          "A model folder of --model_repository that fails to load at "
+          "start-up stops the server (Triton's --exit-on-error), naming the "
+          "file; false: the server starts without it, and the repository "
+          "index lists it UNAVAILABLE with the reason. Leftovers of an "
+          "interrupted save_as never count (docs/repository.md).");
 ABSL_FLAG(std::string, model_control_mode, "none",
           "Live model control, as Triton's --model-control-mode: 'none' "
           "(the repository's models load at start-up and stay) or "
@@ -586,8 +592,12 @@ int main(int argc, char** argv) {
                   model_control_mode);
     return 1;
   }
+  attnserve::ModelRepository::Options repository_options;
+  repository_options.dir = absl::GetFlag(FLAGS_model_repository);
+  repository_options.fail_on_model_error =
+      absl::GetFlag(FLAGS_exit_on_model_error);
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
-      attnserve::ModelRepository::Load(absl::GetFlag(FLAGS_model_repository));
+      attnserve::ModelRepository::Load(repository_options);
   if (!repository.ok()) {
     absl::FPrintF(stderr, "attnserve: %s\n", repository.status().ToString());
     return 1;

@@ -7,7 +7,7 @@
   python hostile.py slow_http --port M [--connections N] [--hold S]
   python hostile.py outputs --port P [--calls N] [--connections C] [--copies K] [--lk L]
   python hostile.py fd_flood --port P [--connections N] [--hold S] [--recover_within S]
-  python hostile.py rapid_reset --port P [--streams N] [--seconds S] [--connections C]
+  python hostile.py rapid_reset --port P [--streams N] [--seconds S] [--connections C] [--no_read]
 
 Each prints one line of JSON on stdout (what happened, per connection or per
 call) and exits 0 when it ran; what passes is for the caller to decide.
@@ -42,7 +42,9 @@ call) and exits 0 when it ran; what passes is for the caller to decide.
 - rapid_reset: HTTP/2 rapid reset (CVE-2023-44487): on C connections, opens
   streams (HEADERS, any method) and resets each at once (RST_STREAM CANCEL),
   N streams in all or for S seconds, reading and discarding what the server
-  sends; reports streams sent, their rate, and how each connection ended.
+  sends (with --no_read, never reading it: the server's answers to the
+  reset streams pile up on its side); reconnects when a connection ends;
+  reports streams sent, their rate, and how the connections ended.
 - limit: one call whose gRPC message is exactly B bytes and one of B + 1
   bytes (a valid small AttentionRequest padded with an unknown field, which
   protobuf parsers keep and ignore); reports each call's grpc-status.
@@ -754,7 +756,7 @@ def cmd_rapid_reset(args):
                 sock.settimeout(5)
                 sock.sendall(conn.data_to_send())
                 sock.setblocking(False)
-                while c["closed"] is None:
+                while c["closed"] is None and not args.no_read:
                     try:
                         got = sock.recv(1 << 16)
                     except BlockingIOError:
@@ -839,6 +841,8 @@ def main(argv):
     p.add_argument("--seconds", type=float, default=12.0)
     p.add_argument("--connections", type=int, default=1)
     p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--no_read", action="store_true",
+                   help="never read what the server sends (its answers pile up)")
     p.set_defaults(run=cmd_rapid_reset)
     args = parser.parse_args(argv)
     args.run(args)
