@@ -23,11 +23,9 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cinttypes>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -739,52 +737,27 @@ int main(int argc, char** argv) {
   }
 
   // Returns memory to the system after a burst. glibc keeps freed memory
-  // in its per-thread arenas, so RSS would stay at a burst's peak (~1.2 GB
-  // after 256 calls of 2.6 MB in a trial) long after it ended; malloc_trim
-  // gives back every free page. It walks every arena (milliseconds), so it
-  // runs only with no call in flight, once a burst has ended: enough
-  // payload released since the last trim, or the resident set 32 MiB above
-  // its lowest after a trim and no longer growing. The second catches what
-  // no call accounts for: gRPC's buffers for connections and streams that
-  // are gone (7,000 idle connections opened and closed left 159 MiB of 31;
-  // a rapid-reset flood ~200 MiB, half of it free).
+  // in its arenas, so RSS would stay at a burst's peak (~1.2 GB after 256
+  // calls of 2.6 MB in a trial) long after it ended; malloc_trim gives back
+  // every free page. It walks every arena (milliseconds), so it runs only
+  // with no call in flight, and only when the arenas hold 32 MiB more free
+  // memory than at their lowest since the last trim: whatever freed it,
+  // calls or gRPC's buffers for connections and streams that are gone (no
+  // call accounts for those: 7,000 idle connections opened and closed left
+  // 159 MiB of 31 before this).
   absl::Notification stop_memory_return;
   std::thread memory_return([&stop_memory_return, &admission] {
-    constexpr int64_t kWorthTrimming = int64_t{32} << 20;
-    constexpr int64_t kStill = int64_t{1} << 20;
-    const int64_t page = sysconf(_SC_PAGESIZE);
-    auto resident_bytes = [page]() -> int64_t {
-      int64_t size = 0, resident = 0;
-      if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
-        if (std::fscanf(statm, "%" SCNd64 " %" SCNd64, &size, &resident) != 2) {
-          resident = 0;
-        }
-        std::fclose(statm);
-      }
-      return resident * page;
-    };
-    int64_t released_at_last_trim = 0;
-    int64_t after_last_trim = resident_bytes();
-    int64_t lowest_after_trim = after_last_trim;
-    int64_t previous = after_last_trim;
+    constexpr size_t kWorthTrimming = size_t{32} << 20;
+    size_t lowest_free = mallinfo2().fordblks;
     while (!stop_memory_return.WaitForNotificationWithTimeout(
         absl::Seconds(1))) {
-      const int64_t resident = resident_bytes();
-      const bool growing = resident > previous + kStill;
-      previous = resident;
       if (admission.inflight_calls() != 0) continue;
-      const int64_t released = admission.released_bytes();
-      const bool payload_freed =
-          released - released_at_last_trim >= kWorthTrimming;
-      const bool transport_grew = !growing &&
-                                  resident >= lowest_after_trim + kWorthTrimming &&
-                                  resident > after_last_trim + kStill;
-      if (payload_freed || transport_grew) {
+      const size_t free_bytes = mallinfo2().fordblks;
+      lowest_free = std::min(lowest_free, free_bytes);
+      if (free_bytes >= lowest_free + kWorthTrimming) {
         malloc_trim(0);
-        released_at_last_trim = released;
-        after_last_trim = resident_bytes();
-        lowest_after_trim = std::min(lowest_after_trim, after_last_trim);
-        previous = after_last_trim;
+        // Trimmed pages stay free chunks: count from here.
+        lowest_free = free_bytes;
       }
     }
   });
