@@ -28,8 +28,9 @@ readonly BUILD_PACKAGES=(
 # Test tools beyond the build: Debian's python3 and venv for the Python client
 # test (its grpcio and numpy come from PyPI into a cached venv), curl and
 # promtool (package prometheus) for the end-to-end test's metrics checks,
-# clang for the thread-safety analysis test, nginx for the scale-out test
-# (the test runs its own instance), and for the container image test
+# clang for the thread-safety analysis test, nginx for the scale-out and
+# fault tests and prometheus-nginx-exporter for the latter (the tests run
+# their own instances), and for the container image test
 # buildah, podman, runc (named: podman would otherwise pull crun, which fails
 # on these machines' cgroups) and debootstrap (the local base images). The
 # fuzzers (make fuzz) build with clang and need libFuzzer and the sanitizer
@@ -37,19 +38,22 @@ readonly BUILD_PACKAGES=(
 # llvm-symbolizer (llvm). The sanitizer passes (make sanitize) use gcc's
 # runtimes, which come with g++.
 readonly TEST_PACKAGES=(
-  python3 python3-venv curl prometheus clang nginx
+  python3 python3-venv curl prometheus clang nginx prometheus-nginx-exporter
   buildah podman runc debootstrap procps
   libclang-rt-dev libomp-dev llvm
 )
 
 # Runtime: the shared libraries the attnserve binary loads directly (their own
-# dependencies come with them through apt). Keep in step with `ldd
-# build/server/attnserve`.
+# dependencies come with them through apt; keep in step with `ldd
+# build/server/attnserve`), and the front door that runs beside it from the
+# same image (deploy/nginx/front-door.conf): nginx and its Prometheus
+# exporter.
 readonly RUNTIME_PACKAGES=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libdnnl2 ocl-icd-libopencl1 libgomp1
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
   libstdc++6
+  nginx prometheus-nginx-exporter
 )
 
 usage() {

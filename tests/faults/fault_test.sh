@@ -839,7 +839,9 @@ scenario_connections() {
 }
 
 # --- scrape -------------------------------------------------------------------
-# Hundreds of slow clients on the metrics port while Prometheus scrapes.
+# Hundreds of slow clients on the metrics port while Prometheus scrapes: each
+# sends a header line a second and never ends its request, and each one the
+# server drops is replaced at once.
 scenario_scrape() {
   local fails0=$failures slow hold
   slow=$(( quick ? 300 : 500 )); hold=$(( quick ? 8 : 20 ))
@@ -850,7 +852,7 @@ scenario_scrape() {
   local before
   before=$(rss_kb "$SERVER_PID")
   "$venv/bin/python" "$here/hostile.py" slow_http --port="$METRICS_PORT" --connections="$slow" \
-    --hold="$hold" >"$workdir/scrape_slow.json" 2>"$workdir/scrape_slow.err" &
+    --hold="$hold" --reconnect >"$workdir/scrape_slow.json" 2>"$workdir/scrape_slow.err" &
   local slow_pid=$!
   bg_pids+=("$slow_pid")
   sleep 1

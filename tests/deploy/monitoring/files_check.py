@@ -147,7 +147,8 @@ def check_compose(repo, podman_log):
     deploy = os.path.join(repo, "deploy")
     compose = load_yaml(os.path.join(deploy, "compose.yaml"))
     services = compose.get("services", {})
-    check(set(services) >= {"attnserve", "prometheus", "grafana"},
+    check(set(services) >= {"attnserve", "front-door", "front-door-exporter", "prometheus",
+                            "grafana"},
           f"compose: services {sorted(services)}")
     attnserve = services.get("attnserve", {})
     build = attnserve.get("build", {})
@@ -158,6 +159,18 @@ def check_compose(repo, podman_log):
     ports = {p.get("name"): p for p in attnserve.get("ports", []) if isinstance(p, dict)}
     check(str(ports.get("grpc", {}).get("target")) == "8001", "compose: port grpc is 8001")
     check(str(ports.get("metrics", {}).get("target")) == "8002", "compose: port metrics is 8002")
+    # The front door owns the grpc port in attnserve's network namespace;
+    # attnserve listens behind it on loopback, where the door forwards.
+    command = attnserve.get("command", [])
+    door_conf = open(os.path.join(deploy, "nginx", "front-door.conf"), encoding="utf-8").read()
+    check("--host=127.0.0.1" in command and "--grpc_port=9001" in command and
+          "server 127.0.0.1:9001;" in door_conf and "listen 8001 http2;" in door_conf,
+          "compose: attnserve on 127.0.0.1:9001 behind the front door on 8001")
+    for name in ("front-door", "front-door-exporter"):
+        check(services.get(name, {}).get("network_mode") == "service:attnserve",
+              f"compose: {name} shares attnserve's network namespace")
+    check("/etc/attnserve/front-door.conf" in services.get("front-door", {}).get("entrypoint", []),
+          "compose: the front door runs the image's front-door.conf")
     for name, service in services.items():
         test = service.get("healthcheck", {}).get("test")
         check(bool(test), f"compose: {name} has a healthcheck")
@@ -177,6 +190,11 @@ def check_compose(repo, podman_log):
     targets = [t for job in prom_config.get("scrape_configs", []) if job.get("job_name") == "attnserve"
                for sc in job.get("static_configs", []) for t in sc.get("targets", [])]
     check(targets == ["attnserve:8002"], f"prometheus.yml: job attnserve scrapes {targets}")
+    door_targets = [t for job in prom_config.get("scrape_configs", [])
+                    if job.get("job_name") == "attnserve-front-door"
+                    for sc in job.get("static_configs", []) for t in sc.get("targets", [])]
+    check(door_targets == ["attnserve:9113"],
+          f"prometheus.yml: job attnserve-front-door scrapes {door_targets}")
 
     # Grafana: provisioning mounted where Grafana reads it; the provider's
     # path is where the dashboards are mounted; the datasource is the
@@ -209,8 +227,11 @@ def check_compose(repo, podman_log):
     with open(podman_log, encoding="utf-8") as f:
         log = f.read()
     creates = [line for line in log.splitlines() if "podman create" in line]
-    check(len(creates) == 3, f"podman-compose: {len(creates)} containers to create")
-    for service, ports in (("attnserve", ("127.0.0.1:8001:8001", "127.0.0.1:8002:8002")),
+    check(len(creates) == 5, f"podman-compose: {len(creates)} containers to create")
+    for service, ports in (("attnserve", ("127.0.0.1:8001:8001", "127.0.0.1:8002:8002",
+                                          "127.0.0.1:9113:9113")),
+                           ("front-door", ()),
+                           ("front-door-exporter", ()),
                            ("prometheus", ("127.0.0.1:9090:9090",)),
                            ("grafana", ("127.0.0.1:3000:3000",))):
         line = next((c for c in creates if f"--name=attnserve_{service}_1" in c), "")
