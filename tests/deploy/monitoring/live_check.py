@@ -198,7 +198,7 @@ def alert_probe(expr):
 
 # --- config -----------------------------------------------------------------
 
-def write_config(repo, out, target, prometheus_addr):
+def write_config(repo, out, target, prometheus_addr, door_exporter=None):
     path = os.path.join(repo, "deploy", "prometheus", "prometheus.yml")
     config = load_yaml(path)
     config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
@@ -210,6 +210,11 @@ def write_config(repo, out, target, prometheus_addr):
     jobs["attnserve"]["static_configs"] = [{"targets": [target]}]
     if "prometheus" in jobs:
         jobs["prometheus"]["static_configs"] = [{"targets": [prometheus_addr]}]
+    if "attnserve-front-door" in jobs:
+        if door_exporter is None:
+            print("FAIL prometheus.yml has the front door's job; give its exporter's address")
+            return 1
+        jobs["attnserve-front-door"]["static_configs"] = [{"targets": [door_exporter]}]
     with open(out, "w", encoding="utf-8") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     return 0
@@ -359,7 +364,7 @@ def down(repo, base):
 
 
 def main(argv):
-    if len(argv) == 5 and argv[0] == "config":
+    if len(argv) in (5, 6) and argv[0] == "config":
         return write_config(*argv[1:])
     if len(argv) == 3 and argv[0] in ("serving", "down"):
         (serving if argv[0] == "serving" else down)(argv[1], argv[2].rstrip("/"))

@@ -46,10 +46,11 @@ source "$repo/tests/lib/venv.sh"
 workdir=$(mktemp -d -t attnserve-monitoring.XXXXXX)
 prom_pid=""
 load_pids=()
+extra_pids=()  # the front door and its exporter
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   local pid
-  for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${load_pids[@]}" "${extra_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   if [[ -n "$prom_pid" ]]; then
     kill "$prom_pid" 2>/dev/null || true
     wait "$prom_pid" 2>/dev/null || true
@@ -104,6 +105,27 @@ start_server "$server_bin" "$workdir/server.log" --batching \
   --model_repository="$repo/deploy/models"
 echo "monitoring: attnserve on 127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT"
 
+# The front door in front of it, as deployed (deploy/nginx/front-door.conf,
+# ports and scratch folder rewritten), and its exporter: the dashboard's
+# front-door panel and AttnserveFrontDoorDown read them.
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+exporter_bin=$(command -v prometheus-nginx-exporter || echo /usr/bin/prometheus-nginx-exporter)
+for tool in "$nginx_bin" "$exporter_bin"; do
+  [[ -x "$tool" ]] || { echo "monitoring: FATAL: no $tool (deploy/install_deps.sh)" >&2; exit 1; }
+done
+door_port=$(free_port); door_status=$(free_port); door_exporter=$(free_port)
+mkdir -p "$workdir/nginx"
+sed -e "s#listen 8001#listen 127.0.0.1:$door_port#" -e "s#listen 8081#listen 127.0.0.1:$door_status#" \
+  -e "s#127.0.0.1:9001#127.0.0.1:$GRPC_PORT#" -e "s#/tmp/nginx#$workdir/nginx#g" \
+  "$repo/deploy/nginx/front-door.conf" >"$workdir/front-door.conf"
+"$nginx_bin" -c "$workdir/front-door.conf" -e "$workdir/nginx/error.log" -g 'daemon off;' \
+  >"$workdir/nginx.log" 2>&1 &
+extra_pids+=($!)
+"$exporter_bin" "-nginx.scrape-uri=http://127.0.0.1:$door_status/stub_status" \
+  "-web.listen-address=127.0.0.1:$door_exporter" >"$workdir/exporter.log" 2>&1 &
+extra_pids+=($!)
+echo "monitoring: front door :$door_port (status :$door_status), its exporter :$door_exporter"
+
 # Prometheus with the shipped prometheus.yml, only retargeted and sped up
 # (1 s scrapes and rule evaluations), loading the same rule files. A port
 # taken between the pick and the bind: try again, three times in all.
@@ -111,7 +133,7 @@ prom_url=""
 for attempt in 1 2 3; do
   prom_port=$(free_port)
   "$python" "$here/live_check.py" config "$repo" "$workdir/prometheus.yml" \
-    "127.0.0.1:$METRICS_PORT" "127.0.0.1:$prom_port"
+    "127.0.0.1:$METRICS_PORT" "127.0.0.1:$prom_port" "127.0.0.1:$door_exporter"
   rm -rf "$workdir/tsdb"
   prometheus --config.file="$workdir/prometheus.yml" \
     --storage.tsdb.path="$workdir/tsdb" \
@@ -181,7 +203,8 @@ step "Prometheus scrapes the test server" scraped
 # (INVALID_ARGUMENT, a client mistake) and 1 over --max_request_elements
 # (RESOURCE_EXHAUSTED, a server error; ~1/64 of attention, under the 5 %
 # error alert).
-target=127.0.0.1:$GRPC_PORT
+# Through the front door, as clients of a deployment call.
+target=127.0.0.1:$door_port
 common=(--target "$target" --duration 3s --warmup 0s --output_format json)
 "$attnctl" load "${common[@]}" --rpc attention --concurrency 6 --lk_range 8:64 \
   --expect_codes OK,INVALID_ARGUMENT,RESOURCE_EXHAUSTED \
