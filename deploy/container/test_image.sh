@@ -26,7 +26,9 @@
 #     defaults (--grpc_port/--metrics_port passed to the entrypoint), and
 #     checks it from outside: health SERVING, a typed-API call and a KServe v2
 #     call against float64 references, the example model repository, /metrics,
-#     the server's uid (10001, not root), the image's HEALTHCHECK run by hand
+#     the server's uid (10001, not root), the front door (nginx and its
+#     exporter from the same image, non-root on a read-only root) serving
+#     in front of it, the image's HEALTHCHECK run by hand
 #     (podman's timers need systemd, which these machines lack), AVX code only
 #     inside the kernels' per-ISA copies (so the image runs on AMD EPYC and
 #     Intel Xeon alike), `podman stop` (SIGTERM) exiting 0 within the grace
@@ -376,6 +378,42 @@ check_healthcheck() {
   echo "podman healthcheck run: healthy ($test)"
 }
 check healthcheck check_healthcheck
+
+# The front door from the same image, as the Kubernetes pod and the Compose
+# stack run it: nginx as the image's user on a read-only root with a tmpfs
+# for its scratch, on the image's front-door.conf (ports and upstream
+# rewritten to this run's free ones, as the shared host network needs), in
+# front of the server above; then its exporter. A call through the door
+# must reach the server, and the exporter must see nginx up.
+check_front_door() {
+  local door status exporter conf=$work/front-door.conf ok=1 i
+  door=$(free_port); status=$(free_port); exporter=$(free_port)
+  "${podman_cmd[@]}" cp "$container:/etc/attnserve/front-door.conf" "$conf" || return 1
+  sed -i -e "s#listen 8001#listen 127.0.0.1:$door#" -e "s#listen 8081#listen 127.0.0.1:$status#" \
+    -e "s#127.0.0.1:9001#$target#" "$conf"
+  "${podman_cmd[@]}" run -d --name "$container-door" --pull never --network host \
+    --read-only --tmpfs /tmp/nginx:uid=10001,gid=10001 -v "$conf:/etc/attnserve/front-door.conf:ro" \
+    --entrypoint /usr/sbin/nginx "$image" \
+    -c /etc/attnserve/front-door.conf -e stderr -g 'daemon off;' >/dev/null || return 1
+  "${podman_cmd[@]}" run -d --name "$container-exporter" --pull never --network host \
+    --read-only --entrypoint /usr/bin/prometheus-nginx-exporter "$image" \
+    "-nginx.scrape-uri=http://127.0.0.1:$status/stub_status" \
+    "-web.listen-address=127.0.0.1:$exporter" >/dev/null || return 1
+  for ((i = 0; i < 100; i++)); do
+    "$attnctl" health --target "127.0.0.1:$door" --deadline 1s 2>/dev/null | grep -q SERVING && break
+    sleep 0.1
+  done
+  "$attnctl" health --target "127.0.0.1:$door" --deadline 2s || ok=0
+  for ((i = 0; i < 50; i++)); do
+    curl -fsS "http://127.0.0.1:$exporter/metrics" 2>/dev/null | grep -q '^nginx_up 1' && break
+    sleep 0.1
+  done
+  curl -fsS "http://127.0.0.1:$exporter/metrics" | grep '^nginx_up' || ok=0
+  ((ok)) || "${podman_cmd[@]}" logs "$container-door" 2>&1 | tail -5
+  "${podman_cmd[@]}" rm -f -t 0 "$container-door" "$container-exporter" >/dev/null 2>&1
+  ((ok))
+}
+check front-door check_front_door
 
 # The binary in the image is the portable one: AVX code only inside the CPU
 # kernels' per-ISA copies, chosen at run time (no -march flag in the build).
