@@ -586,6 +586,22 @@ absl::Status ModelRepository::SaveBandwidth(const std::string& name,
         "save_as: '", name, "' is a ", existing->config.backend(),
         " model; pick another name"));
   }
+  // A folder of that name that is not served (it failed to load, or was
+  // unloaded) is replaced only if it holds a fitted bandwidth too: a save
+  // never destroys another model's files.
+  if (Find(name) == nullptr && fs_->Stat(dir_ + "/" + name).ok()) {
+    inference::ModelConfig config;
+    absl::StatusOr<std::string> text =
+        fs_->ReadFile(dir_ + "/" + name + "/config.pbtxt");
+    if (!text.ok() ||
+        !google::protobuf::TextFormat::ParseFromString(*text, &config) ||
+        config.backend() != "nadaraya_watson") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "save_as: '", name,
+          "' is a folder of the repository that holds no fitted bandwidth "
+          "(backend '", config.backend(), "'); pick another name"));
+    }
+  }
   RETURN_IF_ERROR(WriteModelFolder(name, *model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(model);

@@ -234,6 +234,29 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A save_as never replaces the folder of another kind of model, served or
+// not (it used to check only served models: an unloaded additive-attention
+// folder was overwritten by a bandwidth).
+TEST(ModelRepositoryTest, SaveNeverReplacesAnotherModelsFolder) {
+  const std::string dir = TempDir();
+  WriteAdditive(dir, "a", 1.0f);
+  auto repository = ModelRepository::Load(dir).value();
+  EXPECT_EQ(repository->SaveBandwidth("a", 2.0f).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(repository->UnloadModel("a").ok());
+  const absl::Status unloaded = repository->SaveBandwidth("a", 2.0f);
+  EXPECT_EQ(unloaded.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unloaded.message()), HasSubstr("holds no fitted bandwidth"));
+  // The files are untouched: the model loads again as it was.
+  ASSERT_TRUE(repository->LoadModel("a").ok());
+  EXPECT_EQ(repository->Find("a")->tensors.at("W_q").data[0], 1.0f);
+  // A fitted bandwidth that is not served may be replaced.
+  ASSERT_TRUE(repository->SaveBandwidth("w", 3.0f).ok());
+  ASSERT_TRUE(repository->UnloadModel("w").ok());
+  ASSERT_TRUE(repository->SaveBandwidth("w", 4.0f).ok());
+  EXPECT_EQ(repository->Find("w")->tensors.at("bandwidth").data[0], 4.0f);
+}
+
 // The folder's entries, hidden ones included.
 std::set<std::string> Entries(const std::string& dir) {
   std::set<std::string> names;
