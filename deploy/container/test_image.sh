@@ -392,7 +392,7 @@ check_front_door() {
   sed -i -e "s#listen 8001#listen 127.0.0.1:$door#" -e "s#listen 8081#listen 127.0.0.1:$status#" \
     -e "s#127.0.0.1:9001#$target#" "$conf"
   "${podman_cmd[@]}" run -d --name "$container-door" --pull never --network host \
-    --read-only --tmpfs /tmp/nginx:uid=10001,gid=10001 -v "$conf:/etc/attnserve/front-door.conf:ro" \
+    --read-only --tmpfs /tmp/nginx:rw,mode=1777 -v "$conf:/etc/attnserve/front-door.conf:ro" \
     --entrypoint /usr/sbin/nginx "$image" \
     -c /etc/attnserve/front-door.conf -e stderr -g 'daemon off;' >/dev/null || return 1
   "${podman_cmd[@]}" run -d --name "$container-exporter" --pull never --network host \
