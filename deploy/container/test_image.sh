@@ -392,11 +392,11 @@ check_front_door() {
   sed -i -e "s#listen 8001#listen 127.0.0.1:$door#" -e "s#listen 8081#listen 127.0.0.1:$status#" \
     -e "s#127.0.0.1:9001#$target#" "$conf"
   "${podman_cmd[@]}" run -d --name "$container-door" --pull never --network host \
-    --read-only --tmpfs /tmp/nginx:rw,mode=1777 -v "$conf:/etc/attnserve/front-door.conf:ro" \
+    --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --read-only --tmpfs /tmp/nginx:rw,mode=1777 -v "$conf:/etc/attnserve/front-door.conf:ro" \
     --entrypoint /usr/sbin/nginx "$image" \
     -c /etc/attnserve/front-door.conf -e stderr -g 'daemon off;' >/dev/null || return 1
   "${podman_cmd[@]}" run -d --name "$container-exporter" --pull never --network host \
-    --read-only --entrypoint /usr/bin/prometheus-nginx-exporter "$image" \
+    --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --read-only --entrypoint /usr/bin/prometheus-nginx-exporter "$image" \
     "-nginx.scrape-uri=http://127.0.0.1:$status/stub_status" \
     "-web.listen-address=127.0.0.1:$exporter" >/dev/null || return 1
   for ((i = 0; i < 100; i++)); do
