@@ -88,7 +88,6 @@ void Admission::Release(const std::string& peer, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   --calls_;
   bytes_ -= bytes;
-  released_ += bytes;
   auto it = peers_.find(peer);
   if (it != peers_.end() && --it->second.calls == 0) {
     peers_.erase(it);
@@ -121,11 +120,6 @@ int64_t Admission::inflight_calls() const {
 int64_t Admission::inflight_bytes() const {
   absl::MutexLock lock(&mu_);
   return bytes_;
-}
-
-int64_t Admission::released_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return released_;
 }
 
 }  // namespace attnserve

@@ -86,9 +86,6 @@ class Admission {
 
   int64_t inflight_calls() const;
   int64_t inflight_bytes() const;
-  // Bytes of all tickets released so far (for returning memory after a
-  // burst: see server/main.cc).
-  int64_t released_bytes() const;
 
  private:
   void Release(const std::string& peer, int64_t bytes);
@@ -99,7 +96,6 @@ class Admission {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
   // Calls and bytes in flight per peer; a peer's entry goes when its last
   // call does.
   struct PeerLoad {
