@@ -398,6 +398,7 @@ check_front_door() {
   "${podman_cmd[@]}" run -d --name "$container-exporter" --pull never --network host \
     --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --read-only --entrypoint /usr/bin/prometheus-nginx-exporter "$image" \
     "-nginx.scrape-uri=http://127.0.0.1:$status/stub_status" \
+    -nginx.retries=60 -nginx.retry-interval=200ms \
     "-web.listen-address=127.0.0.1:$exporter" >/dev/null || return 1
   for ((i = 0; i < 100; i++)); do
     "$attnctl" health --target "127.0.0.1:$door" --deadline 1s 2>/dev/null | grep -q SERVING && break

@@ -122,6 +122,7 @@ sed -e "s#listen 8001#listen 127.0.0.1:$door_port#" -e "s#listen 8081#listen 127
   >"$workdir/nginx.log" 2>&1 &
 extra_pids+=($!)
 "$exporter_bin" "-nginx.scrape-uri=http://127.0.0.1:$door_status/stub_status" \
+  -nginx.retries=60 -nginx.retry-interval=200ms \
   "-web.listen-address=127.0.0.1:$door_exporter" >"$workdir/exporter.log" 2>&1 &
 extra_pids+=($!)
 echo "monitoring: front door :$door_port (status :$door_status), its exporter :$door_exporter"
