@@ -18,12 +18,9 @@
 #include "attn/engine.h"
 #include "attn/testing/random.h"
 #include "benchmark/benchmark.h"
-#include "server/core/batcher.h"
 #include "server/core/call_runner.h"
-#include "server/core/clock.h"
 #include "server/core/malloc_policy.h"
-#include "server/core/metrics.h"
-#include "server/core/worker_pool.h"
+#include "server/core/server_core.h"
 
 namespace attnserve {
 namespace {
@@ -53,57 +50,26 @@ class WaveResponder final : public CallResponder {
   std::unique_ptr<absl::Notification> done_;
 };
 
-// The core as attnserve wires it by default (2 workers, kernels on 1 thread
-// each), with or without a batcher.
-class Core {
- public:
-  explicit Core(bool batching) {
-    attn::EngineOptions engine_options;
-    engine_options.max_threads = 1;  // attnserve's --kernel_threads default
-    engine_ = attn::Engine::Create(engine_options).value();
-    metrics_ = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
-    pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
-    if (batching) {
-      batcher_ = Batcher::Create(
-                     BatchingOptions{}, engine_.get(), &clock_,
-                     [raw = pool_.get()](std::function<void()> work,
-                                         uint64_t priority) {
-                       return raw->Schedule(std::move(work), priority);
-                     },
-                     {},
-                     [raw = pool_.get()] { return raw->available_threads() > 0; })
-                     .value();
-      pool_->SetIdleCallback([raw = batcher_.get()] { raw->OnExecutorIdle(); });
-      batcher_->StartScheduler();
-    }
-    calls_ = std::make_unique<CallRunner>(engine_.get(), pool_.get(),
-                                          batcher_.get(), metrics_.get(),
-                                          ServiceLimits{});
-  }
-  ~Core() {
-    if (batcher_ != nullptr) batcher_->Shutdown();
-    pool_->Shutdown();
-  }
-  CallRunner& calls() { return *calls_; }
-
- private:
-  RealClock clock_;
-  std::unique_ptr<attn::Engine> engine_;
-  std::unique_ptr<ServiceMetrics> metrics_;
-  std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<CallRunner> calls_;
-};
+// The core as attnserve assembles it by default (server/core/server_core.h:
+// 2 workers, kernels on 1 thread each, admission), with or without batching.
+std::unique_ptr<ServerCore> MakeCore(bool batching) {
+  attn::EngineOptions engine_options;
+  engine_options.max_threads = 1;  // attnserve's --kernel_threads default
+  ServerCore::Options options;
+  if (batching) options.batching = BatchingOptions{};
+  return ServerCore::Create(options, attn::Engine::Create(engine_options).value())
+      .value();
+}
 
 // Sends waves of kInFlight calls of request(i) and waits for each wave.
 template <typename MakeRequest>
 void RunWaves(benchmark::State& state, Rpc rpc, MakeRequest request) {
-  Core core(state.range(2) != 0);
+  std::unique_ptr<ServerCore> core = MakeCore(state.range(2) != 0);
   WaveResponder responder;
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
-      core.calls().RunOp(
+      core->calls().RunOp(
           rpc, CallContext{},
           [&, i](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
             return request(i);
@@ -196,12 +162,12 @@ void BM_CoreNadarayaWatson(benchmark::State& state) {
 // The core's own cost per call: a Run whose work does nothing (no decode,
 // no kernel), through admission, the worker queue, metrics and statistics.
 void BM_CoreEmptyCall(benchmark::State& state) {
-  Core core(false);
+  std::unique_ptr<ServerCore> core = MakeCore(false);
   WaveResponder responder;
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
-      core.calls().Run(
+      core->calls().Run(
           Rpc::kMaskedSoftmax, CallContext{},
           [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
             return CallRunner::Work(
@@ -285,7 +251,8 @@ BENCHMARK(BM_CoreEmptyCall)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // As the server runs with --batching (server/core/malloc_policy.h; one call
 // at a time measured the same either way); ATTN_DEFAULT_MALLOC=1 keeps
-// glibc's defaults, to see what the policy buys.
+// glibc's defaults for the cases without batching, to see what the policy
+// buys (a core with batching always sets it, as the server does).
 int main(int argc, char** argv) {
   const char* defaults = std::getenv("ATTN_DEFAULT_MALLOC");
   if (defaults == nullptr || std::string(defaults) != "1") {

@@ -20,7 +20,6 @@
 // Logging: one line per event to stderr through absl::FPrintF (Abseil
 // 20220623 has no absl/log).
 
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -38,7 +37,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
@@ -58,16 +56,12 @@
 #include "prometheus/exposer.h"
 #include "server/core/accept_guard.h"
 #include "server/core/admission.h"
-#include "server/core/batcher.h"
 #include "server/api/attention_service.h"
 #include "server/api/auth.h"
-#include "server/core/clock.h"
-#include "server/core/malloc_policy.h"
 #include "server/api/inference_service.h"
 #include "server/repository/model_repository.h"
 #include "server/core/cpu_budget.h"
-#include "server/core/metrics.h"
-#include "server/core/worker_pool.h"
+#include "server/core/server_core.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
@@ -446,32 +440,21 @@ int main(int argc, char** argv) {
                   backends.size(), descriptions[i]);
   }
 
-  absl::StatusOr<std::unique_ptr<attnserve::ServiceMetrics>> metrics =
-      attnserve::ServiceMetrics::Create(backends);
-  if (!metrics.ok()) {
-    absl::FPrintF(stderr, "attnserve: %s\n", metrics.status().ToString());
-    return 1;
-  }
-  // Declared before the pool and the batcher, which use it until they stop.
-  attnserve::RealClock clock;
-  attnserve::WorkerPool::Options pool_options;
-  pool_options.threads = absl::GetFlag(FLAGS_worker_threads) > 0
-                             ? absl::GetFlag(FLAGS_worker_threads)
-                             : cpu_budget.cpus;
+  attnserve::ServerCore::Options core_options;
+  core_options.workers.threads = absl::GetFlag(FLAGS_worker_threads) > 0
+                                     ? absl::GetFlag(FLAGS_worker_threads)
+                                     : cpu_budget.cpus;
+  core_options.workers.max_queue = absl::GetFlag(FLAGS_max_queue);
+  core_options.admission = admission_options;
+  core_options.return_memory_when_idle = true;
   absl::FPrintF(stderr,
                 "attnserve: CPU budget %d (%s); --worker_threads=%d: %d "
                 "worker threads; --kernel_threads=%d: up to %d OpenMP "
                 "threads per call\n",
                 cpu_budget.cpus, cpu_budget.reason,
-                absl::GetFlag(FLAGS_worker_threads), pool_options.threads,
+                absl::GetFlag(FLAGS_worker_threads),
+                core_options.workers.threads,
                 absl::GetFlag(FLAGS_kernel_threads), engine_options.max_threads);
-  pool_options.max_queue = absl::GetFlag(FLAGS_max_queue);
-  absl::StatusOr<std::unique_ptr<attnserve::WorkerPool>> pool =
-      attnserve::WorkerPool::Create(pool_options);
-  if (!pool.ok()) {
-    absl::FPrintF(stderr, "attnserve: %s\n", pool.status().ToString());
-    return 1;
-  }
 
   // Before any listener opens (server/core/accept_guard.h).
   absl::StatusOr<attnserve::FdLimit> fd_limit = attnserve::RaiseFdLimit();
@@ -487,12 +470,8 @@ int main(int argc, char** argv) {
                 "stay free (--fd_reserve)\n",
                 fd_limit->soft_before, fd_limit->soft, fd_reserve);
 
-  std::unique_ptr<attnserve::Batcher> batcher;
-  attnserve::BatchingOptions batching;
   if (absl::GetFlag(FLAGS_batching)) {
-    // A batch frees several large buffers at once: keep them for the next
-    // (server/core/malloc_policy.h).
-    attnserve::KeepFreedMemoryForReuse();
+    attnserve::BatchingOptions batching;
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
     batching.max_batch_elements = absl::GetFlag(FLAGS_max_batch_elements);
     batching.max_queue_delay =
@@ -509,41 +488,20 @@ int main(int argc, char** argv) {
       }
       batching.preferred_batch_sizes.push_back(value);
     }
-    absl::StatusOr<std::unique_ptr<attnserve::Batcher>> created =
-        attnserve::Batcher::Create(
-            batching, engine->get(), &clock,
-            [raw = pool->get()](std::function<void()> work,
-                                uint64_t priority) {
-              return raw->Schedule(std::move(work), priority);
-            },
-            [raw = metrics->get()](const attnserve::BatchStats& stats) {
-              raw->BatchExecuted(stats.rpc, stats.requests,
-                                 stats.computed_elements, stats.useful_elements);
-            },
-            [raw = pool->get()] { return raw->available_threads() > 0; });
-    if (!created.ok()) {
-      absl::FPrintF(stderr, "attnserve: %s\n", created.status().ToString());
-      return 1;
-    }
-    batcher = *std::move(created);
-    (*pool)->SetIdleCallback(
-        [raw = batcher.get()] { raw->OnExecutorIdle(); });
-    batcher->StartScheduler();
+    core_options.batching = batching;
   }
-  (*metrics)->SetQueueDepthSource(
-      [raw_pool = pool->get(), raw_batcher = batcher.get()] {
-        return raw_pool->queue_depth() +
-               (raw_batcher != nullptr ? raw_batcher->queue_depth() : 0);
-      });
-  attnserve::Admission admission(admission_options);
-  (*metrics)->SetInflightBytesSource(
-      [&admission] { return admission.inflight_bytes(); });
-  // Every return from here on first stops the scheduler and the workers,
-  // which use what main() owns. (The normal exit is _Exit, below.)
-  absl::Cleanup stop_workers = [&batcher, &pool] {
-    if (batcher != nullptr) batcher->Shutdown();
-    (*pool)->Shutdown();
-  };
+  // The limits that depend on the token file are set once it is read.
+  core_options.limits.max_request_elements =
+      absl::GetFlag(FLAGS_max_request_elements);
+  core_options.limits.max_response_bytes = max_message_bytes;
+  core_options.limits.save_as_needs_permission =
+      !absl::GetFlag(FLAGS_auth_tokens_file).empty();
+  absl::StatusOr<std::unique_ptr<attnserve::ServerCore>> core =
+      attnserve::ServerCore::Create(core_options, *std::move(engine));
+  if (!core.ok()) {
+    absl::FPrintF(stderr, "attnserve: %s\n", core.status().ToString());
+    return 1;
+  }
 
   // After the queue-depth source is set: a scrape may come at once.
   // civetweb (behind prometheus-cpp's Exposer) throws when it cannot bind.
@@ -578,8 +536,8 @@ int main(int argc, char** argv) {
                   metrics_address, e.what());
     return 1;
   }
-  exposer->RegisterCollectable((*metrics)->registry());
-  exposer->RegisterCollectable((*metrics)->sampled());
+  exposer->RegisterCollectable((*core)->metrics().registry());
+  exposer->RegisterCollectable((*core)->metrics().sampled());
   const std::vector<int> metrics_ports = exposer->GetListeningPorts();
 
   const std::string model_control_mode = absl::GetFlag(FLAGS_model_control_mode);
@@ -623,7 +581,7 @@ int main(int argc, char** argv) {
     tokens = *std::move(loaded);
     (*credentials)->SetAuthMetadataProcessor(
         std::make_shared<attnserve::TokenAuthProcessor>(
-            tokens.get(), [raw = metrics->get()](attnserve::AuthFailure why) {
+            tokens.get(), [raw = &(*core)->metrics()](attnserve::AuthFailure why) {
               raw->Unauthenticated(why == attnserve::AuthFailure::kMissingToken);
             }));
     absl::FPrintF(stderr,
@@ -637,19 +595,14 @@ int main(int argc, char** argv) {
                     : (absl::GetFlag(FLAGS_tls_client_ca).empty()
                            ? "TLS"
                            : "mutual TLS (client certificates required)"));
-  attnserve::ServiceLimits limits;
-  limits.save_as_needs_permission = tokens != nullptr;
-  limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
-  limits.max_response_bytes = max_message_bytes;
-  // The serving core, and the two APIs in front of it.
-  attnserve::CallRunner calls(engine->get(), pool->get(), batcher.get(),
-                              metrics->get(), limits, &admission);
+  // The two APIs in front of the serving core.
+  attnserve::CallRunner& calls = (*core)->calls();
   attnserve::AttentionService service(&calls, repository->get());
   attnserve::ModelControl model_control;
   model_control.explicit_mode = model_control_mode == "explicit";
   model_control.needs_permission = tokens != nullptr;
   attnserve::InferenceService inference(
-      &calls, repository->get(), batcher != nullptr ? &batching : nullptr,
+      &calls, repository->get(), (*core)->batching(),
       absl::GetFlag(FLAGS_max_batch_size), model_control);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -736,36 +689,8 @@ int main(int argc, char** argv) {
     });
   }
 
-  // Returns memory to the system after a burst. glibc keeps freed memory
-  // in its arenas, so RSS would stay at a burst's peak (~1.2 GB after 256
-  // calls of 2.6 MB in a trial) long after it ended; malloc_trim gives back
-  // every free page. It walks every arena (milliseconds), so it runs only
-  // with no call in flight, and only when the arenas hold 32 MiB more free
-  // memory than at their lowest since the last trim: whatever freed it,
-  // calls or gRPC's buffers for connections and streams that are gone (no
-  // call accounts for those: 7,000 idle connections opened and closed left
-  // 159 MiB of 31 before this).
-  absl::Notification stop_memory_return;
-  std::thread memory_return([&stop_memory_return, &admission] {
-    constexpr size_t kWorthTrimming = size_t{32} << 20;
-    size_t lowest_free = mallinfo2().fordblks;
-    while (!stop_memory_return.WaitForNotificationWithTimeout(
-        absl::Seconds(1))) {
-      if (admission.inflight_calls() != 0) continue;
-      const size_t free_bytes = mallinfo2().fordblks;
-      lowest_free = std::min(lowest_free, free_bytes);
-      if (free_bytes >= lowest_free + kWorthTrimming) {
-        malloc_trim(0);
-        // Trimmed pages stay free chunks: count from here.
-        lowest_free = free_bytes;
-      }
-    }
-  });
-
   const int signal_number =
       WaitForTerminationSignal(termination_signals, tokens.get());
-  stop_memory_return.Notify();
-  memory_return.join();
   if (token_watch.joinable()) {
     stop_token_watch.Notify();
     token_watch.join();
@@ -787,10 +712,10 @@ int main(int argc, char** argv) {
   // gRPC is done with a call), and the process then exits; a call still in
   // transit sees its connection close: UNAVAILABLE too.
   const absl::Time drain_started = absl::Now();
-  const int64_t accepted = admission.inflight_calls();
-  admission.StartDraining();
+  const int64_t accepted = (*core)->admission().inflight_calls();
+  (*core)->StartDraining();
   const bool drained =
-      admission.WaitUntilIdle(drain_started + absl::Milliseconds(grace_period_ms));
+      (*core)->WaitUntilIdle(drain_started + absl::Milliseconds(grace_period_ms));
   if (drained) {
     // Responses handed to the sockets are on their way; give the clients a
     // moment to read them before the sockets close.
@@ -806,7 +731,7 @@ int main(int argc, char** argv) {
                   "attnserve: grace period over with %d calls unanswered "
                   "(kernels still running or responses not read); stopped, "
                   "abandoning them\n",
-                  admission.inflight_calls());
+                  (*core)->admission().inflight_calls());
   }
   // Exit without destructors: an abandoned kernel may still be running, and
   // the metrics exposer's web server takes ~2 s to stop; nothing is left to

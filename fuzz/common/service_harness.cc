@@ -156,19 +156,18 @@ ServiceHarness& ServiceHarness::Get() {
     absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
         attn::Engine::CreateWithBackends(std::move(backends));
     FUZZ_CHECK(engine.ok(), "engine: %s", engine.status().ToString().c_str());
-    h->engine_ = *std::move(engine);
 
-    attnserve::WorkerPool::Options pool_options;
-    pool_options.threads = 1;
-    absl::StatusOr<std::unique_ptr<attnserve::WorkerPool>> pool =
-        attnserve::WorkerPool::Create(pool_options);
-    FUZZ_CHECK(pool.ok(), "pool: %s", pool.status().ToString().c_str());
-    h->pool_ = *std::move(pool);
-
-    absl::StatusOr<std::unique_ptr<attnserve::ServiceMetrics>> metrics =
-        attnserve::ServiceMetrics::Create(h->engine_->backend_names());
-    FUZZ_CHECK(metrics.ok(), "metrics: %s", metrics.status().ToString().c_str());
-    h->metrics_ = *std::move(metrics);
+    attnserve::ServerCore::Options options;
+    options.workers.threads = 1;
+    options.limits.max_response_bytes = kMaxResponseBytes;
+    if (const char* batching = std::getenv("ATTN_FUZZ_BATCHING");
+        batching != nullptr && std::string(batching) == "1") {
+      options.batching = attnserve::BatchingOptions{};
+    }
+    absl::StatusOr<std::unique_ptr<attnserve::ServerCore>> core =
+        attnserve::ServerCore::Create(options, *std::move(engine));
+    FUZZ_CHECK(core.ok(), "core: %s", core.status().ToString().c_str());
+    h->core_ = *std::move(core);
 
     h->repository_dir_ = MakeTemporaryFolder("attn-fuzz-models");
     CopyModels(std::string(ATTN_SOURCE_DIR) + "/deploy/models",
@@ -179,16 +178,11 @@ ServiceHarness& ServiceHarness::Get() {
                repository.status().ToString().c_str());
     h->repository_ = *std::move(repository);
 
-    attnserve::ServiceLimits limits;
-    limits.max_response_bytes = kMaxResponseBytes;
-    h->calls_ = std::make_unique<attnserve::CallRunner>(
-        h->engine_.get(), h->pool_.get(), /*batcher=*/nullptr,
-        h->metrics_.get(), limits);
     h->typed_ = std::make_unique<attnserve::AttentionService>(
-        h->calls_.get(), h->repository_.get());
+        &h->core_->calls(), h->repository_.get());
     h->kserve_ = std::make_unique<attnserve::InferenceService>(
-        h->calls_.get(), h->repository_.get(), /*batching=*/nullptr,
-        /*max_batch_size=*/0);
+        &h->core_->calls(), h->repository_.get(), h->core_->batching(),
+        /*max_batch_size=*/32);
     return h;
   }();
   return *harness;

@@ -8,9 +8,11 @@
 // returns the status the client would get.
 //
 // The engine runs the fuzzing CheckingBackend, then the reference backend
-// (fuzz/common/checking_backend.h): no oneDNN, one worker thread, no batcher,
-// the server's default limits but for a 256 KiB response limit
-// (kMaxResponseBytes). The model repository is a private copy of
+// (fuzz/common/checking_backend.h): no oneDNN, one worker thread, the
+// server's default limits but for a 256 KiB response limit
+// (kMaxResponseBytes), assembled by the server's own factory
+// (server/core/server_core.h). ATTN_FUZZ_BATCHING=1 in the environment runs
+// every call through the batcher, exactly as `attnserve --batching` does. The model repository is a private copy of
 // deploy/models in a temporary folder (FitBandwidth's save_as writes there;
 // see MakeTemporaryFolder).
 //
@@ -27,9 +29,8 @@
 #include "grpcpp/grpcpp.h"
 #include "server/api/attention_service.h"
 #include "server/api/inference_service.h"
-#include "server/core/metrics.h"
+#include "server/core/server_core.h"
 #include "server/repository/model_repository.h"
-#include "server/core/worker_pool.h"
 
 namespace attn_fuzz {
 
@@ -64,11 +65,8 @@ class ServiceHarness {
   ServiceHarness() = default;
 
   std::string repository_dir_;
-  std::unique_ptr<attn::Engine> engine_;
-  std::unique_ptr<attnserve::WorkerPool> pool_;
-  std::unique_ptr<attnserve::ServiceMetrics> metrics_;
+  std::unique_ptr<attnserve::ServerCore> core_;
   std::unique_ptr<attnserve::ModelRepository> repository_;
-  std::unique_ptr<attnserve::CallRunner> calls_;
   std::unique_ptr<attnserve::AttentionService> typed_;
   std::unique_ptr<attnserve::InferenceService> kserve_;
 };

@@ -3,7 +3,7 @@
 // against the library's reference backend, and every class of bad input.
 #include "server/api/attention_service.h"
 
-#include "server/core/clock.h"
+#include "server/core/server_core.h"
 
 #include <atomic>
 #include <chrono>
@@ -75,42 +75,27 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
   void TearDown() override { Stop(); }
 
   void Start(int threads, int max_queue, bool batching) {
-    engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
     attn::EngineOptions reference_options;
     reference_options.use_onednn = false;
     reference_ = attn::Engine::Create(reference_options).value();
-    metrics_ = ServiceMetrics::Create(engine_->backend_names()).value();
-    WorkerPool::Options pool_options;
-    pool_options.threads = threads;
-    pool_options.max_queue = max_queue;
-    pool_ = WorkerPool::Create(pool_options).value();
+    // The production assembly (server/core/server_core.h), batching
+    // included: its availability check, idle callback and observer.
+    ServerCore::Options options;
+    options.workers.threads = threads;
+    options.workers.max_queue = max_queue;
     if (batching) {
-      BatchingOptions options;
-      options.max_batch_requests = 8;
-      options.max_queue_delay = absl::Microseconds(300);
-      options.max_queue_size = max_queue;
-      batcher_ = Batcher::Create(
-                     options, engine_.get(), &clock_,
-                     [pool = pool_.get()](std::function<void()> work,
-                           uint64_t priority) {
-                       return pool->Schedule(std::move(work), priority);
-                     },
-                     [metrics = metrics_.get()](const BatchStats& stats) {
-                       metrics->BatchExecuted(Rpc::kScaledDotProductAttention,
-                                              stats.requests,
-                                              stats.computed_elements,
-                                              stats.useful_elements);
-                     })
-                     .value();
-      batcher_->StartScheduler();
+      BatchingOptions batcher;
+      batcher.max_batch_requests = 8;
+      batcher.max_queue_delay = absl::Microseconds(300);
+      batcher.max_queue_size = max_queue;
+      options.batching = batcher;
     }
-    ServiceLimits limits;
-    limits.max_request_elements = 100000;
-    limits.max_response_bytes = 4 << 20;
-    calls_ = std::make_unique<CallRunner>(engine_.get(), pool_.get(),
-                                          batcher_.get(), metrics_.get(),
-                                          limits);
-    service_ = std::make_unique<AttentionService>(calls_.get());
+    options.limits.max_request_elements = 100000;
+    options.limits.max_response_bytes = 4 << 20;
+    core_ = ServerCore::Create(
+                options, attn::Engine::Create(attn::EngineOptions{}).value())
+                .value();
+    service_ = std::make_unique<AttentionService>(&core_->calls());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
@@ -130,8 +115,7 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
       server_->Wait();
       server_.reset();
     }
-    if (batcher_ != nullptr) batcher_->Shutdown();
-    if (pool_ != nullptr) pool_->Shutdown();
+    if (core_ != nullptr) core_->Shutdown();
   }
 
   // The sum of a counter family's samples whose labels include all of
@@ -139,7 +123,7 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
   double CounterSum(const std::string& family,
                     const std::map<std::string, std::string>& labels) {
     double sum = 0;
-    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+    for (const prometheus::MetricFamily& f : core_->metrics().registry()->Collect()) {
       if (f.name != family) continue;
       for (const prometheus::ClientMetric& metric : f.metric) {
         int matched = 0;
@@ -155,13 +139,8 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
     return sum;
   }
 
-  std::unique_ptr<attn::Engine> engine_;
   std::unique_ptr<attn::Engine> reference_;
-  std::unique_ptr<ServiceMetrics> metrics_;
-  std::unique_ptr<WorkerPool> pool_;
-  RealClock clock_;
-  std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<CallRunner> calls_;
+  std::unique_ptr<ServerCore> core_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
@@ -539,7 +518,7 @@ TEST_P(ServiceTest, ConcurrentClientsEachGetTheirOwnResult) {
   if (GetParam()) {
     // Batching was on: some calls shared a batch (mean batch size > 1).
     double batches = 0, requests = 0;
-    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+    for (const prometheus::MetricFamily& f : core_->metrics().registry()->Collect()) {
       if (f.name != "attnserve_batch_size") continue;
       for (const prometheus::ClientMetric& metric : f.metric) {
         batches += metric.histogram.sample_count;
@@ -559,6 +538,36 @@ INSTANTIATE_TEST_SUITE_P(Batching, ServiceTest, ::testing::Bool(),
 // The worker pool's own queue (batching off): a full queue answers
 // RESOURCE_EXHAUSTED at once; a call whose deadline passes while it waits is
 // never computed.
+// A call through the core whose work holds a worker until `release`.
+class BlockingCall : public CallResponder {
+ public:
+  BlockingCall(CallRunner* calls, absl::Notification* release)
+      : release_(release) {
+    calls->Run(
+        Rpc::kMaskedSoftmax, CallContext{},
+        [release](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+          return CallRunner::Work([release]() -> absl::StatusOr<std::string> {
+            release->WaitForNotification();
+            return std::string("blocker");
+          });
+        },
+        this);
+  }
+  // Releases the worker if the test has not (a failed assertion).
+  ~BlockingCall() override {
+    if (!release_->HasBeenNotified()) release_->Notify();
+    answered_.WaitForNotification();
+  }
+  absl::Status Computed(const CallRecord&) override { return absl::OkStatus(); }
+  void Answer(const absl::Status&, const CallRecord&, Admission::Ticket) override {
+    answered_.Notify();
+  }
+
+ private:
+  absl::Notification* const release_;
+  absl::Notification answered_;
+};
+
 class PoolQueueTest : public ServiceTest {
  protected:
   void SetUp() override {}
@@ -567,9 +576,9 @@ class PoolQueueTest : public ServiceTest {
 TEST_F(PoolQueueTest, QueueFullAndDeadlineInQueue) {
   Start(/*threads=*/1, /*max_queue=*/1, /*batching=*/false);
   absl::Notification release;
-  ASSERT_TRUE(pool_->Schedule([&] { release.WaitForNotification(); }).ok());
+  BlockingCall blocker(&core_->calls(), &release);
   // The worker is busy: wait until it has taken the blocker off the queue.
-  while (pool_->queue_depth() != 0) std::this_thread::yield();
+  while (core_->queue_depth() != 0) std::this_thread::yield();
 
   std::mt19937 rng(3);
   v1::AttentionRequest request;
@@ -589,7 +598,7 @@ TEST_F(PoolQueueTest, QueueFullAndDeadlineInQueue) {
         late_status = std::move(status);
         late_done.Notify();
       });
-  while (pool_->queue_depth() != 1) std::this_thread::yield();
+  while (core_->queue_depth() != 1) std::this_thread::yield();
 
   grpc::ClientContext full_context;
   v1::AttentionResponse full_response;
@@ -610,8 +619,8 @@ TEST_F(PoolQueueTest, QueueFullAndDeadlineInQueue) {
   }
   release.Notify();
   // Let the worker reach the expired call, then check it was not computed.
-  while (pool_->queue_depth() != 0) std::this_thread::yield();
-  pool_->Shutdown();
+  while (core_->queue_depth() != 0) std::this_thread::yield();
+  core_->Shutdown();
   EXPECT_EQ(CounterSum("attnserve_kernel_runs_total",
                        {{"rpc", "ScaledDotProductAttention"}}),
             0.0);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attn/status_macros.h"
 
 namespace attnserve {
 namespace {
@@ -61,14 +62,7 @@ absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
   bool due_now = false;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      return absl::UnavailableError("the server is shutting down");
-    }
-    if (queued_ >= options_.max_queue_size) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the batching queue is full (", options_.max_queue_size,
-          " requests waiting, --max_queue); retry later"));
-    }
+    RETURN_IF_ERROR(RoomLocked());
     Queue& queue = queues_[std::move(batch_class->key)];
     // After every request of the same or a better level.
     const uint64_t rank = Rank(task->priority);
@@ -94,6 +88,23 @@ absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
   // A due batch is formed here rather than after a hop to the scheduler.
   if (due_now) FormDueBatches();
   return absl::OkStatus();
+}
+
+absl::Status Batcher::RoomLocked() const {
+  if (stopping_) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  if (queued_ >= options_.max_queue_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the batching queue is full (", options_.max_queue_size,
+        " requests waiting, --max_queue); retry later"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Batcher::CheckRoom() const {
+  absl::MutexLock lock(&mu_);
+  return RoomLocked();
 }
 
 int Batcher::queue_depth() const {

@@ -135,6 +135,11 @@ class Batcher {
   // in the library's words, so one bad request never fails a batch), RESOURCE_EXHAUSTED when
   // max_queue_size requests wait (retryable), UNAVAILABLE after Shutdown.
   absl::Status Schedule(std::unique_ptr<Task> task);
+  // What Schedule would answer now for a well-formed task, without queueing
+  // anything: the caller refuses a request it has not decoded yet when the
+  // queue is full (overload refusals then cost no decoding). Schedule
+  // still decides.
+  absl::Status CheckRoom() const;
 
   // Hands every batch that is due at the clock's now to the executor;
   // returns when the next class falls due (InfiniteFuture if none waits).
@@ -159,6 +164,8 @@ class Batcher {
   int queue_depth() const;
 
  private:
+  absl::Status RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Pending {
     std::unique_ptr<Task> task;
     absl::Time enqueued;

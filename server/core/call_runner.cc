@@ -175,11 +175,13 @@ void CallRunner::RunOp(Rpc rpc, const CallContext& context,
     return;
   }
   auto call = std::make_shared<Call>(this, rpc, context, responder);
-  if (admission_ != nullptr) {
-    if (absl::Status refused = admission_->CheckAccepting(); !refused.ok()) {
-      call->Finish(refused);
-      return;
-    }
+  // As in Run: a draining server and a full queue refuse before decoding.
+  absl::Status refused =
+      admission_ != nullptr ? admission_->CheckAccepting() : absl::OkStatus();
+  if (refused.ok()) refused = batcher_->CheckRoom();
+  if (!refused.ok()) {
+    call->Finish(refused);
+    return;
   }
   ElementBudget budget(limits_.max_request_elements);
   absl::StatusOr<BatchableRequest> op = prepare(&budget);

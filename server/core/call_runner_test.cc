@@ -5,11 +5,13 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "attn/testing/random.h"
+#include "server/core/server_core.h"
 #include "gtest/gtest.h"
 
 namespace attnserve {
@@ -263,6 +265,61 @@ TEST_F(CallRunnerTest, ADrainingServerRefusesBeforeDecoding) {
               &responder);
   EXPECT_EQ(responder.Wait().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(decoded);
+}
+
+// call_runner.h's contract under batching, in the production assembly
+// (server/core/server_core.h): a full queue is refused before the request
+// is decoded. (The batcher's queue used to be checked only in Schedule,
+// after decoding: under overload the server decoded what it then refused.)
+TEST(CallRunnerBatchingTest, AFullBatchingQueueRefusesBeforeDecoding) {
+  ServerCore::Options options;
+  options.workers.threads = 1;
+  BatchingOptions batching;
+  batching.max_queue_size = 1;
+  batching.max_queue_delay = absl::Seconds(60);
+  options.batching = batching;
+  std::unique_ptr<ServerCore> core =
+      ServerCore::Create(options,
+                         attn::Engine::Create(attn::EngineOptions{}).value())
+          .value();
+  std::mt19937 rng(2);
+  const attn::Tensor x = attn::testing::RandomNormal(rng, {1, 2, 3});
+  auto decode = [&x](bool* decoded) {
+    return [&x, decoded](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
+      if (decoded != nullptr) *decoded = true;
+      attn::MaskedSoftmaxRequest op;
+      op.x = x.view();
+      return op;
+    };
+  };
+  auto ignore = [](const attn::OpResult&) {};
+  // The only worker is held, so the batcher keeps what it queues.
+  absl::Notification release;
+  RecordingResponder blocker;
+  core->calls().Run(Rpc::kMaskedSoftmax, CallContext{},
+                    [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+                      return CallRunner::Work([&] {
+                        release.WaitForNotification();
+                        return std::string("blocker");
+                      });
+                    },
+                    &blocker);
+  while (core->queue_depth() != 0) std::this_thread::yield();
+  RecordingResponder queued;
+  core->calls().RunOp(Rpc::kMaskedSoftmax, CallContext{}, decode(nullptr),
+                      ignore, {}, &queued);
+  ASSERT_EQ(core->queue_depth(), 1);
+
+  bool decoded = false;
+  RecordingResponder refused;
+  core->calls().RunOp(Rpc::kMaskedSoftmax, CallContext{}, decode(&decoded),
+                      ignore, {}, &refused);
+  EXPECT_EQ(refused.Wait().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(decoded) << "the full queue's refusal decoded the request first";
+
+  release.Notify();
+  EXPECT_TRUE(blocker.Wait().ok());
+  EXPECT_TRUE(queued.Wait().ok());
 }
 
 TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {

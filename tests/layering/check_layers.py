@@ -7,7 +7,10 @@ lines of the sources:
   front ends in server/api/;
 - server/repository/ knows nothing of gRPC or the front ends (it reads
   config.pbtxt with protobuf);
-- client/ talks only to the wire: nothing from server/ or lib/.
+- client/ talks only to the wire: nothing from server/ or lib/;
+- the serving stack is assembled in one place, the core's factory
+  (server/core/server_core.h): no WorkerPool, Batcher or CallRunner is
+  constructed outside server/core/ (whose unit tests build the parts).
 
 usage: check_layers.py REPO_ROOT. Exits 1 listing every offending include.
 """
@@ -44,6 +47,24 @@ def main():
                 if match and match.group(1).startswith(forbidden):
                     errors.append(f"{path.relative_to(root)}:{number}: "
                                   f"#include {match.group(1)}: {why}")
+    # Only the core's factory assembles a stack.
+    assembly = re.compile(r"\b(?:WorkerPool::Create|Batcher::Create|"
+                          r"make_unique<(?:attnserve::)?CallRunner>|"
+                          r"CallRunner\s+\w+\s*\()")
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".h", ".cc") or any(
+                part in ("build", ".git") or part.startswith("build-")
+                for part in path.relative_to(root).parts):
+            continue
+        relative = path.relative_to(root)
+        if relative.parts[:2] == ("server", "core"):
+            continue
+        files += 1
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if assembly.search(line):
+                errors.append(f"{relative}:{number}: {line.strip()}: assemble the "
+                              "serving stack with ServerCore::Create "
+                              "(server/core/server_core.h)")
     for error in errors:
         print(error)
     print(f"{files} files, {len(errors)} layering violations")
