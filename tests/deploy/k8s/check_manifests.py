@@ -54,7 +54,7 @@ MIN_KUBERNETES = "1.30"
 # every kube-proxy and load balancer after the readiness probe has failed.
 ENDPOINT_PROPAGATION_S = 2.0
 # attnserve waits at most this long after its grace period before exiting
-# (server/main.cc: drain_deadline + 500 ms).
+# (server/main.cc: its drain, then 100 ms for the last responses).
 SERVER_EXIT_SLACK_S = 0.5
 # Kept between the server's longest drain and the kubelet's SIGKILL.
 TERMINATION_MARGIN_S = 2.0
@@ -195,13 +195,16 @@ def integer_literal(text):
     return None if not m else int(m.group(1)) << int(m.group(2) or 0)
 
 
-def parse_server_main(path):
-    """server/main.cc's flags {name: integer default or None} and the
-    service names its health service reports ("" included)."""
-    with open(path) as f:
+def parse_server_main(repo):
+    """The server's flags {name: integer default or None} (server/flags.cc)
+    and the service names its health service reports ("" included;
+    server/api/grpc_server.cc)."""
+    with open(os.path.join(repo, "server", "flags.cc")) as f:
         text = f.read()
     flags = {name: integer_literal(default) for name, default in re.findall(
         r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*([^,]+?)\s*,", text)}
+    with open(os.path.join(repo, "server", "api", "grpc_server.cc")) as f:
+        text = f.read()
     health = {""} | set(re.findall(r'SetServingStatus\(\s*"([^"]+)"', text))
     return flags, health
 
@@ -351,7 +354,7 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
     args = server.get("args") or []
     names = [re.match(r"^--([A-Za-z0-9_]+)", a).group(1) if a.startswith("--") else None
              for a in args]
-    c.check(p + "every arg is a --flag=value of server/main.cc",
+    c.check(p + "every arg is a --flag=value of server/flags.cc",
             all(n in server_flags and "=" in a for n, a in zip(names, args)),
             "unknown or malformed: %s" % [a for n, a in zip(names, args)
                                           if n not in server_flags or "=" not in a])
@@ -595,7 +598,7 @@ def main():
     c = Checks()
 
     docker = parse_dockerfile(os.path.join(a.repo, "Dockerfile"))
-    server_flags, health_names = parse_server_main(os.path.join(a.repo, "server", "main.cc"))
+    server_flags, health_names = parse_server_main(a.repo)
     models = model_files(os.path.join(a.repo, "deploy", "models"))
     c.check("deploy/models has model files", models)
     copies = model_files(os.path.join(k8s, "models"))

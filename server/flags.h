@@ -1,0 +1,43 @@
+// attnserve's configuration as its flags give it: ServerConfigFromFlags
+// reads every flag once (after absl::ParseCommandLine), checks them and
+// turns them into the Options of each part. The flags themselves, with
+// their defaults and help, are in flags.cc (`attnserve --helpfull` lists
+// them).
+#ifndef ATTNSERVE_SERVER_FLAGS_H_
+#define ATTNSERVE_SERVER_FLAGS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attn/engine.h"
+#include "server/api/grpc_server.h"
+#include "server/core/cpu_budget.h"
+#include "server/core/server_core.h"
+#include "server/repository/model_repository.h"
+
+namespace attnserve {
+
+struct ServerConfig {
+  attn::EngineOptions engine;
+  ServerCore::Options core;
+  GrpcServerOptions grpc;
+  ModelRepository::Options repository;
+  std::string metrics_host;
+  int metrics_port = 8002;
+  int fd_reserve = 256;  // server/core/accept_guard.h
+  // SIGTERM: NOT_SERVING but serving for the notice, then the drain of the
+  // accepted calls for at most the grace period.
+  absl::Duration drain_notice;
+  absl::Duration grace_period;
+  // The start-up log's line on CPUs and threads.
+  std::string threads_note;
+};
+
+// INVALID_ARGUMENT naming the flag (and what it must be) for any flag out
+// of range or malformed. Reads the process's CPU budget (cgroups).
+absl::StatusOr<ServerConfig> ServerConfigFromFlags();
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_FLAGS_H_
