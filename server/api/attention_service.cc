@@ -102,7 +102,7 @@ bool AttentionService::BeginCall(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* AttentionService::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
-    const Prepare& prepare) {
+    const DecodeTypedCall& prepare) {
   CallContext call;
   UnaryCallReactor* reactor = nullptr;
   if (!BeginCall(context, response, info, &reactor, &call)) return reactor;
@@ -124,7 +124,7 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
 grpc::ServerUnaryReactor* AttentionService::ServeOp(
     Rpc rpc, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
-    const DecodeOp& decode, EncodeWith encode, CallRunner::WireNames wire_names) {
+    const DecodeTypedOp& decode, EncodeWith encode, CallRunner::WireNames wire_names) {
   CallContext call;
   UnaryCallReactor* reactor = nullptr;
   if (!BeginCall(context, response, info, &reactor, &call)) return reactor;

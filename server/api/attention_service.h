@@ -62,7 +62,7 @@ class AttentionService final
   // The decode step of a typed call, on the gRPC thread: checks the request
   // and returns the core's Work. Views it makes may point into `storage`,
   // which lives as long as the Work.
-  using Prepare = std::function<absl::StatusOr<CallRunner::Work>(
+  using DecodeTypedCall = std::function<absl::StatusOr<CallRunner::Work>(
       ElementBudget*, DecodeStorage*)>;
   // Makes a new call's reactor (*reactor) and its context with the request
   // metadata applied (*call). False when the metadata is invalid: the
@@ -74,7 +74,7 @@ class AttentionService final
   // The decode step of a batchable operation's call, on the gRPC thread;
   // views it makes may point into `storage`, which lives until the kernel
   // has run.
-  using DecodeOp = std::function<absl::StatusOr<BatchableRequest>(
+  using DecodeTypedOp = std::function<absl::StatusOr<BatchableRequest>(
       ElementBudget*, DecodeStorage*)>;
   // Fills the response from the result (on a worker).
   using EncodeWith = std::function<void(const attn::OpResult&)>;
@@ -83,13 +83,13 @@ class AttentionService final
   grpc::ServerUnaryReactor* ServeOp(Rpc rpc, grpc::CallbackServerContext* context,
                                     google::protobuf::Message* response,
                                     attention::v1::ExecutionInfo* info,
-                                    const DecodeOp& decode, EncodeWith encode,
+                                    const DecodeTypedOp& decode, EncodeWith encode,
                                     CallRunner::WireNames wire_names = {});
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Rpc rpc, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,
                                   attention::v1::ExecutionInfo* info,
-                                  const Prepare& prepare);
+                                  const DecodeTypedCall& prepare);
 
   CallRunner* const calls_;
   ModelRepository* const repository_;

@@ -39,7 +39,7 @@
 #include "absl/types/span.h"
 #include "attn/engine.h"
 #include "attn/ops.h"
-#include "server/core/metrics.h"
+#include "server/core/rpc.h"
 
 namespace attnserve {
 

@@ -149,24 +149,6 @@ class SampledCollector : public prometheus::Collectable {
 
 }  // namespace
 
-const char* RpcName(Rpc rpc) {
-  switch (rpc) {
-    case Rpc::kMaskedSoftmax:
-      return "MaskedSoftmax";
-    case Rpc::kBatchMatmul:
-      return "BatchMatmul";
-    case Rpc::kScaledDotProductAttention:
-      return "ScaledDotProductAttention";
-    case Rpc::kAdditiveAttention:
-      return "AdditiveAttention";
-    case Rpc::kNadarayaWatson:
-      return "NadarayaWatson";
-    case Rpc::kFitBandwidth:
-      return "FitBandwidth";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
     const std::vector<std::string>& implementations) {
   std::unique_ptr<ServiceMetrics> metrics(new ServiceMetrics());

@@ -47,20 +47,9 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/core/rpc.h"
 
 namespace attnserve {
-
-enum class Rpc {
-  kMaskedSoftmax,
-  kBatchMatmul,
-  kScaledDotProductAttention,
-  kAdditiveAttention,
-  kNadarayaWatson,
-  kFitBandwidth,
-};
-inline constexpr int kRpcCount = 6;
-
-const char* RpcName(Rpc rpc);
 
 class ServiceMetrics {
  public:
