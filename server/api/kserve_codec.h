@@ -1,0 +1,71 @@
+// The KServe v2 tensor codec: a ModelInferRequest's inputs into the kernel
+// library's views, and a result's tensors into a ModelInferResponse. The
+// attention.v1 messages have their own codec (server/api/tensor_codec.h),
+// whose float decoding this one shares: the same finiteness and element
+// count checks, the same element budget.
+//
+// Inputs come as raw_input_contents or typed contents: FP32, and INT32 or
+// INT64 for valid lengths. Outputs always go back as raw_output_contents,
+// one per output, in the order asked for.
+//
+// Thread-compatible: functions over the caller's objects; none blocks.
+#ifndef ATTNSERVE_SERVER_API_KSERVE_CODEC_H_
+#define ATTNSERVE_SERVER_API_KSERVE_CODEC_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "attn/tensor.h"
+#include "inference/grpc_service.pb.h"
+#include "server/api/kserve_model_spec.h"
+#include "server/api/tensor_codec.h"
+#include "server/core/element_budget.h"
+
+namespace attnserve {
+
+// The decoded inputs of one ModelInfer call, by input name. The views point
+// into the request or into this object's own storage: keep both alive, and
+// this object in place, as long as the views are used.
+struct KServeInputs {
+  DecodeStorage storage;  // copies of unaligned raw floats
+  std::map<std::string, attn::TensorView> floats;
+  std::map<std::string, attn::LengthsView> lengths;
+  std::deque<std::vector<int32_t>> owned_lengths;
+
+  // The float input `name`, or an empty view when it was not given (the
+  // library then refuses it, naming the argument).
+  attn::TensorView Float(const std::string& name) const;
+  // The lengths input `name`, or "no valid lengths" when it was not given.
+  attn::LengthsView Lengths(const std::string& name) const;
+};
+
+// Decodes every input of `request` into `out`, counting elements in
+// `budget`. `request` must have passed CheckInferRequestStructure
+// (server/api/kserve_request.h) against `model`. INVALID_ARGUMENT naming the
+// input (wrong datatype, shape or count, a scalar valid_lens, a required
+// input missing); RESOURCE_EXHAUSTED over the budget.
+absl::Status DecodeInputs(const inference::ModelInferRequest& request,
+                          const KServeModelSpec& model, ElementBudget* budget,
+                          KServeInputs* out);
+
+// The outputs to return, in order: those requested (checked by
+// CheckInferRequestStructure: the model's, each once), else the model's
+// defaults.
+std::vector<std::string> RequestedOutputs(
+    const inference::ModelInferRequest& request, const KServeModelSpec& model);
+
+// Fills `response`: the request's model name and id, the served version,
+// and the tensors `names` in that order, each found in `tensors` (which
+// must hold every one of them) and sent as FP32 raw_output_contents.
+void Respond(const inference::ModelInferRequest& request,
+             const std::vector<std::string>& names,
+             const std::map<std::string, const attn::Tensor*>& tensors,
+             inference::ModelInferResponse* response);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_API_KSERVE_CODEC_H_

@@ -1,0 +1,84 @@
+#include "server/api/kserve_infer_call.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "attn/status_macros.h"
+#include "server/api/kserve_parameters.h"
+#include "server/api/kserve_request.h"
+
+namespace attnserve {
+namespace {
+
+ModelTensorNames TensorNamesOf(const KServeModelSpec& model) {
+  ModelTensorNames names{model.name, {}, {}};
+  for (const auto& input : model.inputs) names.inputs.push_back(input.name);
+  for (const auto& output : model.outputs) names.outputs.push_back(output.name);
+  return names;
+}
+
+}  // namespace
+
+void KServeInferCall::Start(const ModelCatalogue& catalogue, CallRunner* runner,
+                            const inference::ModelInferRequest* request,
+                            inference::ModelInferResponse* response,
+                            CallContext context, CallResponder* responder) {
+  absl::StatusOr<ResolvedModel> model =
+      catalogue.Resolve(request->model_name(), request->model_version());
+  if (!model.ok()) {
+    responder->Answer(model.status(), CallRecord{}, Admission::Ticket());
+    return;
+  }
+  if (absl::Status structure =
+          CheckInferRequestStructure(*request, TensorNamesOf(model->spec));
+      !structure.ok()) {
+    responder->Answer(structure, CallRecord{}, Admission::Ticket());
+    return;
+  }
+  std::vector<std::string> outputs = RequestedOutputs(*request, model->spec);
+  context.model = model->spec.name;
+  if (absl::Status status = ApplyPriorityAndTimeout(*request, &context);
+      !status.ok()) {
+    responder->Answer(status, CallRecord{}, Admission::Ticket());
+    return;
+  }
+  const Rpc rpc = model->spec.rpc;
+  const ModelKind* kind = model->kind;
+  // Both steps hold the call: the encode step, which the core keeps until
+  // the kernel has run, keeps the decoded inputs and weights alive.
+  auto call = std::make_shared<KServeInferCall>(
+      request, response, *std::move(model), std::move(outputs));
+  runner->RunOp(
+      rpc, context,
+      [call](ElementBudget* budget) { return call->Decode(budget); },
+      [call](const attn::OpResult& result) { call->Encode(result); },
+      [kind](absl::Status status) {
+        return kind->WithInputNames(std::move(status));
+      },
+      responder);
+}
+
+KServeInferCall::KServeInferCall(const inference::ModelInferRequest* request,
+                                 inference::ModelInferResponse* response,
+                                 ResolvedModel model,
+                                 std::vector<std::string> outputs)
+    : request_(request),
+      response_(response),
+      model_(std::move(model)),
+      outputs_(std::move(outputs)) {}
+
+absl::StatusOr<BatchableRequest> KServeInferCall::Decode(ElementBudget* budget) {
+  RETURN_IF_ERROR(DecodeInputs(*request_, model_.spec, budget, &inputs_));
+  const bool return_weights =
+      std::find(outputs_.begin(), outputs_.end(), "attention_weights") !=
+      outputs_.end();
+  return model_.kind->build_request(KindArguments{
+      model_.spec.name, *request_, inputs_, model_.repository_model.get(),
+      return_weights});
+}
+
+void KServeInferCall::Encode(const attn::OpResult& result) const {
+  Respond(*request_, outputs_, model_.kind->ResultTensors(result), response_);
+}
+
+}  // namespace attnserve
