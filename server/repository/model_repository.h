@@ -51,6 +51,7 @@
 #include "absl/time/time.h"
 #include "attn/tensor.h"
 #include "inference/model_config.pb.h"
+#include "server/repository/safetensors.h"
 #include "server/repository/file_system.h"
 
 namespace attnserve {
@@ -60,13 +61,6 @@ struct RepositoryModel {
   // Weights by name, each with its shape.
   std::map<std::string, attn::Tensor> tensors;
 };
-
-// Parses a safetensors file's bytes (8-byte little-endian header length,
-// JSON header, data); only F32 tensors. INVALID_ARGUMENT naming the problem.
-absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
-    const std::string& bytes);
-std::string SerializeSafetensors(
-    const std::map<std::string, attn::Tensor>& tensors);
 
 class ModelRepository {
  public:
