@@ -1,6 +1,6 @@
 // The operations the server serves, one value per RPC of the typed API
-// (attention.v1.AttentionService); KServe models map onto them
-// (server/api/inference_service.h). Their names (RpcName) are the typed
+// (attention.v1.AttentionService); each KServe model kind maps onto one
+// (server/api/kserve_model_kinds.h). Their names (RpcName) are the typed
 // API's method names, and the `rpc` label of every metric.
 #ifndef ATTNSERVE_SERVER_CORE_RPC_H_
 #define ATTNSERVE_SERVER_CORE_RPC_H_
