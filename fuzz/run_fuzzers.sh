@@ -9,7 +9,10 @@
 #
 # For each target, in order:
 #   1. replays every input under fuzz/regressions/<target>/ once (each is a
-#      crash found before; it must pass once fixed);
+#      crash found before; it must pass once fixed); for the two service
+#      targets (kserve_infer, typed_request), their seeds and regressions
+#      once more with batching on (ATTN_FUZZ_BATCHING=1), as
+#      `attnserve --batching` serves them;
 #   2. fuzzes for SECONDS_PER_TARGET (-max_total_time) from the committed
 #      seeds fuzz/corpus/<target>/ plus the work corpus, with the target's
 #      dictionary fuzz/dicts/<target>.dict when there is one. New corpus
@@ -169,6 +172,23 @@ for target in $TARGETS; do
   shopt -u nullglob
   if ((regression_failures > 0)); then
     status="REGRESSION($regression_failures/$regressions)"
+  fi
+
+  # 1b. The service targets' seeds and regressions once more through the
+  # batcher, exactly as `attnserve --batching` serves them
+  # (fuzz/common/service_harness.h: ATTN_FUZZ_BATCHING=1).
+  if [[ $target == kserve_infer || $target == typed_request ]]; then
+    batched_inputs=()
+    [[ -d "$FUZZ_DIR/corpus/$target" ]] && batched_inputs+=("$FUZZ_DIR/corpus/$target")
+    [[ -d "$FUZZ_DIR/regressions/$target" ]] && batched_inputs+=("$FUZZ_DIR/regressions/$target")
+    log="$work/batched.log"
+    if ((${#batched_inputs[@]} > 0)) &&
+       ! ATTN_FUZZ_BATCHING=1 "$binary" -runs=0 -timeout="$TIMEOUT" \
+         -artifact_prefix="$artifacts/batched-" "${batched_inputs[@]}" >"$log" 2>&1; then
+      echo "run_fuzzers: $target: an input FAILS with batching on (ATTN_FUZZ_BATCHING=1):"
+      print_report "$log"
+      status="BATCHED-FAILS"
+    fi
   fi
 
   # 2. Fuzzing. (With FUZZ_ARGS="-fork=1 -ignore_crashes=1" libFuzzer keeps
