@@ -146,9 +146,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(absl::IsInvalidArgument(repository.status()) ||
                    absl::IsNotFound(repository.status()),
                "status %s", repository.status().ToString().c_str());
-    FUZZ_CHECK(repository.status().message().find(folder) !=
+    // The start-up failure names the flag's folder and the model in it
+    // (its files relative to the repository: issue #25).
+    const std::string where = "--model_repository " + dir + ": " + name;
+    FUZZ_CHECK(repository.status().message().find(where) !=
                    absl::string_view::npos,
-               "the error does not name %s: %s", folder.c_str(),
+               "the error does not name '%s': %s", where.c_str(),
                repository.status().ToString().c_str());
     return 0;
   }
