@@ -142,7 +142,7 @@ void BM_Attention(benchmark::State& state) {
   request.causal = state.range(6) != 0;
   Engine& engine = SharedEngine();
   auto call = [&] {
-    auto result = engine.Attention(request);
+    auto result = engine.ScaledDotProductAttention(request);
     if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
     benchmark::DoNotOptimize(result);
   };
@@ -248,7 +248,7 @@ void BM_Toy(benchmark::State& state) {
   request.return_weights = state.range(0) != 0;
   Engine& engine = SharedEngine();
   for (auto _ : state) {
-    auto result = engine.Attention(request);
+    auto result = engine.ScaledDotProductAttention(request);
     benchmark::DoNotOptimize(result);
   }
 }

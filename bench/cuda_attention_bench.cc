@@ -7,9 +7,9 @@
 //  - "fused": the fused kernel alone on device-resident inputs, timed with
 //    CUDA events over N launches after 3 warm-ups (the figure comparable with
 //    PyTorch's, whose tensors also live on the GPU), for fp32, bf16, fp16;
-//  - "call": a whole CudaBackend::Attention call from host memory (copies
-//    through pinned staging included) and the device pool's peak bytes,
-//    which must grow linearly in L.
+//  - "call": a whole CudaBackend::ScaledDotProductAttention call from host
+//    memory (copies through pinned staging included) and the device pool's
+//    peak bytes, which must grow linearly in L.
 // Exits 1 with a message when no GPU is usable.
 #include <cuda_runtime_api.h>
 
@@ -167,11 +167,12 @@ int main(int argc, char** argv) {
       params.lq = params.lk = length;
       params.d = params.dv = d;
       params.scale = 1.0f / std::sqrt(static_cast<float>(d));
-      if (!(*backend)->Attention(params).ok()) return 1;  // warm
+      if (!(*backend)->ScaledDotProductAttention(params).ok())
+        return 1;  // warm
       (*backend)->ResetPeakMemory();
       // The call blocks until its output is in host memory: wall time.
       const auto start = std::chrono::steady_clock::now();
-      absl::Status status = (*backend)->Attention(params);
+      absl::Status status = (*backend)->ScaledDotProductAttention(params);
       const double elapsed =
           std::chrono::duration<double, std::milli>(
               std::chrono::steady_clock::now() - start).count();

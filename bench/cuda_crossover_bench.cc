@@ -75,8 +75,9 @@ std::vector<Ladder> Ladders(Inputs& in) {
     r.queries = in.Normal({1, l, 64});
     r.keys = in.Normal({1, l, 64});
     r.values = in.Normal({1, l, 64});
-    ladders[0].steps.push_back({Work(attn::ValidateAttention(r)), "1x" + std::to_string(l) + "x64",
-                                [r](attn::Engine& e) { return e.Attention(r); }});
+    ladders[0].steps.push_back(
+        {Work(attn::ValidateAttention(r)), "1x" + std::to_string(l) + "x64",
+         [r](attn::Engine& e) { return e.ScaledDotProductAttention(r); }});
   }
   ladders[1].op = "masked_softmax";  // (1, R, R)
   for (int64_t n = 1; n <= 2048; n *= 2) {

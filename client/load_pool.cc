@@ -30,7 +30,7 @@ struct KeyLengthSite {
 
 std::optional<KeyLengthSite> KeyLengthSiteOf(LoadRpc rpc) {
   switch (rpc) {
-    case LoadRpc::kAttention:
+    case LoadRpc::kScaledDotProductAttention:
     case LoadRpc::kAdditiveAttention:
       return KeyLengthSite{{"keys", "values"}, -2, "queries"};
     case LoadRpc::kMaskedSoftmax:
@@ -309,7 +309,7 @@ absl::StatusOr<RequestPool> BuildRequestPool(const PoolOptions& options) {
   pool.method = LoadRpcMethod(options.rpc);
   absl::Status status;
   switch (options.rpc) {
-    case LoadRpc::kAttention:
+    case LoadRpc::kScaledDotProductAttention:
       status = BuildEntries<attention::v1::AttentionRequest>(options, &pool);
       break;
     case LoadRpc::kMaskedSoftmax:

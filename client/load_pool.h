@@ -46,7 +46,7 @@ inline constexpr int kDefaultPoolSize = 64;
 inline constexpr int64_t kMaxPoolBytes = int64_t{1} << 30;
 
 struct PoolOptions {
-  LoadRpc rpc = LoadRpc::kAttention;
+  LoadRpc rpc = LoadRpc::kScaledDotProductAttention;
   // The request flags, as for the RPC's own subcommand. Entry i of the pool
   // is generated with seed request.seed + i; `shapes` is the base that every
   // mix variant's shapes override, name by name.
@@ -70,7 +70,7 @@ struct PoolOptions {
 };
 
 struct RequestPool {
-  LoadRpc rpc = LoadRpc::kAttention;
+  LoadRpc rpc = LoadRpc::kScaledDotProductAttention;
   // The full method name, like "/attention.v1.AttentionService/BatchMatmul".
   std::string method;
   // Serialized request messages, in the order calls cycle through them.

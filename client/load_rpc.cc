@@ -20,7 +20,8 @@ struct RpcName {
 };
 
 constexpr RpcName kRpcNames[] = {
-    {LoadRpc::kAttention, "attention", "ScaledDotProductAttention"},
+    {LoadRpc::kScaledDotProductAttention, "attention",
+     "ScaledDotProductAttention"},
     {LoadRpc::kMaskedSoftmax, "masked-softmax", "MaskedSoftmax"},
     {LoadRpc::kBatchMatmul, "batch-matmul", "BatchMatmul"},
     {LoadRpc::kAdditiveAttention, "additive-attention", "AdditiveAttention"},

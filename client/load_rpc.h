@@ -13,7 +13,7 @@
 namespace attnctl {
 
 enum class LoadRpc {
-  kAttention,
+  kScaledDotProductAttention,
   kMaskedSoftmax,
   kBatchMatmul,
   kAdditiveAttention,

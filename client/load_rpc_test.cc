@@ -8,7 +8,7 @@ namespace {
 // ParseLoadRpc and LoadRpcName are tested through client/load.h in
 // load_test.cc; this covers the method names the calls are sent to.
 TEST(LoadRpcMethodTest, FullMethodNames) {
-  EXPECT_EQ(LoadRpcMethod(LoadRpc::kAttention),
+  EXPECT_EQ(LoadRpcMethod(LoadRpc::kScaledDotProductAttention),
             "/attention.v1.AttentionService/ScaledDotProductAttention");
   EXPECT_EQ(LoadRpcMethod(LoadRpc::kBatchMatmul),
             "/attention.v1.AttentionService/BatchMatmul");
@@ -19,9 +19,9 @@ TEST(LoadRpcMethodTest, FullMethodNames) {
 
 TEST(LoadRpcMethodTest, EveryRpcHasOne) {
   for (LoadRpc rpc :
-       {LoadRpc::kAttention, LoadRpc::kMaskedSoftmax, LoadRpc::kBatchMatmul,
-        LoadRpc::kAdditiveAttention, LoadRpc::kNadarayaWatson,
-        LoadRpc::kFitBandwidth, LoadRpc::kHealth}) {
+       {LoadRpc::kScaledDotProductAttention, LoadRpc::kMaskedSoftmax,
+        LoadRpc::kBatchMatmul, LoadRpc::kAdditiveAttention,
+        LoadRpc::kNadarayaWatson, LoadRpc::kFitBandwidth, LoadRpc::kHealth}) {
     EXPECT_FALSE(LoadRpcMethod(rpc).empty()) << LoadRpcName(rpc);
   }
 }

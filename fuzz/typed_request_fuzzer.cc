@@ -270,7 +270,7 @@ void BatchMatmul(const v1::BatchMatmulRequest& request) {
   Reference(response.info());
 }
 
-void Attention(const v1::AttentionRequest& request) {
+void ScaledDotProductAttention(const v1::AttentionRequest& request) {
   v1::AttentionResponse response;
   const grpc::Status status = Serve(
       &attnserve::AttentionService::ScaledDotProductAttention, request,
@@ -470,7 +470,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: {
       v1::AttentionRequest request;
-      if (Parse(data, size, &request)) Attention(request);
+      if (Parse(data, size, &request)) ScaledDotProductAttention(request);
       break;
     }
     case 3: {

@@ -406,7 +406,8 @@ std::optional<float> MakeScale(FuzzedDataProvider& p) {
   return EdgeFloat(p);
 }
 
-void Attention(FuzzedDataProvider& p, const int64_t* s, Buffers& buffers) {
+void ScaledDotProductAttention(FuzzedDataProvider& p, const int64_t* s,
+                               Buffers& buffers) {
   attn::AttentionRequest request;
   if (p.ConsumeBool()) {
     request.queries = buffers.Tensor(p, MakeShape(p, s, {kB, kH, kLq, kD}));
@@ -487,7 +488,8 @@ void Attention(FuzzedDataProvider& p, const int64_t* s, Buffers& buffers) {
   attn::AttentionParams run = params;
   run.out = out_buffer.data();
   run.weights = weights.empty() ? nullptr : weights_buffer.data();
-  FUZZ_CHECK(attn::ReferenceBackend().Attention(run).ok(), "reference");
+  FUZZ_CHECK(attn::ReferenceBackend().ScaledDotProductAttention(run).ok(),
+             "reference");
   if (!weights.empty()) {
     CheckWeights(weights_buffer, q[0] * heads * lq, lk, [&](int64_t r) {
       return run.KeyLimit(r / (heads * lq), r % lq);
@@ -699,7 +701,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       BatchMatmul(p, symbols, buffers);
       break;
     case 2:
-      Attention(p, symbols, buffers);
+      ScaledDotProductAttention(p, symbols, buffers);
       break;
     case 3:
       AdditiveAttention(p, symbols, buffers);

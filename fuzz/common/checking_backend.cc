@@ -108,7 +108,8 @@ absl::Status CheckingBackend::BatchMatmul(const attn::BatchMatmulParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status CheckingBackend::Attention(const attn::AttentionParams& p) {
+absl::Status CheckingBackend::ScaledDotProductAttention(
+    const attn::AttentionParams& p) {
   const int64_t q = Elements("attention q", {p.batch, p.heads, p.lq, p.d});
   const int64_t k = Elements("attention k", {p.batch, p.heads, p.lk, p.d});
   const int64_t v = Elements("attention v", {p.batch, p.heads, p.lk, p.dv});

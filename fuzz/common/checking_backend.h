@@ -40,7 +40,8 @@ class CheckingBackend final : public attn::Backend {
 
   absl::Status MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override;
   absl::Status BatchMatmul(const attn::BatchMatmulParams& p) override;
-  absl::Status Attention(const attn::AttentionParams& p) override;
+  absl::Status ScaledDotProductAttention(
+      const attn::AttentionParams& p) override;
   absl::Status AdditiveAttention(
       const attn::AdditiveAttentionParams& p) override;
   absl::Status NadarayaWatson(const attn::NadarayaWatsonParams& p) override;

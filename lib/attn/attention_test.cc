@@ -96,14 +96,14 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
       break;
   }
   request.return_weights = true;
-  auto expected = reference_->Attention(request);
+  auto expected = reference_->ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
   ASSERT_EQ(expected->implementation, "reference");
-  auto with_weights = optimized_->Attention(request);
+  auto with_weights = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(with_weights.ok()) << with_weights.status();
   EXPECT_EQ(with_weights->implementation, "onednn-cpu");
   request.return_weights = false;
-  auto fused = optimized_->Attention(request);
+  auto fused = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(fused->implementation, "onednn-cpu");
   EXPECT_TRUE(fused->weights.empty());
@@ -195,7 +195,7 @@ TEST(AttentionToyTest, TextbookValidLengths) {
   request.values = values.view();
   request.valid_lens = ViewOf(lengths, {2});
   request.return_weights = true;
-  auto result = (*engine)->Attention(request);
+  auto result = (*engine)->ScaledDotProductAttention(request);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->implementation, "onednn-cpu");
   ASSERT_EQ(result->weights.shape, (Shape{2, 1, 10}));
@@ -232,14 +232,14 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
   request.keys = k.view();
   request.values = v.view();
   request.return_weights = true;
-  auto exact = (*reference)->Attention(request);
+  auto exact = (*reference)->ScaledDotProductAttention(request);
   ASSERT_TRUE(exact.ok());
   request.precision = Precision::kBFloat16;
-  auto bf16_reference = (*reference)->Attention(request);
+  auto bf16_reference = (*reference)->ScaledDotProductAttention(request);
   ASSERT_TRUE(bf16_reference.ok());
   for (bool weights : {true, false}) {
     request.return_weights = weights;
-    auto bf16 = (*engine)->Attention(request);
+    auto bf16 = (*engine)->ScaledDotProductAttention(request);
     ASSERT_TRUE(bf16.ok()) << bf16.status();
     // Against the reference fed the same bf16-rounded operands: float32
     // arithmetic only, within its derived bound.
@@ -269,13 +269,13 @@ TEST(AttentionPrecisionTest, Float16WithinDocumentedBound) {
   request.queries = q.view();
   request.keys = k.view();
   request.values = v.view();
-  auto exact = (*reference)->Attention(request);
+  auto exact = (*reference)->ScaledDotProductAttention(request);
   ASSERT_TRUE(exact.ok());
   request.precision = Precision::kFloat16;
-  auto fp16 = (*engine)->Attention(request);
+  auto fp16 = (*engine)->ScaledDotProductAttention(request);
   ASSERT_TRUE(fp16.ok()) << fp16.status();
   request.return_weights = true;
-  auto fp16_reference = (*reference)->Attention(request);
+  auto fp16_reference = (*reference)->ScaledDotProductAttention(request);
   ASSERT_TRUE(fp16_reference.ok());
   EXPECT_TRUE(WithinBounds(fp16->output, fp16_reference->output,
                            AttentionBounds(request, *fp16_reference).output));
@@ -299,12 +299,12 @@ TEST(AttentionPrecisionTest, Float16RejectsInputsBeyondItsRange) {
   request.precision = Precision::kFloat16;
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());
-  auto result = (*engine)->Attention(request);
+  auto result = (*engine)->ScaledDotProductAttention(request);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(result.status().message().find("queries"), std::string::npos);
   EXPECT_NE(result.status().message().find("65504"), std::string::npos);
   request.precision = Precision::kBFloat16;  // bfloat16 has float32's range
-  EXPECT_TRUE((*engine)->Attention(request).ok());
+  EXPECT_TRUE((*engine)->ScaledDotProductAttention(request).ok());
 }
 
 // ... all but its top: float's largest values round past bfloat16's largest
@@ -325,7 +325,7 @@ TEST(AttentionPrecisionTest, BFloat16RejectsInputsThatRoundToInfinity) {
   request.precision = Precision::kBFloat16;
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());
-  auto result = (*engine)->Attention(request);
+  auto result = (*engine)->ScaledDotProductAttention(request);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(result.status().message().find("keys: element 6"),
             std::string::npos)
@@ -333,7 +333,7 @@ TEST(AttentionPrecisionTest, BFloat16RejectsInputsThatRoundToInfinity) {
   k.data[6] = 3.3e38f;
   ASSERT_TRUE(std::isfinite(RoundToBFloat16(k.data[6])));
   request.keys = k.view();
-  EXPECT_TRUE((*engine)->Attention(request).ok());
+  EXPECT_TRUE((*engine)->ScaledDotProductAttention(request).ok());
 }
 
 TEST(EngineWarmUpTest, RunsEveryOperation) {
@@ -370,7 +370,7 @@ TEST(AttentionOverflowTest, FiniteInputsGiveTheReferenceResult) {
   request.valid_lens = ViewOf(lengths, {2, 3});
   request.return_weights = true;
   for (Threads threads : {Threads::kDefault, Threads::kAlwaysParallel}) {
-    auto result = OptimizedEngine(threads).Attention(request);
+    auto result = OptimizedEngine(threads).ScaledDotProductAttention(request);
     ASSERT_TRUE(result.ok()) << result.status();
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t i = 0; i < 3; ++i) {
@@ -401,7 +401,8 @@ TEST(AttentionOverflowTest, NonFiniteInputsPropagateToTheirRows) {
   request.queries = q.view();
   request.keys = k.view();
   request.values = v.view();
-  auto result = OptimizedEngine(Threads::kDefault).Attention(request);
+  auto result =
+      OptimizedEngine(Threads::kDefault).ScaledDotProductAttention(request);
   ASSERT_TRUE(result.ok()) << result.status();
   for (int64_t c = 0; c < 8; ++c) EXPECT_TRUE(std::isnan(result->output.data[c]));
   for (size_t i = 8; i < result->output.data.size(); ++i) {

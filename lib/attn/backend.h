@@ -36,7 +36,8 @@ class Backend {
 
   virtual absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) = 0;
   virtual absl::Status BatchMatmul(const BatchMatmulParams& params) = 0;
-  virtual absl::Status Attention(const AttentionParams& params) = 0;
+  virtual absl::Status ScaledDotProductAttention(
+      const AttentionParams& params) = 0;
   virtual absl::Status AdditiveAttention(
       const AdditiveAttentionParams& params) = 0;
   virtual absl::Status NadarayaWatson(const NadarayaWatsonParams& params) = 0;

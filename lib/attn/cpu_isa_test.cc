@@ -193,17 +193,17 @@ TEST_P(EveryCopyTest, AttentionWithinDerivedBound) {
     request.valid_lens = ViewOf(lengths, {3, 70});
     request.score = score;
     request.return_weights = true;
-    auto expected = ReferenceEngine().Attention(request);
+    auto expected = ReferenceEngine().ScaledDotProductAttention(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
     const auto bounds = AttentionBounds(request, *expected);
-    auto with_weights = (*engine)->Attention(request);
+    auto with_weights = (*engine)->ScaledDotProductAttention(request);
     ASSERT_TRUE(with_weights.ok()) << with_weights.status();
     EXPECT_TRUE(WithinBounds(with_weights->weights, expected->weights,
                              bounds.weights));
     EXPECT_TRUE(WithinBounds(with_weights->output, expected->output,
                              bounds.output));
     request.return_weights = false;
-    auto fused = (*engine)->Attention(request);
+    auto fused = (*engine)->ScaledDotProductAttention(request);
     ASSERT_TRUE(fused.ok()) << fused.status();
     EXPECT_TRUE(WithinBounds(fused->output, expected->output, bounds.output));
   }

@@ -520,7 +520,7 @@ absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams& p) {
   return call.Finish();
 }
 
-absl::Status CudaBackend::Attention(const AttentionParams& p) {
+absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams& p) {
   const ElementType type = OperandType(p.precision);
   if (p.score == ScoreKind::kGaussian && type != ElementType::kFloat32) {
     return absl::UnimplementedError(

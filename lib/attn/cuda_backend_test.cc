@@ -251,7 +251,7 @@ TEST(CudaRoutingTest, SmallCallsStayOnTheCpu) {
     request.queries = q.view();
     request.keys = k.view();
     request.values = v.view();
-    auto result = (*engine)->Attention(request);
+    auto result = (*engine)->ScaledDotProductAttention(request);
     EXPECT_TRUE(result.ok()) << result.status();
     return result.ok() ? result->implementation : std::string();
   };
@@ -317,7 +317,7 @@ TEST_P(CudaAttentionTest, FusedAndUnfusedWithinTwiceNaiveError) {
   std::vector<float> naive_weights;
   const Tensor naive = NaiveAttention(request, c.heads, &naive_weights);
   request.return_weights = true;
-  auto reference = ReferenceEngine().Attention(request);
+  auto reference = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(reference.ok()) << reference.status();
 
   for (Engine* engine : {TheGpu().fused.get(), TheGpu().unfused.get()}) {
@@ -325,7 +325,7 @@ TEST_P(CudaAttentionTest, FusedAndUnfusedWithinTwiceNaiveError) {
       SCOPED_TRACE(absl::StrCat(engine == TheGpu().fused.get() ? "fused" : "unfused",
                                 weights ? ", weights" : ""));
       request.return_weights = weights;
-      auto result = engine->Attention(request);
+      auto result = engine->ScaledDotProductAttention(request);
       ASSERT_TRUE(result.ok()) << result.status();
       EXPECT_EQ(result->implementation, "cuda");
       EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
@@ -537,14 +537,14 @@ TEST(CudaResourcesTest, ConcurrentCallersEachGetTheirOwnStream) {
   request.queries = q.view();
   request.keys = k.view();
   request.values = v.view();
-  auto reference = ReferenceEngine().Attention(request);
+  auto reference = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(reference.ok());
   std::vector<std::thread> threads;
   std::vector<Tensor> outputs(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int call = 0; call < 5; ++call) {
-        auto result = TheGpu().fused->Attention(request);
+        auto result = TheGpu().fused->ScaledDotProductAttention(request);
         if (result.ok()) outputs[t] = std::move(result->output);
       }
     });
@@ -583,7 +583,7 @@ TEST(CudaResourcesTest, FusedAttentionMemoryIsLinearInLength) {
     request.keys = k.view();
     request.values = v.view();
     TheGpu().backend->ResetPeakMemory();
-    ASSERT_TRUE(TheGpu().fused->Attention(request).ok());
+    ASSERT_TRUE(TheGpu().fused->ScaledDotProductAttention(request).ok());
     peaks.push_back(TheGpu().backend->memory_stats().peak_bytes_in_use);
   }
   // 4x the length: inputs and output grow 4x; an (L x L) matrix would be 16x.

@@ -34,7 +34,7 @@ absl::Status CudaBackend::MaskedSoftmax(const MaskedSoftmaxParams&) {
 absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams&) {
   return NotBuilt();
 }
-absl::Status CudaBackend::Attention(const AttentionParams&) {
+absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams&) {
   return NotBuilt();
 }
 absl::Status CudaBackend::AdditiveAttention(const AdditiveAttentionParams&) {

@@ -194,14 +194,15 @@ absl::StatusOr<OpResult> Engine::BatchMatmul(const BatchMatmulRequest& request) 
   return result;
 }
 
-absl::StatusOr<OpResult> Engine::Attention(const AttentionRequest& request) {
+absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
+    const AttentionRequest& request) {
   ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(result.implementation,
-                   Dispatch(plan.params, &Backend::Attention,
-                            {request.queries, request.keys, request.values},
-                            result));
+  ASSIGN_OR_RETURN(
+      result.implementation,
+      Dispatch(plan.params, &Backend::ScaledDotProductAttention,
+               {request.queries, request.keys, request.values}, result));
   return result;
 }
 
@@ -261,7 +262,7 @@ absl::Status Engine::RunWarmUpCalls() {
   attention.valid_lens = LengthsView{lengths.data(), {2}};
   for (bool weights : {false, true}) {
     attention.return_weights = weights;
-    RETURN_IF_ERROR(Attention(attention).status());
+    RETURN_IF_ERROR(ScaledDotProductAttention(attention).status());
   }
   // One call per head dim a fused GPU kernel is compiled for, so that its
   // module load and shared-memory setup happen here (microseconds on a CPU).
@@ -269,7 +270,7 @@ absl::Status Engine::RunWarmUpCalls() {
     const Tensor x = Tensor::Zeros({1, 4, d});
     AttentionRequest fused;
     fused.queries = fused.keys = fused.values = x.view();
-    RETURN_IF_ERROR(Attention(fused).status());
+    RETURN_IF_ERROR(ScaledDotProductAttention(fused).status());
   }
   MaskedSoftmaxRequest softmax;
   softmax.x = TensorView{k.data.data(), {2, 2, 10}};

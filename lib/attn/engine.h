@@ -82,7 +82,8 @@ class Engine {
 
   absl::StatusOr<OpResult> MaskedSoftmax(const MaskedSoftmaxRequest& request);
   absl::StatusOr<OpResult> BatchMatmul(const BatchMatmulRequest& request);
-  absl::StatusOr<OpResult> Attention(const AttentionRequest& request);
+  absl::StatusOr<OpResult> ScaledDotProductAttention(
+      const AttentionRequest& request);
   absl::StatusOr<OpResult> AdditiveAttention(
       const AdditiveAttentionRequest& request);
   absl::StatusOr<OpResult> NadarayaWatson(

@@ -43,7 +43,7 @@ class ScriptedBackend final : public Backend {
   absl::Status BatchMatmul(const BatchMatmulParams& p) override {
     return Run(p.out, p.n * p.m * p.p);
   }
-  absl::Status Attention(const AttentionParams& p) override {
+  absl::Status ScaledDotProductAttention(const AttentionParams& p) override {
     return Run(p.out, p.batch * p.heads * p.lq * p.dv);
   }
   absl::Status AdditiveAttention(const AdditiveAttentionParams& p) override {
@@ -111,7 +111,7 @@ class EngineDispatchTest : public ::testing::Test {
         w_k_(RandomNormal(rng_, {7, 4})),
         w_v_(RandomNormal(rng_, {7})) {}
 
-  AttentionRequest Attention() const {
+  AttentionRequest ScaledDotProductAttention() const {
     AttentionRequest request;
     request.queries = q_.view();
     request.keys = k_.view();
@@ -169,7 +169,8 @@ TEST_F(EngineDispatchTest, DeclinedCallsGoToTheNextBackend) {
 
 TEST_F(EngineDispatchTest, FailuresOtherThanDeclineAreFinal) {
   Scripted scripted = EngineOf({{"fails", Behaviour::kFail}});
-  auto result = scripted.engine->Attention(Attention());
+  auto result =
+      scripted.engine->ScaledDotProductAttention(ScaledDotProductAttention());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(result.status().message().find("fails failed"), std::string::npos);
 }
@@ -190,8 +191,9 @@ TEST_F(EngineDispatchTest, OverflowOnFiniteInputsIsRedoneOnTheReference) {
     EXPECT_EQ(got->output.data, want->output.data);
     EXPECT_EQ(got->weights.data, want->weights.data);
   };
-  expect_redone(engine.Attention(Attention()),
-                reference->Attention(Attention()));
+  expect_redone(
+      engine.ScaledDotProductAttention(ScaledDotProductAttention()),
+      reference->ScaledDotProductAttention(ScaledDotProductAttention()));
   expect_redone(engine.AdditiveAttention(Additive()),
                 reference->AdditiveAttention(Additive()));
   expect_redone(engine.MaskedSoftmax(Softmax()),
@@ -218,7 +220,8 @@ TEST_F(EngineDispatchTest, NonFiniteInputsPropagate) {
                     std::numeric_limits<float>::infinity()}) {
     const float saved = k_.data[3];
     k_.data[3] = bad;
-    auto result = scripted.engine->Attention(Attention());
+    auto result =
+        scripted.engine->ScaledDotProductAttention(ScaledDotProductAttention());
     k_.data[3] = saved;
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->implementation, "overflows");

@@ -40,8 +40,9 @@ absl::Status MinimumWorkBackend::BatchMatmul(const BatchMatmulParams& params) {
   return Route(params, &Backend::BatchMatmul);
 }
 
-absl::Status MinimumWorkBackend::Attention(const AttentionParams& params) {
-  return Route(params, &Backend::Attention);
+absl::Status MinimumWorkBackend::ScaledDotProductAttention(
+    const AttentionParams& params) {
+  return Route(params, &Backend::ScaledDotProductAttention);
 }
 
 absl::Status MinimumWorkBackend::AdditiveAttention(

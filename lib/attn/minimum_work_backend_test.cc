@@ -40,7 +40,7 @@ class StandInBackend final : public Backend {
   absl::Status BatchMatmul(const BatchMatmulParams& p) override {
     return Fill(p.out, p.n * p.m * p.p, nullptr, 0);
   }
-  absl::Status Attention(const AttentionParams& p) override {
+  absl::Status ScaledDotProductAttention(const AttentionParams& p) override {
     return Fill(p.out, p.batch * p.heads * p.lq * p.dv, p.weights,
                 p.batch * p.heads * p.lq * p.lk);
   }
@@ -138,8 +138,9 @@ std::vector<OpCase> EveryOperation(Inputs& in, int64_t scale) {
     r.keys = in.Normal({2, 5 * s, 4});
     r.values = in.Normal({2, 5 * s, 6});
     r.return_weights = true;
-    cases.push_back({"attention", 2.0 * 2 * 3 * s * 5 * s * (4 + 6),
-                     [r](Engine& e) { return e.Attention(r); }});
+    cases.push_back(
+        {"attention", 2.0 * 2 * 3 * s * 5 * s * (4 + 6),
+         [r](Engine& e) { return e.ScaledDotProductAttention(r); }});
   }
   {
     AdditiveAttentionRequest r;

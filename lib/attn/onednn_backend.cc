@@ -291,7 +291,8 @@ absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
   return impl_->Matmul(p.a, p.b, p.out, p.n, p.m, p.k, p.p);
 }
 
-absl::Status OneDnnBackend::Attention(const AttentionParams& p) {
+absl::Status OneDnnBackend::ScaledDotProductAttention(
+    const AttentionParams& p) {
   const int threads = impl_->ThreadsFor(EstimatedFlops(p));
   ScopedOmpThreads scoped(threads);
   if (p.precision == Precision::kBFloat16) {

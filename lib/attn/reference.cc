@@ -98,7 +98,8 @@ absl::Status ReferenceBackend::BatchMatmul(const BatchMatmulParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status ReferenceBackend::Attention(const AttentionParams& p) {
+absl::Status ReferenceBackend::ScaledDotProductAttention(
+    const AttentionParams& p) {
   std::vector<double> scores(p.lk), probabilities;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads; ++h) {

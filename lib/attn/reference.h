@@ -22,7 +22,8 @@ class ReferenceBackend final : public Backend {
 
   absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
   absl::Status BatchMatmul(const BatchMatmulParams& params) override;
-  absl::Status Attention(const AttentionParams& params) override;
+  absl::Status ScaledDotProductAttention(
+      const AttentionParams& params) override;
   absl::Status AdditiveAttention(
       const AdditiveAttentionParams& params) override;
   absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;

@@ -156,7 +156,7 @@ std::function<absl::Status(Engine&)> OnAttention(
     AttentionRequest r = Attn();
     if (!lens_shape.empty()) r.valid_lens = LengthsView{lens.data(), lens_shape};
     mutate(r);
-    return engine.Attention(r).status();
+    return engine.ScaledDotProductAttention(r).status();
   };
 }
 template <typename Mutate>

@@ -172,7 +172,8 @@ TEST_P(ServiceTest, AttentionToyCaseMatchesReference) {
     op.values = View(v);
     op.valid_lens = {lens.data(), {2}};
     op.return_weights = true;
-    const attn::OpResult expected = reference_->Attention(op).value();
+    const attn::OpResult expected =
+        reference_->ScaledDotProductAttention(op).value();
     const attn::testing::ErrorBounds bounds =
         attn::testing::AttentionBounds(op, expected);
     const attn::Tensor weights = ToTensor(response.weights());
@@ -499,7 +500,8 @@ TEST_P(ServiceTest, ConcurrentClientsEachGetTheirOwnResult) {
         op.values = View(v);
         op.valid_lens = {request.valid_lens().values().data(), {1}};
         op.return_weights = true;  // the bounds need the exact weights
-        const attn::OpResult expected = reference_->Attention(op).value();
+        const attn::OpResult expected =
+            reference_->ScaledDotProductAttention(op).value();
         const attn::testing::ErrorBounds bounds =
             attn::testing::AttentionBounds(op, expected);
         if (!attn::testing::WithinBounds(ToTensor(response.output()),

@@ -420,7 +420,8 @@ Results Combine(attn::Engine& engine,
   combined.score = like.score;
   combined.return_weights = like.return_weights;
   combined.precision = like.precision;
-  absl::StatusOr<attn::OpResult> all = engine.Attention(combined);
+  absl::StatusOr<attn::OpResult> all =
+      engine.ScaledDotProductAttention(combined);
   if (!all.ok()) return {};
   return SliceAttentionResults(*all, params, layout, in);
 }
@@ -595,7 +596,7 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
       return engine.BatchMatmul(r);
     }
     auto operator()(const attn::AttentionRequest& r) {
-      return engine.Attention(r);
+      return engine.ScaledDotProductAttention(r);
     }
     auto operator()(const attn::AdditiveAttentionRequest& r) {
       return engine.AdditiveAttention(r);

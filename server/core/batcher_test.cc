@@ -376,14 +376,16 @@ TEST_P(RaggedTest, EachResultEqualsTheRequestAlone) {
   for (const auto& call : calls) {
     ASSERT_TRUE(call->result.has_value());
     ASSERT_TRUE(call->result->ok()) << call->result->status();
-    const attn::OpResult alone = engine_->Attention(call->request).value();
+    const attn::OpResult alone =
+        engine_->ScaledDotProductAttention(call->request).value();
     const attn::OpResult& batched = **call->result;
     // Batched, the kernels see other shapes (and may block and round
     // differently): the result keeps the same derived bound.
     attn::AttentionRequest with_weights = call->request;
     with_weights.return_weights = true;
-    const attn::OpResult exact =
-        attn::testing::ReferenceEngine().Attention(with_weights).value();
+    const attn::OpResult exact = attn::testing::ReferenceEngine()
+                                     .ScaledDotProductAttention(with_weights)
+                                     .value();
     const attn::testing::ErrorBounds bounds =
         attn::testing::AttentionBounds(with_weights, exact);
     EXPECT_TRUE(WithinBounds(batched.output, exact.output, bounds.output));
@@ -608,8 +610,9 @@ TEST_F(BatcherThreadsTest, ConcurrentClientsEachGetTheirOwnResult) {
       ASSERT_TRUE(call->result->ok()) << call->result->status();
       attn::AttentionRequest with_weights = call->request;
       with_weights.return_weights = true;
-      const attn::OpResult exact =
-          attn::testing::ReferenceEngine().Attention(with_weights).value();
+      const attn::OpResult exact = attn::testing::ReferenceEngine()
+                                       .ScaledDotProductAttention(with_weights)
+                                       .value();
       const attn::testing::ErrorBounds bounds =
           attn::testing::AttentionBounds(with_weights, exact);
       EXPECT_TRUE(

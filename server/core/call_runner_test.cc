@@ -340,7 +340,7 @@ TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
       },
       [&](const attn::OpResult& result) { encoded = result; }, {}, &responder);
   ASSERT_TRUE(responder.Wait().ok());
-  const auto expected = engine_->Attention(request);
+  const auto expected = engine_->ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok());
   EXPECT_EQ(encoded.output.data, expected->output.data);
 
