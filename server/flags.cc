@@ -39,6 +39,26 @@ ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
 ABSL_FLAG(std::string, host, "0.0.0.0",
           "Address to bind gRPC to, e.g. 0.0.0.0, 127.0.0.1 or [::].");
+ABSL_FLAG(int32_t, http_port, 8000,
+          "TCP port for KServe v2 over HTTP/REST (Triton's default); 0 turns "
+          "the HTTP front end off. Same limits, drain, TLS and tokens as the "
+          "gRPC port.");
+ABSL_FLAG(std::string, http_host, "",
+          "Address to bind the HTTP port to; empty means --host.");
+ABSL_FLAG(int32_t, http_threads, 1,
+          "Event loops of the HTTP port (each reads, parses and routes "
+          "requests; kernels run on the worker pool either way).");
+ABSL_FLAG(int32_t, http_max_connections, 1000,
+          "Open HTTP connections at most; a connection over it is closed at "
+          "once and counted in attnserve_connections_refused_total.");
+ABSL_FLAG(int32_t, http_request_timeout_ms, 30000,
+          "An HTTP request must arrive whole within this of its connection "
+          "opening or of the previous response (slow clients); idle "
+          "keep-alive connections, and connections that neither read nor "
+          "write for this long, are closed.");
+ABSL_FLAG(int32_t, http_max_header_bytes, 16384,
+          "Largest HTTP request head (request line and headers); beyond it "
+          "the connection is refused (400).");
 ABSL_FLAG(std::string, metrics_host, "",
           "Address to bind the metrics endpoint to; empty means --host. "
           "The endpoint is plain HTTP without authentication: bind it to "
@@ -242,6 +262,32 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
                      "' is neither 'none' nor 'explicit'"));
   }
   grpc.explicit_model_control = model_control_mode == "explicit";
+
+  HttpServerOptions& http = config.http;
+  http.port = absl::GetFlag(FLAGS_http_port);
+  http.host = absl::GetFlag(FLAGS_http_host).empty()
+                  ? grpc.host
+                  : absl::GetFlag(FLAGS_http_host);
+  http.threads = absl::GetFlag(FLAGS_http_threads);
+  http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  http.max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
+  const int32_t http_request_timeout_ms =
+      absl::GetFlag(FLAGS_http_request_timeout_ms);
+  if (http.port < 0 || http.port > 65535 || http.threads < 1 ||
+      http.max_connections < 1 || http.max_header_bytes < 1024 ||
+      http_request_timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        "--http_port must be in [0, 65535]; --http_threads, "
+        "--http_max_connections and --http_request_timeout_ms at least 1; "
+        "--http_max_header_bytes at least 1024");
+  }
+  http.request_timeout = absl::Milliseconds(http_request_timeout_ms);
+  http.max_body_bytes = grpc.max_message_bytes;
+  http.tls_cert = grpc.tls_cert;
+  http.tls_key = grpc.tls_key;
+  http.tls_client_ca = grpc.tls_client_ca;
+  http.explicit_model_control = grpc.explicit_model_control;
+  http.max_batch_size = grpc.max_batch_size;
 
   ServerCore::Options& core = config.core;
   core.admission.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "attn/engine.h"
 #include "server/api/grpc_server.h"
+#include "server/api/http_server.h"
 #include "server/core/cpu_budget.h"
 #include "server/core/server_core.h"
 #include "server/repository/model_repository.h"
@@ -22,6 +23,7 @@ struct ServerConfig {
   attn::EngineOptions engine;
   ServerCore::Options core;
   GrpcServerOptions grpc;
+  HttpServerOptions http;  // port 0: no HTTP front end
   ModelRepository::Options repository;
   std::string metrics_host;
   int metrics_port = 8002;

@@ -1,9 +1,10 @@
-// attnserve: the gRPC front of the attention kernel library.
+// attnserve: the gRPC and HTTP front of the attention kernel library.
 //
 // Serves attention.v1.AttentionService, the KServe v2 / Triton-compatible
 // inference.GRPCInferenceService, the standard grpc.health.v1.Health
 // service (SERVING once ready, NOT_SERVING while draining) and server
-// reflection on --grpc_port (server/api/grpc_server.h), and Prometheus
+// reflection on --grpc_port (server/api/grpc_server.h), KServe v2 over
+// HTTP/REST on --http_port (server/api/http_server.h), and Prometheus
 // metrics at http://--metrics_host:--metrics_port/metrics. Everything that
 // can fail (flags, engine, metric families, ports, certificates, tokens,
 // models) fails at boot, not on a request.
@@ -12,7 +13,8 @@
 // engine, warmed up -> the fd limit and the accept guard
 // (server/core/accept_guard.h) -> the serving core
 // (server/core/server_core.h) -> metrics -> the model repository -> the
-// gRPC server. Then it waits for a signal (server/signals.h).
+// gRPC server -> the HTTP server. Then it waits for a signal
+// (server/signals.h).
 //
 // Lifecycle: SIGTERM or SIGINT flips health to NOT_SERVING but keeps
 // serving for --drain_notice_ms; then new calls are refused with
@@ -39,6 +41,7 @@
 #include "absl/time/time.h"
 #include "attn/engine.h"
 #include "server/api/grpc_server.h"
+#include "server/api/http_server.h"
 #include "server/core/accept_guard.h"
 #include "server/core/server_core.h"
 #include "server/flags.h"
@@ -136,6 +139,14 @@ int main(int argc, char** argv) {
       attnserve::GrpcServer::Start(config->grpc, core->get(),
                                    repository->get());
   if (!server.ok()) return Fail(server.status());
+  std::unique_ptr<attnserve::HttpServer> http;
+  if (config->http.port != 0) {
+    absl::StatusOr<std::unique_ptr<attnserve::HttpServer>> started =
+        attnserve::HttpServer::Start(config->http, core->get(),
+                                     repository->get(), (*server)->tokens());
+    if (!started.ok()) return Fail(started.status());
+    http = *std::move(started);
+  }
   const std::vector<int> metrics_ports = (*metrics)->GetListeningPorts();
   absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n",
                 config->metrics_host,
@@ -153,6 +164,7 @@ int main(int argc, char** argv) {
                 absl::ToInt64Milliseconds(config->drain_notice),
                 absl::ToInt64Milliseconds(config->grace_period));
   (*server)->SetNotServing();
+  if (http != nullptr) http->SetNotServing();
   absl::SleepFor(config->drain_notice);
   // The drain. gRPC's own Server::Shutdown is not used: it cancels (as
   // CANCELLED, which no client retries) every call whose request is still

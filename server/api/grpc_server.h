@@ -74,6 +74,9 @@ class GrpcServer {
   ~GrpcServer();  // stops the token file's watcher; the server stays up
 
   int port() const { return port_; }
+  // The bearer tokens of --auth_tokens_file (null without), for the HTTP
+  // port to check against the same store.
+  const TokenStore* tokens() const { return tokens_.get(); }
 
   // The drain notice: health and KServe readiness say NOT_SERVING while
   // calls are still served.

@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/api/auth.h"
 #include "server/api/kserve_infer_call.h"
 #include "server/api/kserve_metadata.h"
 #include "server/api/kserve_statistics.h"
@@ -17,6 +18,15 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// Whether the call's bearer token grants model_control (always false
+// without tokens; ModelController asks only when tokens are on).
+bool MayControlModels(grpc::CallbackServerContext* context) {
+  return context->auth_context() != nullptr &&
+         !context->auth_context()
+              ->FindPropertyValues(kModelControlProperty)
+              .empty();
 }
 
 }  // namespace
@@ -99,14 +109,14 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context,
     const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  return Answer(context, model_controller_.Load(context, *request));
+  return Answer(context, model_controller_.Load(MayControlModels(context), *request));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
     grpc::CallbackServerContext* context,
     const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  return Answer(context, model_controller_.Unload(context, *request));
+  return Answer(context, model_controller_.Unload(MayControlModels(context), *request));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(

@@ -51,16 +51,13 @@ void ModelController::Index(bool server_ready,
 }
 
 absl::Status ModelController::CheckAllowed(
-    grpc::CallbackServerContext* context, const std::string& model_name) const {
+    bool may_control_models, const std::string& model_name) const {
   if (!control_.explicit_mode) {
     return absl::FailedPreconditionError(
         "model control is off: start the server with "
         "--model_control_mode=explicit to load and unload models");
   }
-  if (control_.needs_permission &&
-      (context->auth_context() == nullptr ||
-       context->auth_context()->FindPropertyValues(kModelControlProperty)
-           .empty())) {
+  if (control_.needs_permission && !may_control_models) {
     return absl::PermissionDeniedError(
         "this token may not load or unload models; give it the permission "
         "model_control in --auth_tokens_file");
@@ -76,9 +73,9 @@ absl::Status ModelController::CheckAllowed(
 }
 
 absl::Status ModelController::Load(
-    grpc::CallbackServerContext* context,
+    bool may_control_models,
     const inference::RepositoryModelLoadRequest& request) {
-  absl::Status status = CheckAllowed(context, request.model_name());
+  absl::Status status = CheckAllowed(may_control_models, request.model_name());
   if (status.ok()) status = CheckControlParameters(request.parameters());
   if (status.ok() && !IsBuiltInModel(request.model_name())) {
     status = repository_->LoadModel(request.model_name());
@@ -87,9 +84,9 @@ absl::Status ModelController::Load(
 }
 
 absl::Status ModelController::Unload(
-    grpc::CallbackServerContext* context,
+    bool may_control_models,
     const inference::RepositoryModelUnloadRequest& request) {
-  absl::Status status = CheckAllowed(context, request.model_name());
+  absl::Status status = CheckAllowed(may_control_models, request.model_name());
   if (status.ok()) status = CheckControlParameters(request.parameters());
   if (status.ok() && IsBuiltInModel(request.model_name())) {
     status = absl::InvalidArgumentError(absl::StrCat(

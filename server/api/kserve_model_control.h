@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "grpcpp/server_context.h"
 #include "inference/grpc_service.pb.h"
 #include "server/repository/model_repository.h"
 
@@ -43,18 +42,19 @@ class ModelController {
   void Index(bool server_ready, const inference::RepositoryIndexRequest& request,
              inference::RepositoryIndexResponse* response) const;
 
-  // OK, or why not: FAILED_PRECONDITION (model control off, no
+  // `may_control_models`: the call's token grants model_control (or tokens
+  // are off). OK, or why not: FAILED_PRECONDITION (model control off, no
   // repository), PERMISSION_DENIED (the call's token), INVALID_ARGUMENT (no
   // name, an unsupported parameter, unloading a built-in model), or the
   // repository's own error (NOT_FOUND, a broken model's INVALID_ARGUMENT).
-  absl::Status Load(grpc::CallbackServerContext* context,
+  absl::Status Load(bool may_control_models,
                     const inference::RepositoryModelLoadRequest& request);
-  absl::Status Unload(grpc::CallbackServerContext* context,
+  absl::Status Unload(bool may_control_models,
                       const inference::RepositoryModelUnloadRequest& request);
 
  private:
   // Why a load or unload of `model_name` may not happen, if it may not.
-  absl::Status CheckAllowed(grpc::CallbackServerContext* context,
+  absl::Status CheckAllowed(bool may_control_models,
                             const std::string& model_name) const;
 
   ModelRepository* const repository_;

@@ -104,6 +104,9 @@ int InstallAcceptGuard(int reserve_fds) {
 }
 
 int64_t ConnectionsRefusedByAcceptGuard() { return refused.load(); }
+void CountConnectionRefused() {
+  refused.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace attnserve
 

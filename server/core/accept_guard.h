@@ -54,8 +54,12 @@ absl::StatusOr<FdLimit> RaiseFdLimit();
 // replaces the first's settings.
 int InstallAcceptGuard(int reserve_fds);
 
-// Connections the guard closed at once, since start.
+// Connections the guard closed at once, since start, and those a server
+// closed at once over its own connection cap (CountConnectionRefused; the
+// HTTP server's --http_max_connections): one count,
+// attnserve_connections_refused_total.
 int64_t ConnectionsRefusedByAcceptGuard();
+void CountConnectionRefused();
 
 }  // namespace attnserve
 

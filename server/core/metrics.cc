@@ -115,7 +115,8 @@ class SampledCollector : public prometheus::Collectable {
     families.push_back(Single(
         "attnserve_connections_refused_total",
         "Connections closed at accept because fewer than --fd_reserve file "
-        "descriptors would have stayed free.",
+        "descriptors would have stayed free, or the HTTP port already had "
+        "--http_max_connections.",
         prometheus::MetricType::Counter,
         static_cast<double>(ConnectionsRefusedByAcceptGuard())));
     return families;

@@ -72,7 +72,7 @@ lens() {
 # --- 0. backend choice at start-up -------------------------------------------------
 # A bad --backend, and --backend=cuda without a usable GPU, fail at start
 # with exit 1 and the reason; with a GPU, cuda starts (and is stopped here).
-if "$server_bin" --backend=gpu --grpc_port=0 --metrics_port=0 >"$workdir/b.out" 2>&1; then
+if "$server_bin" --backend=gpu --grpc_port=0 --metrics_port=0 --http_port=0 >"$workdir/b.out" 2>&1; then
   fail "--backend=gpu started"
 elif grep -q "backend must be cpu, cuda or auto" "$workdir/b.out"; then
   pass "--backend=gpu -> exit 1, naming the choices"
@@ -82,7 +82,7 @@ fi
 # The CPU kernels' instruction set: a bad value names the choices; a cap is
 # honoured and logged with oneDNN's own (the whole suite runs under both caps
 # in the isa_* CTest variants; this checks the flag's plumbing).
-if "$server_bin" --max_cpu_isa=avx9 --grpc_port=0 --metrics_port=0 >"$workdir/i.out" 2>&1; then
+if "$server_bin" --max_cpu_isa=avx9 --grpc_port=0 --metrics_port=0 --http_port=0 >"$workdir/i.out" 2>&1; then
   fail "--max_cpu_isa=avx9 started"
 elif grep -q "max_cpu_isa: unknown CPU instruction set \"avx9\"; expected one of baseline, avx2" "$workdir/i.out"; then
   pass "--max_cpu_isa=avx9 -> exit 1, naming the choices"
@@ -98,7 +98,7 @@ if start_server "$server_bin" "$workdir/isa.log" --backend=cpu --max_cpu_isa=bas
 else
   fail "--max_cpu_isa=baseline did not start"
 fi
-timeout -s TERM 30 "$server_bin" --backend=cuda --host=127.0.0.1 --grpc_port=0 \
+timeout -s TERM 30 "$server_bin" --backend=cuda --host=127.0.0.1 --grpc_port=0 --http_port=0 \
   --metrics_port=0 --drain_notice_ms=0 >"$workdir/c.out" 2>&1 &
 cuda_pid=$!
 for _ in $(seq 100); do

@@ -2,7 +2,7 @@
 # shellcheck shell=bash
 # Shared helpers of the cross-layer tests: free loopback ports, starting
 # attnserve in the background and always stopping it. Source it; it defines
-# functions and the globals SERVER_PID, GRPC_PORT, METRICS_PORT.
+# functions and the globals SERVER_PID, GRPC_PORT, HTTP_PORT, METRICS_PORT.
 #
 #   source tests/lib/server.sh
 #   trap stop_server EXIT
@@ -12,6 +12,7 @@
 
 SERVER_PID=""
 GRPC_PORT=""
+HTTP_PORT=""
 METRICS_PORT=""
 
 # resolve_binaries NAME REPO [ATTNSERVE ATTNCTL]: sets the globals
@@ -50,8 +51,12 @@ start_server() {
     GRPC_PORT=$(free_port)
     METRICS_PORT=$(free_port)
     while [[ "$METRICS_PORT" == "$GRPC_PORT" ]]; do METRICS_PORT=$(free_port); done
+    HTTP_PORT=$(free_port)
+    while [[ "$HTTP_PORT" == "$GRPC_PORT" || "$HTTP_PORT" == "$METRICS_PORT" ]]; do
+      HTTP_PORT=$(free_port)
+    done
     "$binary" --host=127.0.0.1 --grpc_port="$GRPC_PORT" \
-      --metrics_port="$METRICS_PORT" "$@" >"$log" 2>&1 &
+      --metrics_port="$METRICS_PORT" --http_port="$HTTP_PORT" "$@" >"$log" 2>&1 &
     SERVER_PID=$!
     for ((i = 0; i < 100; i++)); do
       if grep -q "attnserve listening on" "$log" 2>/dev/null; then

@@ -55,7 +55,7 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 start_replica() {
   local i=$1 n
   "$server_bin" --host=127.0.0.1 --grpc_port="${grpc_ports[$i]}" \
-    --metrics_port="${metrics_ports[$i]}" --drain_notice_ms=1000 \
+    --metrics_port="${metrics_ports[$i]}" --http_port=0 --drain_notice_ms=1000 \
     --grace_period_ms=5000 --worker_threads=1 \
     >>"$workdir/replica$i.log" 2>&1 &
   pids[$i]=$!

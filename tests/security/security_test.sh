@@ -112,7 +112,7 @@ call=(attention --shape queries=2x1x2,keys=2x10x2,values=2x10x4 --summary)
 bad_flags() {
   local pattern=$1
   shift
-  if "$server_bin" --host=127.0.0.1 --grpc_port=0 --metrics_port=0 "$@" \
+  if "$server_bin" --host=127.0.0.1 --grpc_port=0 --metrics_port=0 --http_port=0 "$@" \
       >"$workdir/bad.out" 2>&1; then
     fail "attnserve $* started"
   elif grep -q -- "$pattern" "$workdir/bad.out"; then

@@ -1,0 +1,1031 @@
+#include "server/api/kserve_rest.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+#include "rapidjson/error/en.h"
+#include "rapidjson/memorystream.h"
+#include "rapidjson/reader.h"
+
+namespace attnserve {
+namespace {
+
+using inference::InferParameter;
+using inference::ModelInferRequest;
+
+// How one element of a datatype is read from JSON and laid out in raw
+// bytes (little-endian, as raw_input_contents).
+enum class Element { kFloat32, kFloat64, kSigned, kUnsigned, kBool, kNone };
+
+struct Datatype {
+  Element element = Element::kNone;
+  int bytes = 0;
+};
+
+Datatype DatatypeOf(absl::string_view name) {
+  if (name == "FP32") return {Element::kFloat32, 4};
+  if (name == "FP64") return {Element::kFloat64, 8};
+  if (name == "INT8") return {Element::kSigned, 1};
+  if (name == "INT16") return {Element::kSigned, 2};
+  if (name == "INT32") return {Element::kSigned, 4};
+  if (name == "INT64") return {Element::kSigned, 8};
+  if (name == "UINT8") return {Element::kUnsigned, 1};
+  if (name == "UINT16") return {Element::kUnsigned, 2};
+  if (name == "UINT32") return {Element::kUnsigned, 4};
+  if (name == "UINT64") return {Element::kUnsigned, 8};
+  if (name == "BOOL") return {Element::kBool, 1};
+  return {};  // FP16, BF16, BYTES: binary only (no JSON form here)
+}
+
+// Appends one JSON number, as a `datatype` element, to `raw`. Empty on
+// success, else why not.
+std::string AppendNumber(Datatype type, absl::string_view text,
+                         std::string* raw) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  switch (type.element) {
+    case Element::kFloat32: {
+      float value = 0;
+      auto [end, error] = std::from_chars(first, last, value);
+      if (error == std::errc::result_out_of_range) {
+        // Beyond float's range either way: its nearest float (0 or inf;
+        // the decoder refuses inf, naming the input).
+        double wide = 0;
+        std::from_chars(first, last, wide);
+        value = static_cast<float>(wide);
+      } else if (error != std::errc() || end != last) {
+        return "not a number";
+      }
+      raw->append(reinterpret_cast<const char*>(&value), sizeof value);
+      return {};
+    }
+    case Element::kFloat64: {
+      double value = 0;
+      auto [end, error] = std::from_chars(first, last, value);
+      if (error == std::errc::result_out_of_range) {
+        value = std::strtod(std::string(text).c_str(), nullptr);
+      } else if (error != std::errc() || end != last) {
+        return "not a number";
+      }
+      raw->append(reinterpret_cast<const char*>(&value), sizeof value);
+      return {};
+    }
+    case Element::kSigned: {
+      int64_t value = 0;
+      auto [end, error] = std::from_chars(first, last, value);
+      const int64_t high =
+          type.bytes == 8 ? std::numeric_limits<int64_t>::max()
+                          : (int64_t{1} << (8 * type.bytes - 1)) - 1;
+      if (error != std::errc() || end != last || value > high ||
+          value < -high - 1) {
+        return absl::StrCat("not an integer in the range of ",
+                            8 * type.bytes, "-bit signed integers");
+      }
+      raw->append(reinterpret_cast<const char*>(&value), type.bytes);
+      return {};
+    }
+    case Element::kUnsigned: {
+      uint64_t value = 0;
+      auto [end, error] = std::from_chars(first, last, value);
+      const uint64_t high = type.bytes == 8
+                                ? std::numeric_limits<uint64_t>::max()
+                                : (uint64_t{1} << (8 * type.bytes)) - 1;
+      if (error != std::errc() || end != last || value > high) {
+        return absl::StrCat("not an integer in the range of ",
+                            8 * type.bytes, "-bit unsigned integers");
+      }
+      raw->append(reinterpret_cast<const char*>(&value), type.bytes);
+      return {};
+    }
+    case Element::kBool:
+      return "must be true or false (BOOL)";
+    case Element::kNone:
+      break;
+  }
+  return "has no JSON form";
+}
+
+// A JSON scalar as an InferParameter.
+std::string ParameterFromNumber(absl::string_view text,
+                                InferParameter* parameter) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  int64_t signed_value = 0;
+  if (auto [end, error] = std::from_chars(first, last, signed_value);
+      error == std::errc() && end == last) {
+    parameter->set_int64_param(signed_value);
+    return {};
+  }
+  uint64_t unsigned_value = 0;
+  if (auto [end, error] = std::from_chars(first, last, unsigned_value);
+      error == std::errc() && end == last) {
+    parameter->set_uint64_param(unsigned_value);
+    return {};
+  }
+  double value = 0;
+  if (auto [end, error] = std::from_chars(first, last, value);
+      (error == std::errc() || error == std::errc::result_out_of_range) &&
+      end == last) {
+    parameter->set_double_param(value);
+    return {};
+  }
+  return "not a number";
+}
+
+// The SAX handler of an inference request's JSON header. Builds the
+// request as it reads; the first error stops the parse (a handler returning
+// false) and is kept in error_.
+class InferHeaderHandler
+    : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>,
+                                          InferHeaderHandler> {
+ public:
+  explicit InferHeaderHandler(RestInferRequest* out) : out_(out) {}
+
+  // Where the parse is: the innermost object or array open.
+  enum class At {
+    kStart,            // before the top-level object
+    kTop,              // the request object
+    kParameters,       // a parameters object (request's, input's, output's)
+    kInputs,           // the inputs array
+    kInput,            // one input object
+    kShape,            // an input's shape array
+    kData,             // an input's data array (any depth)
+    kOutputs,          // the outputs array
+    kOutput,           // one output object
+    kDone,             // after the top-level object
+  };
+
+  bool Null() { return Fail(Where() + "null is not allowed here"); }
+  bool Bool(bool value) {
+    switch (at()) {
+      case At::kParameters:
+        current_parameters_[key_].set_bool_param(value);
+        return true;
+      case At::kData:
+        if (deferring_) {
+          inputs_.back().deferred.emplace_back(value ? "true" : "false", true);
+          return true;
+        }
+        return AppendBool(value);
+      default:
+        return Unexpected("a boolean");
+    }
+  }
+  bool RawNumber(const char* text, rapidjson::SizeType length, bool) {
+    const absl::string_view number(text, length);
+    switch (at()) {
+      case At::kParameters: {
+        const std::string error =
+            ParameterFromNumber(number, &current_parameters_[key_]);
+        if (!error.empty()) return Fail(Where() + error);
+        return true;
+      }
+      case At::kShape: {
+        int64_t dimension = -1;
+        auto [end, error] =
+            std::from_chars(number.data(), number.data() + number.size(),
+                            dimension);
+        if (error != std::errc() || end != number.data() + number.size() ||
+            dimension < 0) {
+          return Fail(absl::StrCat(InputName(),
+                                   "shape: each dimension must be a "
+                                   "non-negative integer, got ",
+                                   number));
+        }
+        input()->add_shape(dimension);
+        return true;
+      }
+      case At::kData:
+        if (deferring_) {
+          inputs_.back().deferred.emplace_back(std::string(number), false);
+          return true;
+        }
+        if (std::string error = AppendNumber(input_type_, number, raw_);
+            !error.empty()) {
+          return ElementError(error);
+        }
+        ++elements_;
+        return true;
+      default:
+        return Unexpected("a number");
+    }
+  }
+  bool String(const char* text, rapidjson::SizeType length, bool) {
+    const std::string value(text, length);
+    switch (at()) {
+      case At::kTop:
+        if (key_ == "id") {
+          out_->request.set_id(value);
+          return true;
+        }
+        return Unexpected("a string");
+      case At::kParameters:
+        current_parameters_[key_].set_string_param(value);
+        return true;
+      case At::kInput:
+        if (key_ == "name") {
+          input()->set_name(value);
+          return true;
+        }
+        if (key_ == "datatype") {
+          input()->set_datatype(value);
+          return true;
+        }
+        return Unexpected("a string");
+      case At::kOutput:
+        if (key_ == "name") {
+          out_->request.mutable_outputs()->rbegin()->set_name(value);
+          return true;
+        }
+        return Unexpected("a string");
+      case At::kData:
+        return ElementError(
+            "is a string; attnserve's models take numbers (BYTES tensors "
+            "are not served)");
+      default:
+        return Unexpected("a string");
+    }
+  }
+  bool Key(const char* text, rapidjson::SizeType length, bool) {
+    key_.assign(text, length);
+    return true;
+  }
+  bool StartObject() {
+    switch (at()) {
+      case At::kStart:
+        stack_.push_back(At::kTop);
+        return true;
+      case At::kTop:
+        if (key_ == "parameters") return OpenParameters(At::kTop);
+        return Unexpected("an object");
+      case At::kInputs:
+        out_->request.add_inputs();
+        inputs_.emplace_back();
+        raw_ = &inputs_.back().raw;
+        input_type_ = {};
+        elements_ = 0;
+        stack_.push_back(At::kInput);
+        return true;
+      case At::kInput:
+        if (key_ == "parameters") return OpenParameters(At::kInput);
+        return Unexpected("an object");
+      case At::kOutputs:
+        out_->request.add_outputs();
+        stack_.push_back(At::kOutput);
+        return true;
+      case At::kOutput:
+        if (key_ == "parameters") return OpenParameters(At::kOutput);
+        return Unexpected("an object");
+      default:
+        return Unexpected("an object");
+    }
+  }
+  bool EndObject(rapidjson::SizeType) {
+    const At closing = at();
+    stack_.pop_back();
+    switch (closing) {
+      case At::kParameters:
+        return CloseParameters();
+      case At::kInput:
+        return CloseInput();
+      case At::kTop:
+        stack_.push_back(At::kDone);
+        return true;
+      default:
+        return true;
+    }
+  }
+  bool StartArray() {
+    switch (at()) {
+      case At::kTop:
+        if (key_ == "inputs") {
+          stack_.push_back(At::kInputs);
+          return true;
+        }
+        if (key_ == "outputs") {
+          stack_.push_back(At::kOutputs);
+          return true;
+        }
+        return Unexpected("an array");
+      case At::kInput:
+        if (key_ == "shape") {
+          input()->clear_shape();
+          stack_.push_back(At::kShape);
+          return true;
+        }
+        if (key_ == "data") {
+          if (has_data()) return Fail(InputName() + "data given twice");
+          has_data() = true;
+          input_type_ = DatatypeOf(input()->datatype());
+          deferring_ = input()->datatype().empty();
+          stack_.push_back(At::kData);
+          return true;
+        }
+        return Unexpected("an array");
+      case At::kData:
+        stack_.push_back(At::kData);  // nested: row-major all the same
+        return true;
+      default:
+        return Unexpected("an array");
+    }
+  }
+  bool EndArray(rapidjson::SizeType) {
+    stack_.pop_back();
+    return true;
+  }
+
+  const std::string& error() const { return error_; }
+
+  // One input's data and framing as read.
+  struct InputState {
+    std::string raw;          // its raw contents, from JSON data
+    bool has_data = false;    // `data` was given
+    // The data's elements as text, when `data` came before `datatype`.
+    std::vector<std::pair<std::string, bool>> deferred;  // (text, is_bool)
+    int64_t elements = 0;     // elements of JSON data read
+    std::optional<int64_t> binary_data_size;
+  };
+  std::vector<InputState>& inputs() { return inputs_; }
+
+ private:
+  At at() const { return stack_.empty() ? At::kStart : stack_.back(); }
+  ModelInferRequest::InferInputTensor* input() {
+    return &*out_->request.mutable_inputs()->rbegin();
+  }
+  bool& has_data() { return inputs_.back().has_data; }
+  std::string InputName() {
+    return absl::StrCat("input '", input()->name(), "': ");
+  }
+  bool AppendBool(bool value) {
+    if (input_type_.element != Element::kBool) {
+      return ElementError(input_type_.element == Element::kNone
+                              ? "has no JSON form"
+                              : "must be a number");
+    }
+    raw_->push_back(value ? 1 : 0);
+    ++elements_;
+    return true;
+  }
+  bool ElementError(absl::string_view why) {
+    return Fail(absl::StrCat(InputName(), "data element ", elements_, " ",
+                             why, " (datatype '", input()->datatype(), "')"));
+  }
+  std::string Where() const {
+    return key_.empty() ? std::string() : absl::StrCat("'", key_, "': ");
+  }
+  bool Unexpected(absl::string_view what) {
+    const char* place = "the request";
+    switch (at()) {
+      case At::kInput: place = "an input"; break;
+      case At::kOutput: place = "an output"; break;
+      case At::kInputs: place = "inputs"; break;
+      case At::kOutputs: place = "outputs"; break;
+      case At::kShape: place = "a shape"; break;
+      case At::kParameters: place = "parameters"; break;
+      default: break;
+    }
+    if (at() == At::kInputs || at() == At::kOutputs || at() == At::kShape ||
+        at() == At::kStart) {
+      return Fail(absl::StrCat(what, " is not allowed in ", place));
+    }
+    return Fail(absl::StrCat("field '", key_, "' of ", place, ": ", what,
+                             " is not allowed here (the fields are ",
+                             FieldsOf(at()), ")"));
+  }
+  static const char* FieldsOf(At at) {
+    switch (at) {
+      case At::kTop: return "id, parameters, inputs, outputs";
+      case At::kInput: return "name, shape, datatype, parameters, data";
+      case At::kOutput: return "name, parameters";
+      default: return "bool, number or string values";
+    }
+  }
+  bool Fail(std::string message) {
+    if (error_.empty()) error_ = std::move(message);
+    return false;
+  }
+
+  bool OpenParameters(At owner) {
+    parameters_owner_ = owner;
+    current_parameters_.clear();
+    stack_.push_back(At::kParameters);
+    return true;
+  }
+  // Moves the parameters read into their owner, taking out the binary
+  // tensor data extension's own.
+  bool CloseParameters() {
+    google::protobuf::Map<std::string, InferParameter>* target = nullptr;
+    for (auto& [name, parameter] : current_parameters_) {
+      if (parameters_owner_ == At::kInput && name == "binary_data_size") {
+        if (parameter.parameter_choice_case() != InferParameter::kInt64Param ||
+            parameter.int64_param() < 0) {
+          return Fail(InputName() +
+                      "parameter 'binary_data_size': must be a "
+                      "non-negative integer");
+        }
+        inputs_.back().binary_data_size = parameter.int64_param();
+        continue;
+      }
+      if ((parameters_owner_ == At::kOutput && name == "binary_data") ||
+          (parameters_owner_ == At::kTop && name == "binary_data_output")) {
+        if (parameter.parameter_choice_case() != InferParameter::kBoolParam) {
+          return Fail(absl::StrCat("parameter '", name,
+                                   "': must be true or false"));
+        }
+        if (parameters_owner_ == At::kTop) {
+          out_->binary_data_output = parameter.bool_param();
+        } else {
+          pending_output_binary_.emplace_back(
+              out_->request.outputs_size() - 1, parameter.bool_param());
+        }
+        continue;
+      }
+      switch (parameters_owner_) {
+        case At::kTop:
+          target = out_->request.mutable_parameters();
+          break;
+        case At::kInput:
+          target = input()->mutable_parameters();
+          break;
+        default:
+          target =
+              out_->request.mutable_outputs()->rbegin()->mutable_parameters();
+          break;
+      }
+      (*target)[name] = std::move(parameter);
+    }
+    current_parameters_.clear();
+    return true;
+  }
+  // Converts data that came before its datatype.
+  bool CloseInput() {
+    InputState& state = inputs_.back();
+    if (!state.deferred.empty()) {
+      input_type_ = DatatypeOf(input()->datatype());
+      elements_ = 0;
+      for (const auto& [text, is_bool] : state.deferred) {
+        if (is_bool) {
+          if (!AppendBool(text == "true")) return false;
+        } else if (std::string error = AppendNumber(input_type_, text, raw_);
+                   !error.empty()) {
+          return ElementError(error);
+        } else {
+          ++elements_;
+        }
+      }
+      state.deferred.clear();
+    }
+    state.elements = elements_;
+    deferring_ = false;
+    if (state.has_data && input_type_.element == Element::kNone) {
+      return Fail(InputName() + "datatype '" + input()->datatype() +
+                  "' has no JSON form; send it as binary data "
+                  "(binary_data_size)");
+    }
+    return true;
+  }
+
+ public:
+  const std::vector<std::pair<int, bool>>& pending_output_binary() const {
+    return pending_output_binary_;
+  }
+
+ private:
+  RestInferRequest* const out_;
+  std::vector<At> stack_;
+  std::string key_;
+  std::map<std::string, InferParameter> current_parameters_;
+  At parameters_owner_ = At::kTop;
+  std::vector<InputState> inputs_;
+  std::string* raw_ = nullptr;
+  Datatype input_type_;
+  // The current input's data came before its datatype: kept as text
+  // (InputState::deferred) until the input's object ends.
+  bool deferring_ = false;
+  int64_t elements_ = 0;
+  std::vector<std::pair<int, bool>> pending_output_binary_;
+  std::string error_;
+};
+
+// The element count of `shape`, or -1 when it overflows int64.
+int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) {
+    if (dimension < 0) return -1;
+    if (dimension != 0 && count > std::numeric_limits<int64_t>::max() /
+                                      dimension) {
+      return -1;
+    }
+    count *= dimension;
+  }
+  return count;
+}
+
+// Shortest decimal that reads back as `value` (std::to_chars).
+void AppendFloat(float value, std::string* out) {
+  char buffer[32];
+  auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  if (error != std::errc() || !std::isfinite(value)) {
+    out->append("null");  // never for a result the core let through
+    return;
+  }
+  out->append(buffer, end);
+}
+
+void AppendShape(const google::protobuf::RepeatedField<int64_t>& shape,
+                 std::string* out) {
+  out->push_back('[');
+  for (int i = 0; i < shape.size(); ++i) {
+    if (i > 0) out->push_back(',');
+    absl::StrAppend(out, shape[i]);
+  }
+  out->push_back(']');
+}
+
+void AppendJsonString(absl::string_view text, std::string* out) {
+  out->push_back('"');
+  for (const char c : text) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escape[8];
+          std::snprintf(escape, sizeof escape, "\\u%04x", c);
+          out->append(escape);
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+void AppendMessage(const google::protobuf::Message& message, std::string* out);
+
+void AppendScalar(const google::protobuf::Message& message,
+                  const google::protobuf::FieldDescriptor* field, int index,
+                  std::string* out) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  const bool repeated = field->is_repeated();
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      absl::StrAppend(out, repeated ? reflection->GetRepeatedInt32(message, field, index)
+                                    : reflection->GetInt32(message, field));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      absl::StrAppend(out, repeated ? reflection->GetRepeatedInt64(message, field, index)
+                                    : reflection->GetInt64(message, field));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      absl::StrAppend(out, repeated ? reflection->GetRepeatedUInt32(message, field, index)
+                                    : reflection->GetUInt32(message, field));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      absl::StrAppend(out, repeated ? reflection->GetRepeatedUInt64(message, field, index)
+                                    : reflection->GetUInt64(message, field));
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      const double value =
+          field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE
+              ? (repeated ? reflection->GetRepeatedDouble(message, field, index)
+                          : reflection->GetDouble(message, field))
+              : (repeated ? reflection->GetRepeatedFloat(message, field, index)
+                          : reflection->GetFloat(message, field));
+      char buffer[32];
+      auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+      out->append(std::isfinite(value) && error == std::errc()
+                      ? std::string(buffer, end)
+                      : "null");
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_BOOL:
+      out->append((repeated ? reflection->GetRepeatedBool(message, field, index)
+                            : reflection->GetBool(message, field))
+                      ? "true"
+                      : "false");
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      AppendJsonString(
+          (repeated ? reflection->GetRepeatedEnum(message, field, index)
+                    : reflection->GetEnum(message, field))
+              ->name(),
+          out);
+      break;
+    case FieldDescriptor::CPPTYPE_STRING: {
+      const std::string value =
+          repeated ? reflection->GetRepeatedString(message, field, index)
+                   : reflection->GetString(message, field);
+      AppendJsonString(field->type() == FieldDescriptor::TYPE_BYTES
+                           ? absl::Base64Escape(value)
+                           : value,
+                       out);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      AppendMessage(repeated ? reflection->GetRepeatedMessage(message, field, index)
+                             : reflection->GetMessage(message, field),
+                    out);
+      break;
+  }
+}
+
+void AppendMessage(const google::protobuf::Message& message, std::string* out) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  // The fields set, and every plain scalar at its default too (as Triton
+  // writes statistics: a count of 0 is there to read).
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    const bool plain_scalar =
+        !field->is_repeated() && field->containing_oneof() == nullptr &&
+        field->cpp_type() !=
+            google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE;
+    if (plain_scalar || (field->is_repeated()
+                             ? reflection->FieldSize(message, field) > 0
+                             : reflection->HasField(message, field))) {
+      fields.push_back(field);
+    }
+  }
+  out->push_back('{');
+  bool first = true;
+  for (const auto* field : fields) {
+    if (!first) out->push_back(',');
+    first = false;
+    AppendJsonString(field->name(), out);
+    out->push_back(':');
+    if (field->is_map()) {
+      // A map is a repeated entry message of key and value.
+      out->push_back('{');
+      const int size = reflection->FieldSize(message, field);
+      for (int i = 0; i < size; ++i) {
+        const google::protobuf::Message& entry =
+            reflection->GetRepeatedMessage(message, field, i);
+        const auto* key = entry.GetDescriptor()->FindFieldByNumber(1);
+        const auto* value = entry.GetDescriptor()->FindFieldByNumber(2);
+        if (i > 0) out->push_back(',');
+        std::string key_text;
+        AppendScalar(entry, key, 0, &key_text);
+        if (key_text.empty() || key_text.front() != '"') {
+          key_text = absl::StrCat("\"", key_text, "\"");
+        }
+        out->append(key_text);
+        out->push_back(':');
+        AppendScalar(entry, value, 0, out);
+      }
+      out->push_back('}');
+    } else if (field->is_repeated()) {
+      out->push_back('[');
+      const int size = reflection->FieldSize(message, field);
+      for (int i = 0; i < size; ++i) {
+        if (i > 0) out->push_back(',');
+        AppendScalar(message, field, i, out);
+      }
+      out->push_back(']');
+    } else {
+      AppendScalar(message, field, 0, out);
+    }
+  }
+  out->push_back('}');
+}
+
+// Parses a small JSON object body into a rapidjson-free handler of
+// key -> scalar, for the repository's bodies. Accepts an empty body.
+template <typename OnScalar>
+class FlatObjectHandler
+    : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>,
+                                          FlatObjectHandler<OnScalar>> {
+ public:
+  explicit FlatObjectHandler(OnScalar on_scalar, absl::string_view nested)
+      : on_scalar_(std::move(on_scalar)), nested_(nested) {}
+  bool Default() { return Fail("a value of the wrong type"); }
+  bool Null() { return Fail("null is not allowed"); }
+  bool Bool(bool value) { return Scalar(value ? "true" : "false", 'b'); }
+  bool RawNumber(const char* text, rapidjson::SizeType length, bool) {
+    return Scalar(std::string(text, length), 'n');
+  }
+  bool String(const char* text, rapidjson::SizeType length, bool) {
+    return Scalar(std::string(text, length), 's');
+  }
+  bool Key(const char* text, rapidjson::SizeType length, bool) {
+    key_.assign(text, length);
+    return true;
+  }
+  bool StartObject() {
+    if (depth_ == 0 || (depth_ == 1 && !nested_.empty() && key_ == nested_)) {
+      ++depth_;
+      return true;
+    }
+    return Fail(absl::StrCat("field '", key_, "': an object is not allowed"));
+  }
+  bool EndObject(rapidjson::SizeType) {
+    --depth_;
+    return true;
+  }
+  bool StartArray() {
+    return Fail(absl::StrCat("field '", key_, "': an array is not allowed"));
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Scalar(const std::string& text, char kind) {
+    std::string error = on_scalar_(depth_, key_, text, kind);
+    if (!error.empty()) return Fail(std::move(error));
+    return true;
+  }
+  bool Fail(std::string message) {
+    if (error_.empty()) error_ = std::move(message);
+    return false;
+  }
+  OnScalar on_scalar_;
+  const std::string nested_;
+  int depth_ = 0;
+  std::string key_;
+  std::string error_;
+};
+
+template <typename Handler>
+absl::Status ParseJson(absl::string_view body, Handler* handler,
+                       absl::string_view what) {
+  rapidjson::MemoryStream stream(body.data(), body.size());
+  rapidjson::Reader reader;
+  rapidjson::ParseResult result =
+      reader.Parse<rapidjson::kParseNumbersAsStringsFlag |
+                   rapidjson::kParseStopWhenDoneFlag |
+                   rapidjson::kParseValidateEncodingFlag>(stream, *handler);
+  if (!result) {
+    if (!handler->error().empty()) {
+      return absl::InvalidArgumentError(handler->error());
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is not valid JSON: ",
+        rapidjson::GetParseError_En(result.Code()), " at byte ",
+        result.Offset()));
+  }
+  // Only whitespace may follow the object.
+  for (size_t i = stream.Tell(); i < body.size(); ++i) {
+    const char c = body[i];
+    if (c != ' ' && c != '\n' && c != '\r' && c != '\t') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is not valid JSON: more after the object, at byte ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool RestInferRequest::Binary(const std::string& output) const {
+  auto it = output_binary.find(output);
+  return it != output_binary.end() ? it->second : binary_data_output;
+}
+
+absl::Status ParseRestInferRequest(absl::string_view model_name,
+                                   absl::string_view model_version,
+                                   absl::string_view body,
+                                   std::optional<uint64_t> json_length,
+                                   RestInferRequest* out) {
+  *out = RestInferRequest{};
+  out->request.set_model_name(std::string(model_name));
+  out->request.set_model_version(std::string(model_version));
+  absl::string_view json = body;
+  absl::string_view binary;
+  if (json_length.has_value()) {
+    if (*json_length > body.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Inference-Header-Content-Length: ", *json_length,
+          " bytes of JSON header, but the body has only ", body.size()));
+    }
+    json = body.substr(0, *json_length);
+    binary = body.substr(*json_length);
+  }
+  if (json.empty()) {
+    return absl::InvalidArgumentError(
+        "the request body is empty; expected a JSON object with 'inputs'");
+  }
+  InferHeaderHandler handler(out);
+  if (absl::Status status = ParseJson(json, &handler, "the request body");
+      !status.ok()) {
+    return status;
+  }
+  // Each input's raw contents: its JSON data or its part of the binary
+  // section, in input order.
+  size_t offset = 0;
+  std::vector<InferHeaderHandler::InputState>& inputs = handler.inputs();
+  for (int i = 0; i < out->request.inputs_size(); ++i) {
+    auto* input = out->request.mutable_inputs(i);
+    InferHeaderHandler::InputState& state = inputs[i];
+    const std::string field = absl::StrCat("input '", input->name(), "': ");
+    if (input->name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", i, ": 'name' is required"));
+    }
+    if (input->datatype().empty()) {
+      return absl::InvalidArgumentError(field + "'datatype' is required");
+    }
+    const int64_t expected = ElementsOf(input->shape());
+    if (state.binary_data_size.has_value()) {
+      if (state.has_data) {
+        return absl::InvalidArgumentError(
+            field + "both 'data' and parameter 'binary_data_size' given");
+      }
+      const uint64_t size = static_cast<uint64_t>(*state.binary_data_size);
+      if (size > binary.size() - offset) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "binary_data_size ", size, " runs past the body: ",
+            binary.size() - offset, " bytes of the binary section are left"));
+      }
+      out->request.add_raw_input_contents(
+          std::string(binary.substr(offset, size)));
+      offset += size;
+      continue;
+    }
+    if (!state.has_data) {
+      return absl::InvalidArgumentError(
+          field + "no 'data' and no parameter 'binary_data_size'");
+    }
+    if (expected < 0 || state.elements != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "shape [", absl::StrJoin(input->shape(), ","), "] has ",
+          expected < 0 ? std::string("too many") : absl::StrCat(expected),
+          " elements, but 'data' has ", state.elements));
+    }
+    out->request.add_raw_input_contents(std::move(state.raw));
+  }
+  if (offset != binary.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the binary section has ", binary.size(), " bytes, but the inputs' ",
+        "binary_data_size add up to ", offset));
+  }
+  for (const auto& [index, binary_output] : handler.pending_output_binary()) {
+    out->output_binary[out->request.outputs(index).name()] = binary_output;
+  }
+  return absl::OkStatus();
+}
+
+void WriteRestInferResponse(const RestInferRequest& request,
+                            const inference::ModelInferResponse& response,
+                            RestBody* out) {
+  std::string& json = out->bytes;
+  json.clear();
+  json.reserve(256);
+  json.append("{\"model_name\":");
+  AppendJsonString(response.model_name(), &json);
+  json.append(",\"model_version\":");
+  AppendJsonString(response.model_version(), &json);
+  if (!response.id().empty()) {
+    json.append(",\"id\":");
+    AppendJsonString(response.id(), &json);
+  }
+  json.append(",\"outputs\":[");
+  std::vector<int> binary_outputs;
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    const auto& output = response.outputs(i);
+    const std::string& raw = i < response.raw_output_contents_size()
+                                 ? response.raw_output_contents(i)
+                                 : std::string();
+    if (i > 0) json.push_back(',');
+    json.append("{\"name\":");
+    AppendJsonString(output.name(), &json);
+    json.append(",\"datatype\":");
+    AppendJsonString(output.datatype(), &json);
+    json.append(",\"shape\":");
+    AppendShape(output.shape(), &json);
+    if (request.Binary(output.name()) || output.datatype() != "FP32") {
+      absl::StrAppend(&json, ",\"parameters\":{\"binary_data_size\":",
+                      raw.size(), "}}");
+      binary_outputs.push_back(i);
+      continue;
+    }
+    json.append(",\"data\":[");
+    const size_t count = raw.size() / sizeof(float);
+    json.reserve(json.size() + count * 12);
+    for (size_t e = 0; e < count; ++e) {
+      if (e > 0) json.push_back(',');
+      float value;
+      std::memcpy(&value, raw.data() + e * sizeof value, sizeof value);
+      AppendFloat(value, &json);
+    }
+    json.append("]}");
+  }
+  json.append("]}");
+  if (binary_outputs.empty()) {
+    out->json_length.reset();
+    return;
+  }
+  out->json_length = json.size();
+  size_t total = json.size();
+  for (int i : binary_outputs) total += response.raw_output_contents(i).size();
+  json.reserve(total);
+  for (int i : binary_outputs) json.append(response.raw_output_contents(i));
+}
+
+std::string MessageToRestJson(const google::protobuf::Message& message) {
+  std::string out;
+  AppendMessage(message, &out);
+  return out;
+}
+
+std::string JsonString(absl::string_view text) {
+  std::string out;
+  AppendJsonString(text, &out);
+  return out;
+}
+
+std::string RestErrorBody(const absl::Status& status) {
+  std::string out = "{\"error\":";
+  AppendJsonString(status.message(), &out);
+  out.push_back('}');
+  return out;
+}
+
+int HttpStatusOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kCancelled: return 499;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+absl::Status ParseRestRepositoryParameters(
+    absl::string_view body,
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>*
+        parameters) {
+  if (body.find_first_not_of(" \t\r\n") == absl::string_view::npos) {
+    return absl::OkStatus();
+  }
+  auto on_scalar = [parameters](int depth, const std::string& key,
+                                const std::string& text,
+                                char kind) -> std::string {
+    if (depth != 2) {
+      return absl::StrCat("field '", key,
+                          "': the body's only field is 'parameters'");
+    }
+    inference::ModelRepositoryParameter& parameter = (*parameters)[key];
+    if (kind == 'b') {
+      parameter.set_bool_param(text == "true");
+    } else if (kind == 's') {
+      parameter.set_string_param(text);
+    } else {
+      int64_t value = 0;
+      auto [end, error] =
+          std::from_chars(text.data(), text.data() + text.size(), value);
+      if (error != std::errc() || end != text.data() + text.size()) {
+        return absl::StrCat("parameter '", key, "': must be an integer");
+      }
+      parameter.set_int64_param(value);
+    }
+    return {};
+  };
+  FlatObjectHandler<decltype(on_scalar)> handler(on_scalar, "parameters");
+  return ParseJson(body, &handler, "the request body");
+}
+
+absl::Status ParseRestRepositoryIndex(absl::string_view body,
+                                      inference::RepositoryIndexRequest* request) {
+  if (body.find_first_not_of(" \t\r\n") == absl::string_view::npos) {
+    return absl::OkStatus();
+  }
+  auto on_scalar = [request](int depth, const std::string& key,
+                             const std::string& text,
+                             char kind) -> std::string {
+    if (depth == 1 && key == "ready" && kind == 'b') {
+      request->set_ready(text == "true");
+      return {};
+    }
+    return absl::StrCat("field '", key,
+                        "': the body's only field is 'ready' (true or false)");
+  };
+  FlatObjectHandler<decltype(on_scalar)> handler(on_scalar, "");
+  return ParseJson(body, &handler, "the request body");
+}
+
+}  // namespace attnserve

@@ -1,0 +1,111 @@
+// KServe v2's HTTP/REST encoding, in terms of the gRPC messages the KServe
+// service already serves: a REST inference body becomes the
+// ModelInferRequest the gRPC front end would have received, and the
+// ModelInferResponse the core filled becomes the REST body, so both
+// protocols share one inference path (server/api/kserve_infer_call.h) and
+// differ only here. The Open Inference Protocol's REST binding with
+// Triton's binary tensor data extension, as tritonclient.http and
+// perf_analyzer send it:
+//
+// - Inputs as JSON `data` (row-major, flat or nested; numbers for the
+//   numeric datatypes, true/false for BOOL) or as binary: the input's
+//   parameter `binary_data_size` says how many bytes of the binary section
+//   (the body past the JSON header, whose length the request's
+//   Inference-Header-Content-Length header gives) are its raw contents, in
+//   input order. Either way an input becomes raw_input_contents.
+// - Outputs as JSON `data` (FP32 in the shortest form that reads back to
+//   the same float) or binary, per output (its parameter `binary_data`) or
+//   for all (the request's parameter `binary_data_output`).
+// - Every other parameter goes through as an InferParameter: a JSON bool,
+//   integer, other number or string as bool_param, int64_param (uint64_param
+//   above int64's range), double_param or string_param.
+//
+// Pure functions over the caller's objects; thread-compatible; none blocks.
+// Every error is INVALID_ARGUMENT naming the field, except where noted.
+#ifndef ATTNSERVE_SERVER_API_KSERVE_REST_H_
+#define ATTNSERVE_SERVER_API_KSERVE_REST_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/map.h"
+#include "google/protobuf/message.h"
+#include "inference/grpc_service.pb.h"
+
+namespace attnserve {
+
+// A REST inference request, decoded.
+struct RestInferRequest {
+  inference::ModelInferRequest request;
+  // The request's `binary_data_output` (default for every output), and the
+  // outputs that said `binary_data` for themselves.
+  bool binary_data_output = false;
+  std::map<std::string, bool> output_binary;
+
+  // Whether `output` goes back as binary data.
+  bool Binary(const std::string& output) const;
+};
+
+// Decodes `body` for model `model_name` at `model_version` (empty: the
+// served one). `json_length`: the Inference-Header-Content-Length header,
+// absent when the body is JSON alone. Errors name the field: a body that is
+// not JSON, an unknown field, a field of the wrong type, data that does not
+// fit its datatype or has a count other than its shape's, a binary section
+// shorter or longer than the inputs' binary_data_size, a header length
+// beyond the body.
+absl::Status ParseRestInferRequest(absl::string_view model_name,
+                                   absl::string_view model_version,
+                                   absl::string_view body,
+                                   std::optional<uint64_t> json_length,
+                                   RestInferRequest* out);
+
+// A REST response body: JSON, then (when `json_length` is set) the binary
+// section; the Inference-Header-Content-Length header is `json_length`.
+struct RestBody {
+  std::string bytes;
+  std::optional<size_t> json_length;
+};
+
+// The body of `response`, answering `request`: each output as JSON data or
+// binary (RestInferRequest::Binary). Outputs other than FP32 go as binary.
+void WriteRestInferResponse(const RestInferRequest& request,
+                            const inference::ModelInferResponse& response,
+                            RestBody* out);
+
+// `message` as the REST API writes it: field names as in the .proto, 64-bit
+// integers as JSON numbers, enums by name, fields at their default left
+// out (Triton's model metadata, config, statistics).
+std::string MessageToRestJson(const google::protobuf::Message& message);
+
+// A JSON string literal, quotes included, for `text`.
+std::string JsonString(absl::string_view text);
+
+// {"error": "<message>"}: the body of every REST error.
+std::string RestErrorBody(const absl::Status& status);
+
+// The HTTP status a gRPC status code maps to (google.rpc.Code's mapping:
+// 400 for INVALID_ARGUMENT, FAILED_PRECONDITION and OUT_OF_RANGE, 401
+// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS
+// and ABORTED, 429 RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED,
+// 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 otherwise; 200 for OK).
+int HttpStatusOf(absl::StatusCode code);
+
+// The body of a repository load or unload (`{"parameters": {...}}`,
+// possibly empty) into `parameters`.
+absl::Status ParseRestRepositoryParameters(
+    absl::string_view body,
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>*
+        parameters);
+
+// The body of a repository index request (`{"ready": bool}`, possibly
+// empty) into `request`.
+absl::Status ParseRestRepositoryIndex(absl::string_view body,
+                                      inference::RepositoryIndexRequest* request);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_API_KSERVE_REST_H_
