@@ -22,6 +22,7 @@ readonly BUILD_PACKAGES=(
   pkg-config cmake make g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev libabsl-dev prometheus-cpp-dev
+  libevent-dev rapidjson-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
@@ -52,6 +53,7 @@ readonly RUNTIME_PACKAGES=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libdnnl2 ocl-icd-libopencl1 libgomp1
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
+  libevent-2.1-7 libevent-openssl-2.1-7 libevent-pthreads-2.1-7 libssl3
   libstdc++6
   nginx prometheus-nginx-exporter
 )

@@ -290,6 +290,7 @@ void KServeRestService::Infer(const RestCall& call, const std::string& model,
   }
   CallContext context;
   context.peer = call.peer;
+  context.protocol = Protocol::kHttp;
   KServeInferCall::Start(catalogue_, calls_, &infer->request().request,
                          infer->response(), std::move(context), infer);
 }

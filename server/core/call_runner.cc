@@ -70,7 +70,8 @@ class CallRunner::Call {
 
   void Finish(const absl::Status& status) {
     const absl::Duration total = absl::Now() - received_;
-    runner_->metrics_->RequestFinished(rpc_, status.code(), total);
+    runner_->metrics_->RequestFinished(rpc_, context_.protocol, status.code(),
+                                       total);
     if (!context_.model.empty()) {
       runner_->statistics_.Record(context_.model, status, total,
                                   record_.computed, record_.queue,

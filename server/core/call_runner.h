@@ -67,6 +67,7 @@ struct CallContext {
   // The queues' order (server/core/worker_pool.h, batcher.h): 1 first,
   // then 2, ...; 0 (none given) after every explicit level.
   uint64_t priority = 0;
+  Protocol protocol = Protocol::kGrpc;  // the metrics' `protocol` label
 };
 
 // Applies a per-request timeout (Triton's, in microseconds; 0: none): a call

@@ -158,7 +158,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
     prometheus::Registry& registry = *metrics->registry_;
     auto& requests = prometheus::BuildCounter()
                          .Name("attnserve_requests_total")
-                         .Help("Finished requests by RPC and gRPC status code.")
+                         .Help("Finished requests by RPC, gRPC status code and "
+                               "protocol (grpc, http).")
                          .Register(registry);
     auto& duration =
         prometheus::BuildHistogram()
@@ -218,11 +219,15 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
     for (int r = 0; r < kRpcCount; ++r) {
       const std::string rpc = RpcName(static_cast<Rpc>(r));
       PerRpc& per_rpc = metrics->per_rpc_[r];
-      for (int code = 0; code < 17; ++code) {
-        per_rpc.requests_by_code[code] =
-            &requests.Add({{"rpc", rpc}, {"code", CodeName(code)}});
+      for (int p = 0; p < kProtocolCount; ++p) {
+        const std::string protocol = ProtocolName(static_cast<Protocol>(p));
+        for (int code = 0; code < 17; ++code) {
+          per_rpc.requests_by_code[p][code] = &requests.Add(
+              {{"rpc", rpc}, {"code", CodeName(code)}, {"protocol", protocol}});
+        }
+        per_rpc.duration[p] = &duration.Add(
+            {{"rpc", rpc}, {"protocol", protocol}}, LatencyBuckets());
       }
-      per_rpc.duration = &duration.Add({{"rpc", rpc}}, LatencyBuckets());
       per_rpc.queue_wait = &queue_wait.Add({{"rpc", rpc}}, LatencyBuckets());
       for (const std::string& implementation : implementations) {
         per_rpc.kernel[implementation] = &kernel.Add(
@@ -277,13 +282,16 @@ std::shared_ptr<prometheus::Collectable> ServiceMetrics::sampled() const {
 
 void ServiceMetrics::RequestStarted() { inflight_->Increment(); }
 
-void ServiceMetrics::RequestFinished(Rpc rpc, absl::StatusCode code,
+void ServiceMetrics::RequestFinished(Rpc rpc, Protocol protocol,
+                                     absl::StatusCode code,
                                      absl::Duration total) {
   inflight_->Decrement();
   PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
   const int index = static_cast<int>(code);
-  per_rpc.requests_by_code[index >= 0 && index < 17 ? index : 2]->Increment();
-  per_rpc.duration->Observe(absl::ToDoubleSeconds(total));
+  const int p = static_cast<int>(protocol);
+  per_rpc.requests_by_code[p][index >= 0 && index < 17 ? index : 2]
+      ->Increment();
+  per_rpc.duration[p]->Observe(absl::ToDoubleSeconds(total));
   switch (code) {
     case absl::StatusCode::kResourceExhausted:
       per_rpc.rejected_resource_exhausted->Increment();

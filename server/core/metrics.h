@@ -3,8 +3,9 @@
 // cached references, so serving a request only increments and observes.
 //
 // Families (histograms, not summaries, so that replicas aggregate):
-//   attnserve_requests_total{rpc, code}            counter
-//   attnserve_request_duration_seconds{rpc}        whole call, histogram
+//   attnserve_requests_total{rpc, code, protocol}  counter
+//   attnserve_request_duration_seconds{rpc, protocol}  whole call, histogram
+//     (protocol: grpc, http; the other families do not say)
 //   attnserve_queue_wait_seconds{rpc}              waiting for a worker
 //   attnserve_kernel_duration_seconds{rpc, backend}  the kernel alone
 //   attnserve_kernel_runs_total{rpc, implementation}  which backend ran
@@ -69,7 +70,8 @@ class ServiceMetrics {
   void SetInflightBytesSource(std::function<int64_t()> source);
 
   void RequestStarted();
-  void RequestFinished(Rpc rpc, absl::StatusCode code, absl::Duration total);
+  void RequestFinished(Rpc rpc, Protocol protocol, absl::StatusCode code,
+                       absl::Duration total);
   void QueueWait(Rpc rpc, absl::Duration wait);
   void KernelRun(Rpc rpc, const std::string& implementation,
                  absl::Duration kernel);
@@ -82,8 +84,9 @@ class ServiceMetrics {
 
  private:
   struct PerRpc {
-    std::array<prometheus::Counter*, 17> requests_by_code{};
-    prometheus::Histogram* duration = nullptr;
+    std::array<std::array<prometheus::Counter*, 17>, kProtocolCount>
+        requests_by_code{};
+    std::array<prometheus::Histogram*, kProtocolCount> duration{};
     prometheus::Histogram* queue_wait = nullptr;
     // By the backend that ran (an implementation name); "other" for a name
     // not known at start-up.

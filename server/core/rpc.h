@@ -35,6 +35,13 @@ inline constexpr int kRpcCount = 6;
 // The RPC's method name, e.g. "ScaledDotProductAttention". Thread-safe.
 const char* RpcName(Rpc rpc);
 
+// The protocol a call came by: the `protocol` label of the request metrics.
+enum class Protocol { kGrpc, kHttp };
+inline constexpr int kProtocolCount = 2;
+inline const char* ProtocolName(Protocol protocol) {
+  return protocol == Protocol::kHttp ? "http" : "grpc";
+}
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_SERVER_CORE_RPC_H_

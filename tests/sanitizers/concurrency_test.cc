@@ -181,7 +181,7 @@ TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
                            absl::Microseconds(2 * i));
         metrics->KernelRun(rpc, "unknown-backend", absl::Microseconds(1));
         metrics->BatchExecuted(rpc, 1 + i % 4, 100, 80);
-        metrics->RequestFinished(rpc, absl::StatusCode::kOk,
+        metrics->RequestFinished(rpc, Protocol::kGrpc, absl::StatusCode::kOk,
                                  absl::Microseconds(3 * i));
         metrics->Unauthenticated(i % 2 == 0);
         depth.fetch_sub(1);

@@ -109,6 +109,21 @@ metric() {
 call=(attention --shape queries=2x1x2,keys=2x10x2,values=2x10x4 --summary)
 
 # --- 1. bad flags ----------------------------------------------------------------
+# http_code ARGS...: curl's HTTP status for a request to the HTTP port
+# (000 when the connection or the handshake failed).
+http_code() {
+  curl -s -o "$workdir/http.body" -w '%{http_code}' --max-time 10 "$@" || true
+}
+# expect_http NAME WANT ARGS...: the HTTP port answers status WANT.
+expect_http() {
+  local name=$1 want=$2 got
+  shift 2
+  got=$(http_code "$@")
+  [[ "$got" == "$want" ]] && pass "$name" ||
+    fail "$name: HTTP $got, want $want: $(head -c 300 "$workdir/http.body" 2>/dev/null)"
+}
+infer_body='{"inputs":[{"name":"X","shape":[1,1,2],"datatype":"FP32","data":[1,2]}]}'
+
 bad_flags() {
   local pattern=$1
   shift
@@ -139,6 +154,13 @@ expect_refused "TLS: a plaintext client is refused" "UNAVAILABLE" "${call[@]}"
 expect_ok "TLS: a client trusting the CA is served" --ca="$pki/ca.crt" "${call[@]}"
 expect_refused "TLS: a client trusting another CA is refused" "UNAVAILABLE" \
   --ca="$pki/other-ca.crt" "${call[@]}"
+https=https://127.0.0.1:$HTTP_PORT
+expect_http "TLS over HTTP: a plaintext client is refused" 000 \
+  "http://127.0.0.1:$HTTP_PORT/v2/health/ready"
+expect_http "TLS over HTTP: a client trusting the CA is served" 200 \
+  --cacert "$pki/ca.crt" -X POST -d "$infer_body" "$https/v2/models/masked_softmax/infer"
+expect_http "TLS over HTTP: a client trusting another CA is refused" 000 \
+  --cacert "$pki/other-ca.crt" "$https/v2/health/ready"
 stop_server
 
 # --- 3. mutual TLS -----------------------------------------------------------------
@@ -152,6 +174,15 @@ expect_refused "mTLS: a client certificate from another CA is refused" "UNAVAILA
   --ca="$pki/ca.crt" --cert="$pki/stranger.crt" --key="$pki/stranger.key" "${call[@]}"
 expect_ok "mTLS: a client certificate from the CA is served" \
   --ca="$pki/ca.crt" --cert="$pki/client.crt" --key="$pki/client.key" "${call[@]}"
+https=https://127.0.0.1:$HTTP_PORT
+expect_http "mTLS over HTTP: no client certificate is refused" 000 \
+  --cacert "$pki/ca.crt" "$https/v2/health/ready"
+expect_http "mTLS over HTTP: a certificate from another CA is refused" 000 \
+  --cacert "$pki/ca.crt" --cert "$pki/stranger.crt" --key "$pki/stranger.key" \
+  "$https/v2/health/ready"
+expect_http "mTLS over HTTP: a certificate from the CA is served" 200 \
+  --cacert "$pki/ca.crt" --cert "$pki/client.crt" --key "$pki/client.key" \
+  -X POST -d "$infer_body" "$https/v2/models/masked_softmax/infer"
 stop_server
 
 # --- 4. tokens ---------------------------------------------------------------------
@@ -167,11 +198,32 @@ expect_refused "tokens: a wrong token -> UNAUTHENTICATED" "UNAUTHENTICATED: inva
   "${tls[@]}" --token="$token_new" "${call[@]}"
 expect_ok "tokens: a good token is served" "${tls[@]}" --token="$token_plain" "${call[@]}"
 expect_ok "tokens: health checks need no token" "${tls[@]}" health
+https=https://127.0.0.1:$HTTP_PORT
+infer_url=$https/v2/models/masked_softmax/infer
+expect_http "tokens over HTTP: no token -> 401" 401 --cacert "$pki/ca.crt" \
+  -X POST -d "$infer_body" "$infer_url"
+grep -q "missing bearer token" "$workdir/http.body" &&
+  pass "tokens over HTTP: the 401 says the token is missing" ||
+  fail "tokens over HTTP: 401 body $(head -c 200 "$workdir/http.body")"
+expect_http "tokens over HTTP: a wrong token -> 401" 401 --cacert "$pki/ca.crt" \
+  -H "Authorization: Bearer $token_new" -X POST -d "$infer_body" "$infer_url"
+expect_http "tokens over HTTP: a good token is served" 200 --cacert "$pki/ca.crt" \
+  -H "Authorization: Bearer $token_plain" -X POST -d "$infer_body" "$infer_url"
+expect_http "tokens over HTTP: metadata needs a token too" 401 \
+  --cacert "$pki/ca.crt" "$https/v2/models/masked_softmax"
+expect_http "tokens over HTTP: health needs no token" 200 --cacert "$pki/ca.crt" \
+  "$https/v2/health/ready"
+expect_http "tokens over HTTP: unload by a plain token -> 403" 403 \
+  --cacert "$pki/ca.crt" -H "Authorization: Bearer $token_plain" -X POST \
+  "$https/v2/repository/models/additive_attention/unload"
+expect_http "tokens over HTTP: load by a model_control token -> 200" 200 \
+  --cacert "$pki/ca.crt" -H "Authorization: Bearer $token_controller" -X POST \
+  "$https/v2/repository/models/additive_attention/load"
 missing=$(metric attnserve_unauthenticated_requests_total reason=missing_token)
 invalid=$(metric attnserve_unauthenticated_requests_total reason=invalid_token)
-[[ "$missing" == 1 && "$invalid" == 1 ]] &&
-  pass "refusals counted by reason (missing_token 1, invalid_token 1)" ||
-  fail "refusals counted: missing_token=$missing invalid_token=$invalid, want 1 and 1"
+[[ "$missing" == 3 && "$invalid" == 2 ]] &&
+  pass "refusals counted by reason over both ports (missing_token 3, invalid_token 2)" ||
+  fail "refusals counted: missing_token=$missing invalid_token=$invalid, want 3 and 2"
 echo '{"saveAs": "fitted_by_test"}' >"$workdir/save.json"
 expect_refused "tokens: save_as without the permission -> PERMISSION_DENIED" \
   "PERMISSION_DENIED: save_as" "${tls[@]}" --token="$token_plain" \
