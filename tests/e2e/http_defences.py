@@ -2,21 +2,27 @@
 
     http_defences.py limits PORT METRICS_PORT
     http_defences.py drain PORT PID
+    http_defences.py readme PORT README
 
 `limits` expects a server started with --http_max_connections=8
 --http_request_timeout_ms=1500 --http_max_header_bytes=4096
 --max_message_bytes=1048576; `drain` one with --drain_notice_ms=1500,
 --worker_threads=1 --kernel_threads=1, whose pid is PID (it sends SIGTERM).
 Prints "ok ..." or "FAIL ..." per check and exits 1 on any failure. Only the
-standard library: runs under Debian's /usr/bin/python3.
+standard library: runs under Debian's /usr/bin/python3. `readme` runs the
+README's `$ curl` lines (its HTTP/REST section) against PORT and compares
+their output with the README's: text exactly, JSON field by field with
+numbers within 1e-6 (another CPU may round the last bit differently).
 """
 
 import array
 import http.client
 import json
 import os
+import math
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -203,8 +209,56 @@ def drain(port, pid):
           results == [200, 200, 200], str(results))
 
 
+def same_json(want, got):
+    if isinstance(want, float) or isinstance(got, float):
+        return (isinstance(want, (int, float)) and isinstance(got, (int, float))
+                and math.isclose(want, got, rel_tol=1e-6, abs_tol=1e-7))
+    if isinstance(want, list):
+        return (isinstance(got, list) and len(want) == len(got)
+                and all(same_json(w, g) for w, g in zip(want, got)))
+    if isinstance(want, dict):
+        return (isinstance(got, dict) and want.keys() == got.keys()
+                and all(same_json(want[k], got[k]) for k in want))
+    return want == got
+
+
+def readme(port, path):
+    lines = open(path).read().split("\n")
+    start = lines.index("### KServe v2 over HTTP/REST")
+    commands = []  # (command, expected output lines)
+    i = start + 1
+    while i < len(lines) and not lines[i].startswith("### "):
+        if lines[i].startswith("    $ curl"):
+            command = lines[i][6:]
+            while command.endswith("\\"):
+                i += 1
+                command = command[:-1] + lines[i].strip()
+            expected = []
+            while i + 1 < len(lines) and lines[i + 1].startswith("    ") and \
+                    not lines[i + 1].startswith("    $ "):
+                i += 1
+                expected.append(lines[i][4:])
+            commands.append((command, expected))
+        i += 1
+    check("README: its HTTP section shows curl lines", len(commands) >= 2,
+          str(len(commands)))
+    for command, expected in commands:
+        run = command.replace("localhost:8000", f"127.0.0.1:{port}")
+        out = subprocess.run(["bash", "-c", run], capture_output=True,
+                             text=True, timeout=30).stdout.rstrip("\n")
+        want = "\n".join(expected)
+        try:
+            ok = same_json(json.loads(want), json.loads(out))
+        except ValueError:
+            ok = out == want
+        check(f"README: `{command[:60]}...` prints what the README shows", ok,
+              f"got {out[:200]!r}, README {want[:200]!r}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "limits":
+    if sys.argv[1] == "readme":
+        readme(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "limits":
         limits(int(sys.argv[2]), int(sys.argv[3]))
     else:
         drain(int(sys.argv[2]), int(sys.argv[3]))

@@ -2,7 +2,8 @@
 # End-to-end: the HTTP port's limits and drain (tests/e2e/http_defences.py):
 # the connection cap, slow and idle clients, header and body caps, and the
 # drain's three promises (not ready during the notice, refused after it,
-# accepted calls finished), each against a real attnserve.
+# accepted calls finished), each against a real attnserve; and the README's
+# curl lines, whose output must be what the README shows.
 #
 #   tests/e2e/http_defences_test.sh ATTNSERVE
 set -uo pipefail
@@ -30,6 +31,8 @@ start_server "$server_bin" "$workdir/limits.log" --drain_notice_ms=0 \
   --http_max_connections=8 --http_request_timeout_ms=1500 \
   --http_max_header_bytes=4096 --max_message_bytes=1048576 ||
   { echo "http_defences: FATAL: attnserve did not start" >&2; exit 1; }
+/usr/bin/python3 "$here/http_defences.py" readme "$HTTP_PORT" "$repo/README.md" ||
+  status=1
 /usr/bin/python3 "$here/http_defences.py" limits "$HTTP_PORT" "$METRICS_PORT" ||
   status=1
 kill -0 "$SERVER_PID" 2>/dev/null || { echo "FAIL the server died"; status=1; }
