@@ -28,6 +28,7 @@
 #include "openssl/err.h"
 #include "openssl/ssl.h"
 #include "server/core/accept_guard.h"
+#include "zlib.h"
 
 namespace attnserve {
 namespace {
@@ -79,6 +80,49 @@ absl::StatusOr<SSL_CTX*> TlsContext(const HttpServerOptions& options) {
   return context;
 }
 
+// A request body sent with Content-Encoding gzip or deflate (tritonclient's
+// request_compression_algorithm), inflated into `out`, at most `limit`
+// bytes of it (a small body may inflate to gigabytes). INVALID_ARGUMENT for
+// data that does not inflate, RESOURCE_EXHAUSTED past the limit.
+absl::Status Inflate(absl::string_view compressed, int64_t limit,
+                     std::string* out) {
+  z_stream stream{};
+  // 15 + 32: zlib's or gzip's header, whichever it is ("deflate" in HTTP
+  // is the zlib format).
+  if (inflateInit2(&stream, 15 + 32) != Z_OK) {
+    return absl::InternalError("zlib: inflateInit2 failed");
+  }
+  stream.next_in =
+      reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+  stream.avail_in = static_cast<uInt>(compressed.size());
+  char chunk[64 << 10];
+  int result = Z_OK;
+  while (result != Z_STREAM_END) {
+    stream.next_out = reinterpret_cast<Bytef*>(chunk);
+    stream.avail_out = sizeof chunk;
+    result = inflate(&stream, Z_NO_FLUSH);
+    if (result != Z_OK && result != Z_STREAM_END) {
+      inflateEnd(&stream);
+      return absl::InvalidArgumentError(
+          "Content-Encoding: the body does not inflate (gzip or deflate)");
+    }
+    out->append(chunk, sizeof chunk - stream.avail_out);
+    if (static_cast<int64_t>(out->size()) > limit) {
+      inflateEnd(&stream);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the request body inflates to more than ", limit,
+          " bytes (--max_message_bytes)"));
+    }
+    if (result == Z_OK && stream.avail_in == 0 && stream.avail_out != 0) {
+      inflateEnd(&stream);
+      return absl::InvalidArgumentError(
+          "Content-Encoding: the compressed body is truncated");
+    }
+  }
+  inflateEnd(&stream);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // One event loop: its evhttp, its listening socket and its connections.
@@ -105,8 +149,12 @@ class HttpServer::Loop {
     evhttp_set_max_headers_size(http_, options.max_header_bytes);
     timeval timeout = absl::ToTimeval(options.request_timeout);
     evhttp_set_timeout_tv(http_, &timeout);
+    // Every method reaches the router, which answers 405 with Allow as
+    // JSON; evhttp's own refusal would be an HTML 501.
     evhttp_set_allowed_methods(
-        http_, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+        http_, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                   EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
+                   EVHTTP_REQ_PATCH);
     evhttp_set_bevcb(http_, &Loop::NewConnection, this);
     evhttp_set_gencb(http_, &Loop::OnRequest, this);
     evconnlistener* listener = evconnlistener_new_bind(
@@ -298,7 +346,12 @@ class HttpServer::Loop {
     RestCall call;
     switch (evhttp_request_get_command(request)) {
       case EVHTTP_REQ_GET: call.method = "GET"; break;
-      default: call.method = "POST"; break;
+      case EVHTTP_REQ_POST: call.method = "POST"; break;
+      case EVHTTP_REQ_HEAD: call.method = "HEAD"; break;
+      case EVHTTP_REQ_PUT: call.method = "PUT"; break;
+      case EVHTTP_REQ_DELETE: call.method = "DELETE"; break;
+      case EVHTTP_REQ_OPTIONS: call.method = "OPTIONS"; break;
+      default: call.method = "PATCH"; break;
     }
     call.path = evhttp_request_get_uri(request);
     evbuffer* input = evhttp_request_get_input_buffer(request);
@@ -306,6 +359,31 @@ class HttpServer::Loop {
     if (length > 0) {
       call.body = absl::string_view(
           reinterpret_cast<const char*>(evbuffer_pullup(input, -1)), length);
+    }
+    std::string inflated;
+    if (const char* encoding = evhttp_find_header(headers, "Content-Encoding");
+        encoding != nullptr && !absl::EqualsIgnoreCase(encoding, "identity")) {
+      absl::Status status;
+      if (absl::EqualsIgnoreCase(encoding, "gzip") ||
+          absl::EqualsIgnoreCase(encoding, "deflate")) {
+        status = Inflate(call.body, server->options_.max_body_bytes, &inflated);
+        call.body = inflated;
+      } else {
+        status = absl::UnimplementedError(absl::StrCat(
+            "Content-Encoding '", encoding,
+            "' is not supported; send gzip, deflate or identity"));
+      }
+      if (!status.ok()) {
+        const int http_status =
+            status.code() == absl::StatusCode::kUnimplemented ? 415
+            : status.code() == absl::StatusCode::kResourceExhausted
+                ? 413
+                : 400;
+        reply->Reply(http_status, "application/json",
+                     RestBody{RestErrorBody(status), std::nullopt, {}},
+                     Admission::Ticket());
+        return;
+      }
     }
     if (const char* header =
             evhttp_find_header(headers, "Inference-Header-Content-Length")) {
@@ -328,14 +406,13 @@ class HttpServer::Loop {
       if (!missing) grant = server->tokens_->Check(authorization + 7);
       if (!grant.has_value()) {
         server->metrics_->Unauthenticated(missing);
-        evhttp_add_header(evhttp_request_get_output_headers(request),
-                          "WWW-Authenticate", "Bearer");
         reply->Reply(401, "application/json",
                      RestBody{RestErrorBody(absl::UnauthenticatedError(
                                   missing ? "missing bearer token: send "
                                             "'Authorization: Bearer <token>'"
                                           : "invalid bearer token")),
-                              std::nullopt},
+                              std::nullopt,
+                              {{"WWW-Authenticate", "Bearer"}}},
                      Admission::Ticket());
         return;
       }
@@ -358,6 +435,9 @@ class HttpServer::Loop {
     evkeyvalq* headers = evhttp_request_get_output_headers(request);
     if (!reply->content_type.empty()) {
       evhttp_add_header(headers, "Content-Type", reply->content_type.c_str());
+    }
+    for (const auto& [name, value] : reply->body.headers) {
+      evhttp_add_header(headers, name.c_str(), value.c_str());
     }
     if (reply->body.json_length.has_value()) {
       evhttp_add_header(headers, "Inference-Header-Content-Length",

@@ -539,6 +539,10 @@ void AppendFloat(float value, std::string* out) {
     out->append("null");  // never for a result the core let through
     return;
   }
+  if (value == 0 && std::signbit(value)) {
+    out->append("-0.0");  // "-0" reads back as the integer 0 in most parsers
+    return;
+  }
   out->append(buffer, end);
 }
 

@@ -29,6 +29,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -68,6 +70,9 @@ absl::Status ParseRestInferRequest(absl::string_view model_name,
 struct RestBody {
   std::string bytes;
   std::optional<size_t> json_length;
+  // Response headers beyond Content-Type and the header length (a 405's
+  // Allow).
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 // The body of `response`, answering `request`: each output as JSON data or

@@ -41,12 +41,12 @@ std::optional<std::string> Decode(absl::string_view segment) {
 
 void ReplyStatus(RestResponder* responder, const absl::Status& status) {
   responder->Reply(HttpStatusOf(status.code()), kJson,
-                   RestBody{RestErrorBody(status), std::nullopt},
+                   RestBody{RestErrorBody(status), std::nullopt, {}},
                    Admission::Ticket());
 }
 
 void ReplyJson(RestResponder* responder, std::string json) {
-  responder->Reply(200, kJson, RestBody{std::move(json), std::nullopt},
+  responder->Reply(200, kJson, RestBody{std::move(json), std::nullopt, {}},
                    Admission::Ticket());
 }
 
@@ -89,7 +89,7 @@ class RestInferCall final : public CallResponder {
                         std::move(body_), std::move(ticket));
     } else {
       responder_->Reply(HttpStatusOf(status.code()), kJson,
-                        RestBody{RestErrorBody(status), std::nullopt},
+                        RestBody{RestErrorBody(status), std::nullopt, {}},
                         std::move(ticket));
     }
     delete this;
@@ -138,9 +138,13 @@ void KServeRestService::Handle(const RestCall& call,
   }
   const bool get = call.method == "GET";
   const bool post = call.method == "POST";
+  // 405 with Allow, as RFC 9110 asks (no gRPC code maps to it).
   auto wrong_method = [&](const char* allowed) {
-    ReplyStatus(responder, absl::InvalidArgumentError(absl::StrCat(
-                               call.method, " ", path, ": use ", allowed)));
+    RestBody body{RestErrorBody(absl::InvalidArgumentError(absl::StrCat(
+                      call.method, " ", path, ": use ", allowed))),
+                  std::nullopt,
+                  {{"Allow", allowed}}};
+    responder->Reply(405, kJson, std::move(body), Admission::Ticket());
   };
   const size_t n = parts.size();
   if (n == 0 || parts[0] != "v2") {
