@@ -22,7 +22,7 @@ readonly BUILD_PACKAGES=(
   pkg-config cmake make g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev libabsl-dev prometheus-cpp-dev
-  libevent-dev rapidjson-dev libssl-dev
+  libevent-dev rapidjson-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
