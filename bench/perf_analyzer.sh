@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Triton's own load tester, perf_analyzer, against attnserve's KServe API:
 # dot_product_attention at the textbook's toy shape and at the medium shape,
-# batching off and on, unary ModelInfer and streaming ModelStreamInfer
-# (perf_analyzer --streaming: one stream per concurrent client), over a
-# concurrency range. Prints perf_analyzer's CSV rows as one markdown table.
+# batching off and on, over gRPC unary ModelInfer and streaming
+# ModelStreamInfer (perf_analyzer --streaming: one stream per concurrent
+# client) and over HTTP/REST with binary tensors (`http`, perf_analyzer's
+# default) or JSON tensors (`http-json`), over a concurrency range. Prints
+# perf_analyzer's CSV rows as one markdown table.
 # Not part of the test suite.
 #
 # PyPI's perf-analyzer wheels need glibc 2.38 and Debian 12 has 2.36, so the
@@ -22,7 +24,8 @@
 # case and was OOM-killed at 24 GB. Its address space is capped as well.
 #
 # Usage: bench/perf_analyzer.sh [CONCURRENCY_RANGE [APIS [BATCHING]]]
-#   defaults: 16:64:16, "unary streaming", "off on"
+#   defaults: 16:64:16, "unary streaming", "off on"; APIS from
+#   "unary streaming http http-json"
 # Where glibc is 2.38 or newer (the GPU machines), PERF_ANALYZER=path runs
 # that binary directly, no chroot; ATTNSERVE=path picks the server binary
 # and ATTNSERVE_FLAGS adds server flags (deploy/device/run_gpu_checks.sh).
@@ -89,8 +92,10 @@ echo "|---|---|---|---:|---:|---:|---:|---:|"
 for mode in $batching_modes; do
   grpc_port=$(port)
   metrics_port=$(port)
+  http_port=$(port)
   # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
   "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port="$metrics_port" \
+    --http_port="$http_port" \
     --drain_notice_ms=0 "--batching=$([[ $mode == on ]] && echo true || echo false)" \
     ${ATTNSERVE_FLAGS:-} >/dev/null 2>&1 &
   pid=$!
@@ -99,8 +104,13 @@ for mode in $batching_modes; do
     requests_per_window=20000
     [[ $case == medium ]] && requests_per_window=4000
     for api in $apis; do
-      streaming=()
-      [[ $api == streaming ]] && streaming=(--streaming)
+      protocol=(-i grpc -u "127.0.0.1:$grpc_port")
+      case $api in
+        streaming) protocol+=(--streaming) ;;
+        http) protocol=(-i http -u "127.0.0.1:$http_port") ;;
+        http-json) protocol=(-i http -u "127.0.0.1:$http_port"
+                             --input-tensor-format=json --output-tensor-format=json) ;;
+      esac
       cpu_before=$(server_cpu)
       requests_before=$(server_requests)
       # A memory cap: perf_analyzer once grew to 24 GB on the medium case and
@@ -113,8 +123,7 @@ for mode in $batching_modes; do
       # and ran normally when retried.
       timeout 300 prlimit --as=$((${PA_MEMORY_CAP_GIB:-12} << 30)) -- \
       "${perf_analyzer[@]}" -m dot_product_attention \
-        -i grpc -u "127.0.0.1:$grpc_port" --input-data "$data_seen/$case.json" \
-        "${streaming[@]}" \
+        "${protocol[@]}" --input-data "$data_seen/$case.json" \
         --concurrency-range "$range" --measurement-mode count_windows \
         --measurement-request-count "$requests_per_window" -f "$data_seen/$case.csv" \
         --max-trials=6 --stability-percentage=30 \
