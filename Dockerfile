@@ -1,13 +1,13 @@
 # attnserve image.
 #   docker build -t attnserve .
-#   docker run --rm -p 8001:8001 -p 8002:8002 attnserve
-#   docker run --rm -p 9001:9001 -p 9002:9002 attnserve --grpc_port=9001 --metrics_port=9002
+#   docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 attnserve
+#   docker run --rm -p 9000:9000 -p 9001:9001 -p 9002:9002 attnserve --http_port=9000 --grpc_port=9001 --metrics_port=9002
 # Arguments after the image name go to attnserve (`attnserve --help`).
-# That runs attnserve alone, its gRPC port bare: for your own machine. Never
-# let untrusted clients reach a bare port (Debian's gRPC 1.51 has no defence
-# against HTTP/2 rapid reset, docs/security.md): on a network, run it as
-# deploy/compose.yaml or deploy/k8s do, behind the front door this image
-# also carries (nginx -c /etc/attnserve/front-door.conf).
+# That runs attnserve alone, its gRPC and HTTP ports bare: for your own
+# machine. Never let untrusted clients reach a bare port (Debian's gRPC 1.51
+# has no defence against HTTP/2 rapid reset, docs/security.md): on a
+# network, run it as deploy/compose.yaml or deploy/k8s do, behind the front
+# door this image also carries (nginx -c /etc/attnserve/front-door.conf).
 # `docker stop` sends SIGTERM: the server reports NOT_SERVING, drains for
 # --grace_period_ms and exits 0 (keep docker's --time above the grace period).
 # buildah/podman: build with `--format docker`; their default OCI format has
@@ -46,9 +46,10 @@ USER 10001:10001
 # attnserve by the Kubernetes Deployment and the Compose stack.
 COPY deploy/nginx/front-door.conf /etc/attnserve/front-door.conf
 # 8001: gRPC (attention.v1, health, reflection), attnserve's or the front
-# door's. 8002: Prometheus /metrics. 8081, 9113: the front door's health and
-# its exporter's metrics.
-EXPOSE 8001 8002 8081 9113
+# door's. 8000: KServe v2 over HTTP/REST, attnserve's or the front door's.
+# 8002: Prometheus /metrics. 8081, 9113: the front door's health and its
+# exporter's metrics.
+EXPOSE 8000 8001 8002 8081 9113
 # attnctl health exits 0 only while the server reports SERVING (it reports
 # NOT_SERVING while draining). It checks the port and host the server was
 # started with, read from PID 1's command line (the entrypoint's attnserve,

@@ -23,12 +23,13 @@
 #     buildah --format docker (the default OCI format silently drops
 #     HEALTHCHECK), --isolation chroot and --pull=never;
 #  4. runs the image with podman on free loopback ports that are NOT the
-#     defaults (--grpc_port/--metrics_port passed to the entrypoint), and
+#     defaults (--grpc_port/--http_port/--metrics_port passed to the
+#     entrypoint), and
 #     checks it from outside: health SERVING, a typed-API call and a KServe v2
 #     call against float64 references, the example model repository, /metrics,
 #     the server's uid (10001, not root), the front door (nginx and its
 #     exporter from the same image, non-root on a read-only root) serving
-#     in front of it, the image's HEALTHCHECK run by hand
+#     gRPC and HTTP in front of it, the image's HEALTHCHECK run by hand
 #     (podman's timers need systemd, which these machines lack), AVX code only
 #     inside the kernels' per-ISA copies (so the image runs on AMD EPYC and
 #     Intel Xeon alike), `podman stop` (SIGTERM) exiting 0 within the grace
@@ -261,15 +262,18 @@ echo "image size: ${size_mb} MB (its base debian:bookworm-slim:" \
 # --- 4. Run it. ------------------------------------------------------------------
 # shellcheck source=SCRIPTDIR/../../tests/lib/server.sh
 source "$repo/tests/lib/server.sh"  # free_port
+# shellcheck source=SCRIPTDIR/../../tests/lib/front_door.sh
+source "$repo/tests/lib/front_door.sh"  # front_door_conf
 grace_ms=5000
 drain_ms=1000
 
 # start_container NAME [ATTNSERVE FLAGS...]: runs the image as NAME on fresh
-# free loopback ports (never the defaults 8001/8002) and waits, at most 60 s,
-# for attnctl health to say SERVING from outside. Sets grpc_port,
-# metrics_port and target. A port taken between the pick and the bind makes
-# the server exit at boot; then it tries again with new ports, three times in
-# all. Returns 1 (the container's log printed) when it never came up.
+# free loopback ports (never the defaults 8000/8001/8002) and waits, at most
+# 60 s, for attnctl health to say SERVING from outside. Sets grpc_port,
+# http_port, metrics_port and target. A port taken between the pick and the
+# bind makes the server exit at boot; then it tries again with new ports,
+# three times in all. Returns 1 (the container's log printed) when it never
+# came up.
 start_container() {
   local name=$1 attempt i state
   shift
@@ -277,6 +281,10 @@ start_container() {
     grpc_port=$(free_port)
     metrics_port=$(free_port)
     while [[ "$metrics_port" == "$grpc_port" ]]; do metrics_port=$(free_port); done
+    http_port=$(free_port)
+    while [[ "$http_port" == "$grpc_port" || "$http_port" == "$metrics_port" ]]; do
+      http_port=$(free_port)
+    done
     target=127.0.0.1:$grpc_port
     # podman logs "unable to get systemd connection to add healthchecks"
     # here: it cannot set up its healthcheck timer without systemd.
@@ -285,7 +293,7 @@ start_container() {
     if ! "${podman_cmd[@]}" run -d --name "$name" --pull never \
       --network host --log-driver k8s-file \
       --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
-      "$image" --host=127.0.0.1 --grpc_port="$grpc_port" \
+      "$image" --host=127.0.0.1 --grpc_port="$grpc_port" --http_port="$http_port" \
       --metrics_port="$metrics_port" "$@" >"$work/podman-run.log" 2>&1; then
       echo "podman run failed:"
       sed 's/^/  | /' "$work/podman-run.log"
@@ -319,7 +327,7 @@ if ! start_container "$container" --drain_notice_ms="$drain_ms" \
 fi
 t_start=$((SECONDS - t_start))
 pass "health" "attnctl health --target $target: SERVING ${t_start} s after" \
-  "podman run (non-default ports: gRPC $grpc_port, metrics $metrics_port)"
+  "podman run (non-default ports: gRPC $grpc_port, HTTP $http_port, metrics $metrics_port)"
 
 t_checks=$SECONDS
 check typed-api "$python" "$here/check_image.py" typed-api --target "$target" \
@@ -381,16 +389,17 @@ check healthcheck check_healthcheck
 
 # The front door from the same image, as the Kubernetes pod and the Compose
 # stack run it: nginx as the image's user on a read-only root with a tmpfs
-# for its scratch, on the image's front-door.conf (ports and upstream
-# rewritten to this run's free ones, as the shared host network needs), in
-# front of the server above; then its exporter. A call through the door
-# must reach the server, and the exporter must see nginx up.
+# for its scratch, on the image's front-door.conf (ports and upstreams
+# rewritten to this run's free ones by tests/lib/front_door.sh, as the
+# shared host network needs), in front of the server above; then its
+# exporter. A gRPC call and an HTTP request through the door must reach the
+# server, and the exporter must see nginx up.
 check_front_door() {
-  local door status exporter conf=$work/front-door.conf ok=1 i
-  door=$(free_port); status=$(free_port); exporter=$(free_port)
-  "${podman_cmd[@]}" cp "$container:/etc/attnserve/front-door.conf" "$conf" || return 1
-  sed -i -e "s#listen 8001#listen 127.0.0.1:$door#" -e "s#listen 8081#listen 127.0.0.1:$status#" \
-    -e "s#127.0.0.1:9001#$target#" "$conf"
+  local door http_door status exporter conf=$work/front-door.conf ok=1 i code
+  "${podman_cmd[@]}" cp "$container:/etc/attnserve/front-door.conf" "$conf.image" || return 1
+  front_door_conf "$conf.image" "$conf" "$target" "127.0.0.1:$http_port" || return 1
+  door=$DOOR_GRPC_PORT; http_door=$DOOR_HTTP_PORT; status=$DOOR_STATUS_PORT
+  exporter=$(free_port)
   "${podman_cmd[@]}" run -d --name "$container-door" --pull never --network host \
     --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --read-only --tmpfs /tmp/nginx:rw,mode=1777 -v "$conf:/etc/attnserve/front-door.conf:ro" \
     --entrypoint /usr/sbin/nginx "$image" \
@@ -405,6 +414,15 @@ check_front_door() {
     sleep 0.1
   done
   "$attnctl" health --target "127.0.0.1:$door" --deadline 2s || ok=0
+  code=$(curl -sS --max-time 2 -o /dev/null -w '%{http_code}' \
+    "http://127.0.0.1:$http_door/v2/health/ready") || true
+  echo "GET :$http_door/v2/health/ready through the door: $code"
+  [[ $code == 200 ]] || ok=0
+  # A KServe v2 REST inference through the door (its body read whole by
+  # nginx first, then sent on its keepalive upstream).
+  curl -fsS --max-time 5 -X POST "http://127.0.0.1:$http_door/v2/models/masked_softmax/infer" \
+    -d '{"inputs":[{"name":"X","shape":[1,2,3],"datatype":"FP32","data":[1,2,3,4,5,6]}]}' |
+    grep '"outputs"' || ok=0
   for ((i = 0; i < 50; i++)); do
     curl -fsS "http://127.0.0.1:$exporter/metrics" 2>/dev/null | grep -q '^nginx_up 1' && break
     sleep 0.1

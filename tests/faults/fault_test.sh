@@ -88,6 +88,8 @@ if [[ ${#positional[@]} -ne 0 && ${#positional[@]} -ne 2 ]]; then
 fi
 # shellcheck source=tests/lib/server.sh
 source "$repo/tests/lib/server.sh"
+# shellcheck source=tests/lib/front_door.sh
+source "$repo/tests/lib/front_door.sh"
 resolve_binaries fault_test "$repo" "${positional[@]}"
 command -v curl >/dev/null || { echo "fault_test: FATAL: curl not found" >&2; exit 1; }
 # shellcheck source=tests/lib/venv.sh
@@ -876,11 +878,13 @@ scenario_scrape() {
 
 # --- reset --------------------------------------------------------------------
 # HTTP/2 rapid reset (CVE-2023-44487) at the shipped front door: Debian's
-# nginx with deploy/nginx/front-door.conf (ports and scratch folder
-# rewritten) in front of attnserve on loopback, as in the Kubernetes pod and
-# the Compose stack. A client opens and resets streams as fast as it can and
-# never reads the answers; a well-behaved client calls through the same door.
-# The full run also floods a bare port, for the record (not asserted).
+# nginx with deploy/nginx/front-door.conf (ports, upstreams and scratch
+# folder rewritten by tests/lib/front_door.sh) in front of attnserve's gRPC
+# and HTTP ports on loopback, as in the Kubernetes pod and the Compose
+# stack. A client opens and resets streams as fast as it can and never
+# reads the answers; a well-behaved client calls through the same door. The
+# door's HTTP port must still reach attnserve afterwards. The full run also
+# floods a bare port, for the record (not asserted).
 scenario_reset() {
   local fails0=$failures seconds
   seconds=$(( quick ? 6 : 12 ))
@@ -892,12 +896,14 @@ scenario_reset() {
   local hpy=$venv/bin/python
   SERVER_FLAGS=(--kernel_threads=1 --drain_notice_ms=0)
   boot reset || { row reset - - - - - "" "" "" "" "$fails0"; stop_server; return; }
-  local door status_port scratch=$workdir/nginx
-  door=$(free_port); status_port=$(free_port)
+  local door http_door status_port scratch=$workdir/nginx
   mkdir -p "$scratch"
-  sed -e "s#listen 8001#listen 127.0.0.1:$door#" -e "s#listen 8081#listen 127.0.0.1:$status_port#" \
-    -e "s#127.0.0.1:9001#127.0.0.1:$GRPC_PORT#" -e "s#/tmp/nginx#$scratch#g" \
-    "$repo/deploy/nginx/front-door.conf" >"$workdir/front-door.conf"
+  if ! front_door_conf "$repo/deploy/nginx/front-door.conf" "$workdir/front-door.conf" \
+      "127.0.0.1:$GRPC_PORT" "127.0.0.1:$HTTP_PORT" "$scratch" 2>"$workdir/front_door_conf.log"; then
+    fail "reset: $(head -c 300 "$workdir/front_door_conf.log")"
+    shutdown_checked reset; row reset - - - - - "" "" "" "" "$fails0"; return
+  fi
+  door=$DOOR_GRPC_PORT; http_door=$DOOR_HTTP_PORT; status_port=$DOOR_STATUS_PORT
   if ! "$nginx_bin" -t -q -c "$workdir/front-door.conf" -e "$scratch/error.log" 2>"$workdir/nginx_t.log"; then
     fail "reset: nginx -t on front-door.conf: $(head -c 300 "$workdir/nginx_t.log")"
     shutdown_checked reset; row reset - - - - - "" "" "" "" "$fails0"; return
@@ -952,6 +958,12 @@ scenario_reset() {
     fail "reset: attnserve's RSS $(mib "$before") -> peak $(mib "$peak") MiB behind the front door (> idle + 96)"
   curl -fsS --max-time 2 "http://127.0.0.1:$status_port/healthz" >/dev/null &&
     pass "reset: the front door's /healthz answers after the flood" || fail "reset: the front door's /healthz does not answer"
+  local http_code
+  http_code=$(curl -sS --max-time 2 -o /dev/null -w '%{http_code}' \
+    "http://127.0.0.1:$http_door/v2/health/ready" 2>/dev/null || true)
+  [[ $http_code == 200 ]] &&
+    pass "reset: the front door's HTTP port reaches attnserve after the flood (/v2/health/ready 200)" ||
+    fail "reset: /v2/health/ready through the front door's HTTP port: ${http_code:-no answer}, not 200"
   kill "$nginx_pid" 2>/dev/null; wait "$nginx_pid" 2>/dev/null
   if ((!quick)); then
     local bare_before bare_peak

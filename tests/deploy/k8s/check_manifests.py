@@ -5,19 +5,21 @@ promise. Run by k8s_test.sh (in its venv: kubernetes-validate, PyYAML).
 
     check_manifests.py REPO WORKDIR [--kubectl KUBECTL]
 
-Renders deploy/k8s twice with kustomize_lite.py (beside this file): as
-shipped ("base") and with components/writable-repository ("writable").
-With --kubectl, `kubectl kustomize` renders both too and must give the same
-objects. Every object must validate, strictly (unknown fields are errors),
-against every Kubernetes minor from MIN_KUBERNETES to the newest one
-kubernetes-validate bundles. Each invariant is one named check; a failure
+Renders deploy/k8s three times with kustomize_lite.py (beside this file):
+as shipped ("base"), with components/writable-repository ("writable") and
+with components/http-readiness ("http-readiness"). With --kubectl,
+`kubectl kustomize` renders each too and must give the same objects. Every
+object must validate, strictly (unknown fields are errors), against every
+Kubernetes minor from MIN_KUBERNETES to the newest one kubernetes-validate
+bundles. Each invariant is one named check; a failure
 prints "FAIL <invariant>: <what is wrong>". The last line is
 "N passed, M failed"; exit 1 when any check failed.
 
 For the runtime checks of k8s_test.sh it also writes into WORKDIR:
   base/args             the server's args, one per line, $(VAR)s expanded as
                         the kubelet would, without --host, --grpc_port,
-                        --metrics_port and --model_repository
+                        --http_port, --http_host, --metrics_port and
+                        --model_repository
   base/repository/      the ConfigMap volume as the kubelet lays it out
                         (..data symlink, timestamped folder, items' paths)
   base/settings         shell assignments: DRAIN_NOTICE_MS, GRACE_PERIOD_MS,
@@ -25,6 +27,7 @@ For the runtime checks of k8s_test.sh it also writes into WORKDIR:
   writable/seed.sh      the init container's script, its mount paths made
                         ${SEED_DIR} and ${MODELS_DIR}
   writable/seed/        the seed volume, laid out as base/repository
+  http-readiness/settings  READY_PATH: the path the HTTP readinessProbe asks
 """
 import argparse
 import base64
@@ -66,7 +69,13 @@ PEAK_MEMORY_PER_MESSAGE = 2.5
 CONFIGMAP_LIMIT_BYTES = 1 << 20
 MODEL_REPOSITORY_MOUNT = "/models"
 # Flags that the runtime check sets itself (free ports, loopback, local dir).
-RUNTIME_OWN_FLAGS = ("host", "grpc_port", "metrics_port", "model_repository")
+RUNTIME_OWN_FLAGS = ("host", "grpc_port", "http_port", "http_host", "metrics_port",
+                     "model_repository")
+# What nginx itself may use of the front door's memory limit, beside its
+# memory-backed volumes (~20 MiB idle: master and two workers).
+NGINX_MEMORY_BYTES = 64 << 20
+# KServe v2's readiness endpoint (docs/http.md): 200, or 503 while draining.
+HTTP_READY_PATH = "/v2/health/ready"
 
 SECURITY = {
     "runAsNonRoot": True,
@@ -178,13 +187,139 @@ def parse_dockerfile(path):
     return result
 
 
+# nginx's tokens: a quoted string, a comment, { } ;, or a bare word.
+NGINX_TOKEN = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|#[^\n]*|[{};]"""
+                         r"""|[^\s{};"'#][^\s{};]*""")
+
+
+def parse_nginx(text):
+    """An nginx configuration as nested lists of (name, [args], children),
+    children None for a simple directive. Comments dropped, quotes removed."""
+    root = []
+    stack = [root]
+    words = []
+    for token in NGINX_TOKEN.findall(text):
+        if token.startswith("#"):
+            continue
+        if token in (";", "{"):
+            if not words:
+                raise ValueError("nginx config: '%s' without a directive" % token)
+            children = [] if token == "{" else None
+            stack[-1].append((words[0], words[1:], children))
+            if children is not None:
+                stack.append(children)
+            words = []
+        elif token == "}":
+            if words or len(stack) == 1:
+                raise ValueError("nginx config: unbalanced '}'")
+            stack.pop()
+        else:
+            words.append(token[1:-1] if token[:1] in "\"'" else token)
+    if words or len(stack) != 1:
+        raise ValueError("nginx config: unterminated directive or block")
+    return root
+
+
+def nginx_args(block, name):
+    """The arguments of the last NAME directive in BLOCK, or None."""
+    found = [args for n, args, _ in block or [] if n == name]
+    return found[-1] if found else None
+
+
+def nginx_blocks(block, name):
+    return [(args, children) for n, args, children in block or []
+            if n == name and children is not None]
+
+
+def nginx_bytes(text):
+    """An nginx size ("256m", "16k", "1g", "512") in bytes."""
+    m = re.match(r"^(\d+)([kKmMgG]?)$", text or "")
+    if not m:
+        return None
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def nginx_seconds(text):
+    """An nginx time ("300s", "1m", "500ms", "75") in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    m = re.match(r"^(\d+)(ms|s|m|h|d)?$", text or "")
+    return None if not m else int(m.group(1)) * units[m.group(2) or "s"]
+
+
 def parse_front_door(path):
-    """deploy/nginx/front-door.conf's listen ports and its upstream server."""
+    """deploy/nginx/front-door.conf, read as nginx reads it: its listen ports,
+    upstreams, the http block's directives, and the two proxying servers:
+    "grpc" (the server whose location has grpc_pass) and "rest" (the one
+    with proxy_pass), each with its listen ports, whether they speak
+    HTTP/2, its upstream, that upstream's first server (host:port) and
+    directives, and the server's and location's directives (each a list of
+    (name, args, children))."""
     with open(path) as f:
-        text = re.sub(r"#.*", "", f.read())
-    listen = {int(m) for m in re.findall(r"\blisten\s+(?:[\d.]+:)?(\d+)", text)}
-    upstream = re.search(r"upstream\s+\w+\s*\{[^}]*\bserver\s+([^;\s]+)", text)
-    return {"listen": listen, "upstream": upstream.group(1) if upstream else None}
+        config = parse_nginx(f.read())
+    http = (nginx_blocks(config, "http") or [([], [])])[0][1]
+    upstreams = {args[0]: children for args, children in nginx_blocks(http, "upstream")}
+    result = {"http": http, "upstreams": upstreams, "listen": set(),
+              "grpc": None, "rest": None}
+    for _, server in nginx_blocks(http, "server"):
+        listens = [args for n, args, _ in server if n == "listen"]
+        ports = set()
+        for args in listens:
+            m = re.match(r"^(?:[\d.]+:|\[[^\]]*\]:)?(\d+)$", args[0])
+            if m:
+                ports.add(int(m.group(1)))
+        result["listen"] |= ports
+        for _, location in nginx_blocks(server, "location"):
+            for kind, directive, scheme in (("grpc", "grpc_pass", "grpc://"),
+                                            ("rest", "proxy_pass", "http://")):
+                target = nginx_args(location, directive)
+                if not target:
+                    continue
+                name = target[0][len(scheme):] if target[0].startswith(scheme) else None
+                upstream = upstreams.get(name)
+                first = nginx_args(upstream, "server") if upstream is not None else None
+                result[kind] = {
+                    "listen": ports,
+                    "http2": any("http2" in args[1:] for args in listens) or
+                    nginx_args(server, "http2") == ["on"],
+                    "pass": target[0], "upstream": upstream,
+                    "target": first[0] if first else None,
+                    "server": server, "location": location,
+                }
+    return result
+
+
+def nginx_effective(name, *blocks):
+    """NAME's arguments as nginx applies them in the innermost of BLOCKS
+    (outermost first: http, server, location): the innermost that sets it."""
+    value = None
+    for block in blocks:
+        value = nginx_args(block, name) or value
+    return value
+
+
+def probe_port(container, port):
+    """A probe's port as the kubelet resolves it: a number, or a name looked
+    up among the probed container's own ports only (else a number in a
+    string); None when it does not resolve."""
+    if isinstance(port, int):
+        return port
+    for p in container.get("ports") or []:
+        if p.get("name") == port:
+            return p.get("containerPort")
+    return int(port) if isinstance(port, str) and port.isdigit() else None
+
+
+def memory_volumes(pod, container):
+    """{mountPath: sizeLimit in bytes (None: unlimited)} of CONTAINER's
+    memory-backed emptyDir mounts."""
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    out = {}
+    for m in container.get("volumeMounts") or []:
+        empty = volumes.get(m["name"], {}).get("emptyDir")
+        if empty is not None and empty.get("medium") == "Memory":
+            limit = empty.get("sizeLimit")
+            out[m["mountPath"]] = quantity(limit) if limit is not None else None
+    return out
 
 
 def integer_literal(text):
@@ -285,9 +420,12 @@ def validate_schemas(c, label, resources, cache):
         c.check(name, not cache[key], "; ".join(cache[key][:3]))
 
 
-def check_render(c, label, resources, docker, server_flags, health_names, models):
-    """Invariants every rendering must keep. Returns the Deployment and the
-    generated ConfigMap (or None, None when missing)."""
+def check_render(c, label, resources, docker, server_flags, health_names, models,
+                 http_readiness=False):
+    """Invariants every rendering must keep; HTTP_READINESS for a rendering
+    with components/http-readiness (the server's readinessProbe an HTTP GET
+    through the front door instead of a gRPC probe). Returns the Deployment
+    and the generated ConfigMap (or None, None when missing)."""
     p = label + " "
     kinds = sorted(r["kind"] for r in resources)
     deployment, service = one(resources, "Deployment"), one(resources, "Service")
@@ -399,16 +537,18 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
     c.check(p + "memory request equals its limit (not overcommitted)",
             quantity(requests.get("memory", "0")) == memory)
 
-    # --- Ports: the front door (nginx) owns the pod's grpc port; the server
-    # listens on loopback behind it. ---
+    # --- Ports: the front door (nginx) owns the pod's grpc and http ports;
+    # the server listens on loopback behind it. ---
     ports = {}
     for x in containers:
         for port in x.get("ports", []):
             ports[port["name"]] = port["containerPort"]
     server_ports = {x["name"]: x["containerPort"] for x in server.get("ports", [])}
     grpc_port, metrics_port = flags.get("grpc_port"), flags.get("metrics_port")
+    http_port = flags.get("http_port")
     door = next((x for x in containers if x["name"] == "front-door"), None)
     door_conf = parse_front_door(os.path.join(REPO, "deploy", "nginx", "front-door.conf"))
+    grpc_door, rest_door = door_conf["grpc"] or {}, door_conf["rest"] or {}
     c.check(p + "a front-door container runs nginx on the image's front-door.conf",
             door is not None and (door.get("command") or [])[:3] ==
             ["/usr/sbin/nginx", "-c", "/etc/attnserve/front-door.conf"],
@@ -419,13 +559,95 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
     c.check(p + "the server's gRPC listens on loopback only (--host=127.0.0.1)",
             flags.get("host") == "127.0.0.1", "--host=%s" % flags.get("host"))
     c.check(p + "the front door forwards to the server's --grpc_port on loopback",
-            grpc_port is not None and door_conf["upstream"] == "127.0.0.1:%s" % grpc_port,
-            "upstream %s, --grpc_port=%s" % (door_conf["upstream"], grpc_port))
+            grpc_port is not None and grpc_door.get("target") == "127.0.0.1:%s" % grpc_port,
+            "grpc upstream %s, --grpc_port=%s" % (grpc_door.get("target"), grpc_port))
     door_ports = {x["name"]: x["containerPort"] for x in (door or {}).get("ports", [])}
-    c.check(p + "the front door listens on its container port named grpc",
-            door_ports.get("grpc") in door_conf["listen"] and "grpc" not in server_ports,
-            "listen %s, front-door ports %s, server ports %s"
-            % (door_conf["listen"], door_ports, server_ports))
+    c.check(p + "the front door listens (HTTP/2) on its container port named grpc",
+            door_ports.get("grpc") in grpc_door.get("listen", ()) and
+            grpc_door.get("http2") and "grpc" not in server_ports,
+            "gRPC listen %s, front-door ports %s, server ports %s"
+            % (grpc_door.get("listen"), door_ports, server_ports))
+    # KServe v2 over HTTP/REST, the same way.
+    http_host = flags.get("http_host") or flags.get("host")
+    c.check(p + "the server's HTTP port is on and on loopback only (--http_port > 0; "
+            "--http_host, else --host, is 127.0.0.1)",
+            int(http_port or 0) > 0 and http_host == "127.0.0.1",
+            "--http_port=%s, HTTP host %s" % (http_port, http_host))
+    c.check(p + "the front door forwards HTTP to the server's --http_port on loopback",
+            http_port is not None and rest_door.get("target") == "127.0.0.1:%s" % http_port,
+            "HTTP upstream %s, --http_port=%s" % (rest_door.get("target"), http_port))
+    c.check(p + "the front door listens (HTTP/1.1, not http2) on its container port named http",
+            door_ports.get("http") in rest_door.get("listen", ()) and
+            rest_door.get("http2") is False and "http" not in server_ports,
+            "HTTP listen %s, front-door ports %s, server ports %s"
+            % (rest_door.get("listen"), door_ports, server_ports))
+    own = [int(x) for x in (grpc_port, http_port, metrics_port) if x is not None]
+    c.check(p + "the server's gRPC, HTTP and metrics ports are distinct and none is one "
+            "the front door listens on (they share the pod's network namespace)",
+            len(own) == 3 and len(set(own)) == 3 and not set(own) & door_conf["listen"],
+            "server %s, front door %s" % (own, sorted(door_conf["listen"])))
+    levels = (door_conf["http"], rest_door.get("server"), rest_door.get("location"))
+    upstream = rest_door.get("upstream") or []
+    headers = [args for n, args, _ in rest_door.get("location") or []
+               if n == "proxy_set_header"]
+    c.check(p + "the front door keeps HTTP upstream connections alive (keepalive, "
+            "proxy_http_version 1.1, Connection \"\")",
+            int((nginx_args(upstream, "keepalive") or ["0"])[0]) > 0 and
+            nginx_effective("proxy_http_version", *levels) == ["1.1"] and
+            ["Connection", ""] in headers,
+            "keepalive %s, proxy_http_version %s, proxy_set_header %s" % (
+                nginx_args(upstream, "keepalive"),
+                nginx_effective("proxy_http_version", *levels), headers))
+    # nginx's default upstream keepalive_timeout is 60 s.
+    idle_s = nginx_seconds((nginx_args(upstream, "keepalive_timeout") or ["60s"])[0])
+    request_timeout_s = int(flags.get("http_request_timeout_ms") or 0) / 1000.0
+    c.check(p + "the front door drops idle HTTP upstream connections before attnserve does "
+            "(upstream keepalive_timeout < --http_request_timeout_ms)",
+            idle_s is not None and idle_s < request_timeout_s,
+            "keepalive_timeout %s s, --http_request_timeout_ms=%s"
+            % (idle_s, flags.get("http_request_timeout_ms")))
+    c.check(p + "the front door reads HTTP request bodies whole before forwarding "
+            "(proxy_request_buffering on)",
+            nginx_effective("proxy_request_buffering", *levels) in (None, ["on"]),
+            str(nginx_effective("proxy_request_buffering", *levels)))
+    body_bytes = nginx_bytes((nginx_effective("client_max_body_size", *levels) or ["1m"])[0])
+    c.check(p + "the front door's HTTP client_max_body_size is --max_message_bytes",
+            body_bytes == message_bytes,
+            "client_max_body_size %s bytes, --max_message_bytes=%s" % (body_bytes, message_bytes))
+    for what in ("connect", "read", "send"):
+        grpc_t = nginx_effective("grpc_%s_timeout" % what, door_conf["http"],
+                                 grpc_door.get("server"), grpc_door.get("location"))
+        rest_t = nginx_effective("proxy_%s_timeout" % what, *levels)
+        c.check(p + "the front door's HTTP %s timeout is the gRPC location's" % what,
+                grpc_t is not None and rest_t == grpc_t,
+                "proxy_%s_timeout %s, grpc_%s_timeout %s" % (what, rest_t, what, grpc_t))
+    c.check(p + "the front door spools no HTTP response to disk (proxy_max_temp_file_size 0)",
+            nginx_effective("proxy_max_temp_file_size", *levels) == ["0"],
+            str(nginx_effective("proxy_max_temp_file_size", *levels)))
+    # Request bodies wait in client_body_temp_path: a memory-backed volume
+    # whose tmpfs size answers a body that does not fit with 500 (no
+    # eviction), holding at least one body of the largest size, and charged
+    # to the front door's memory limit.
+    body_path = (nginx_args(door_conf["http"], "client_body_temp_path") or [""])[0]
+    door_memory = memory_volumes(pod, door or {})
+    under = [m for m in door_memory if body_path == m or body_path.startswith(m.rstrip("/") + "/")]
+    body_mount = max(under, key=len) if under else None
+    body_size = door_memory.get(body_mount)
+    c.check(p + "the front door's client_body_temp_path is on a memory-backed volume "
+            "with a sizeLimit of at least client_max_body_size",
+            body_mount is not None and body_size is not None and body_bytes is not None and
+            body_size >= body_bytes,
+            "client_body_temp_path %s, memory-backed mounts %s, client_max_body_size %s"
+            % (body_path, door_memory, body_bytes))
+    door_limit = quantity(((door or {}).get("resources", {}).get("limits") or {})
+                          .get("memory", "0"))
+    volumes_bytes = sum(v or float("inf") for v in door_memory.values())
+    c.check(p + "the front door's memory limit holds nginx (%d MiB) and its memory-backed "
+            "volumes" % (NGINX_MEMORY_BYTES >> 20),
+            door_limit >= NGINX_MEMORY_BYTES + volumes_bytes,
+            "limits.memory %.0f MiB < %d MiB + %s" % (
+                door_limit / 2**20, NGINX_MEMORY_BYTES >> 20,
+                {k: (v or 0) / 2**20 for k, v in door_memory.items()}))
     c.check(p + "--metrics_port is the server's container port named metrics, on every "
             "address (--metrics_host=0.0.0.0)",
             metrics_port is not None and server_ports.get("metrics") == int(metrics_port) and
@@ -436,7 +658,7 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
             set(ports.values()) <= docker["expose"],
             "%s vs EXPOSE %s" % (sorted(ports.values()), sorted(docker["expose"])))
     service_ports = {sp["name"]: sp for sp in service["spec"]["ports"]}
-    for name in ("grpc", "metrics"):
+    for name in ("grpc", "http", "metrics"):
         sp = service_ports.get(name)
         target = sp and sp.get("targetPort", sp.get("port"))
         target = ports.get(target) if isinstance(target, str) else target
@@ -445,6 +667,10 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
                 "Service ports %s" % service["spec"]["ports"])
     c.check(p + "Service port grpc has appProtocol grpc",
             service_ports.get("grpc", {}).get("appProtocol") == "grpc")
+    c.check(p + "Service port http is 8000 (the KServe/Triton HTTP port) with appProtocol http",
+            service_ports.get("http", {}).get("port") == 8000 and
+            service_ports.get("http", {}).get("appProtocol") == "http",
+            str(service_ports.get("http")))
     annotations = spec["template"]["metadata"].get("annotations", {})
     c.check(p + "prometheus.io/port is the metrics port",
             annotations.get("prometheus.io/port") == str(ports.get("metrics")) and
@@ -453,7 +679,8 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
 
     # --- Probes and the drain arithmetic. ---
     probes = {k: server.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe")}
-    for kind in ("startupProbe", "readinessProbe"):
+    grpc_probes = ("startupProbe",) if http_readiness else ("startupProbe", "readinessProbe")
+    for kind in grpc_probes:
         probe = probes[kind]
         grpc = (probe or {}).get("grpc")
         c.check(p + "%s is a gRPC probe on the pod's grpc port (through the front door)" % kind,
@@ -462,6 +689,23 @@ def check_render(c, label, resources, docker, server_flags, health_names, models
         c.check(p + "%s asks about a service the server reports" % kind,
                 grpc is not None and grpc.get("service", "") in health_names,
                 "%r not in %s" % ((grpc or {}).get("service"), sorted(health_names)))
+    if http_readiness:
+        # components/http-readiness: KServe's readiness through the door.
+        ready = probes["readinessProbe"] or {}
+        get = ready.get("httpGet") or {}
+        resolved = probe_port(server, get.get("port"))
+        c.check(p + "readinessProbe is an HTTP GET of %s (and nothing else)" % HTTP_READY_PATH,
+                set(ready) & {"httpGet", "grpc", "exec", "tcpSocket"} == {"httpGet"} and
+                get.get("path") == HTTP_READY_PATH and
+                get.get("scheme", "HTTP") == "HTTP" and not get.get("host"),
+                str(ready))
+        c.check(p + "readinessProbe's port, resolved as the kubelet does (a name only among "
+                "the attnserve container's own ports), is the front door's http port",
+                resolved is not None and resolved == door_ports.get("http") and
+                resolved in rest_door.get("listen", ()),
+                "port %r resolves to %s; front door http %s, listening %s" % (
+                    get.get("port"), resolved, door_ports.get("http"),
+                    rest_door.get("listen")))
     live = (probes["livenessProbe"] or {}).get("exec", {}).get("command") or []
     c.check(p + "livenessProbe asks the server itself on loopback (attnctl health "
             "--target=127.0.0.1:--grpc_port)",
@@ -595,6 +839,7 @@ def main():
     a = parser.parse_args()
     k8s = os.path.join(a.repo, "deploy", "k8s")
     component = os.path.join(k8s, "components", "writable-repository")
+    http_component = os.path.join(k8s, "components", "http-readiness")
     c = Checks()
 
     docker = parse_dockerfile(os.path.join(a.repo, "Dockerfile"))
@@ -610,7 +855,8 @@ def main():
                 " and update the configMapGenerator and volume items")
 
     renders = {}
-    for label, components in (("base", []), ("writable", [component])):
+    for label, components in (("base", []), ("writable", [component]),
+                              ("http-readiness", [http_component])):
         try:
             renders[label], _ = kustomize_lite.render(k8s, components)
             c.check("%s renders (kustomize_lite)" % label, True)
@@ -705,6 +951,43 @@ def main():
                     kubelet_layout(os.path.join(out, "seed"),
                                    volumes[seed_source[0]]["configMap"]["items"],
                                    configmap_bytes(configmap))
+
+    http_render = renders.get("http-readiness")
+    if http_render:
+        deployment, _ = checked_render(c, "http-readiness", http_render, docker,
+                                       server_flags, health_names, models, True)
+        base_deployment = one(base or [], "Deployment")
+        if deployment and base_deployment:
+            def server_of(d):
+                return next((x for x in d["spec"]["template"]["spec"]["containers"]
+                             if x["name"] == "attnserve"), {})
+
+            def timing(probe):
+                probe = probe or {}
+                return {k: probe.get(k, default) for k, default in (
+                    ("initialDelaySeconds", 0), ("periodSeconds", 10), ("timeoutSeconds", 1),
+                    ("failureThreshold", 3), ("successThreshold", 1))}
+            ours, theirs = server_of(deployment), server_of(base_deployment)
+            c.check("http-readiness: readinessProbe has the base's timing (the drain "
+                    "arithmetic holds unchanged)",
+                    timing(ours.get("readinessProbe")) == timing(theirs.get("readinessProbe")),
+                    "%s vs base %s" % (timing(ours.get("readinessProbe")),
+                                       timing(theirs.get("readinessProbe"))))
+            rest = {k: v for k, v in ours.items() if k != "readinessProbe"}
+            c.check("http-readiness: the component changes the server's readinessProbe and "
+                    "nothing else",
+                    rest == {k: v for k, v in theirs.items() if k != "readinessProbe"} and
+                    by_key([r for r in http_render if r["kind"] != "Deployment"]) ==
+                    by_key([r for r in base if r["kind"] != "Deployment"]) and
+                    [x for x in deployment["spec"]["template"]["spec"]["containers"]
+                     if x["name"] != "attnserve"] ==
+                    [x for x in base_deployment["spec"]["template"]["spec"]["containers"]
+                     if x["name"] != "attnserve"])
+            # For the runtime check: the path the probe asks, through the door.
+            out = os.path.join(a.workdir, "http-readiness")
+            os.makedirs(out)
+            with open(os.path.join(out, "settings"), "w") as f:
+                f.write("READY_PATH=%s\n" % ours["readinessProbe"]["httpGet"]["path"])
 
     print("%d passed, %d failed" % (c.passed, c.failed))
     return 1 if c.failed else 0

@@ -13,16 +13,21 @@
 #            rendered manifests are also run for real (below).
 #
 # 1. yamllint over deploy/k8s (tests/deploy/k8s/yamllint.yaml).
-# 2. check_manifests.py: renders deploy/k8s as shipped and with
-#    components/writable-repository (kustomize_lite.py, and `kubectl
-#    kustomize` too when a kubectl is installed: both must agree), validates
-#    every object strictly against the Kubernetes schemas, and checks the
-#    invariants (ports, probes, drain arithmetic, security, model files).
+# 2. check_manifests.py: renders deploy/k8s as shipped, with
+#    components/writable-repository and with components/http-readiness
+#    (kustomize_lite.py, and `kubectl kustomize` too when a kubectl is
+#    installed: both must agree), validates every object strictly against
+#    the Kubernetes schemas, and checks the invariants (ports, the front
+#    door's listens and upstreams, probes, drain arithmetic, security, model
+#    files).
 # 3. With the binaries: attnserve started with the Deployment's args (ports
 #    and host made loopback ones) on the ConfigMap volume as the kubelet
 #    lays it out: both models load, a call by weights_name works, health is
-#    SERVING; on SIGTERM health says NOT_SERVING at once while calls are
-#    still served, and the process exits 0 after the drain notice and within
+#    SERVING and /v2/health/ready 200, on the HTTP port and (where nginx is
+#    installed) through deploy/nginx/front-door.conf, as the http-readiness
+#    component's probe asks; on SIGTERM health says NOT_SERVING and
+#    /v2/health/ready 503 at once, on both paths, while calls are still
+#    served, and the process exits 0 after the drain notice and within
 #    terminationGracePeriodSeconds. Then the writable component: its init
 #    script seeds an empty "claim" from the ConfigMap volume (twice: the
 #    second run copies nothing), and FitBandwidth's save_as writes there.
@@ -52,11 +57,17 @@ if [[ $# -eq 3 ]]; then
 fi
 
 source "$repo/tests/lib/server.sh"
+source "$repo/tests/lib/front_door.sh"
 source "$repo/tests/lib/venv.sh"
 
 workdir=$(mktemp -d -t attnserve-k8s.XXXXXX)
+nginx_pid=""
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
+  if [[ -n "$nginx_pid" ]]; then
+    kill "$nginx_pid" 2>/dev/null || true
+    wait "$nginx_pid" 2>/dev/null || true
+  fi
   stop_server
   rm -rf "$workdir"
 }
@@ -125,6 +136,18 @@ if [[ -n "$server_bin" && -f "$workdir/base/args" ]]; then
     out=$(ctl health 2>&1 || true)
     [[ $out == *"\"$1\""* ]]
   }
+  ready_path=/v2/health/ready
+  if [[ -f "$workdir/http-readiness/settings" ]]; then
+    # shellcheck source=/dev/null  # written by check_manifests.py
+    source "$workdir/http-readiness/settings"
+    # shellcheck disable=SC2153  # READY_PATH: from the settings file
+    ready_path=$READY_PATH
+  fi
+  http_is() {  # http_is CODE HOST:PORT: GET $ready_path answers CODE
+    local code
+    code=$(curl -sS --max-time 2 -o /dev/null -w '%{http_code}' "http://$2$ready_path" 2>&1) || true
+    [[ $code == "$1" ]] || { echo "GET http://$2$ready_path: $code, not $1" >&2; return 1; }
+  }
   if start_server "$server_bin" "$workdir/server.log" \
       --model_repository="$repository" "${args[@]}"; then
     pass
@@ -133,6 +156,32 @@ if [[ -n "$server_bin" && -f "$workdir/base/args" ]]; then
         grep -q "model repository: $model\$" "$workdir/server.log"
     done
     check "runtime: health is SERVING" health_is SERVING
+    check "runtime: $ready_path is 200 on the server's HTTP port" \
+      http_is 200 "127.0.0.1:$HTTP_PORT"
+    # The front door as deployed, in front of it: the path the
+    # http-readiness component's probe takes.
+    door_http=""
+    nginx_bin=$(command -v nginx || true)
+    if [[ -n "$nginx_bin" ]]; then
+      mkdir -p "$workdir/nginx"
+      if front_door_conf "$repo/deploy/nginx/front-door.conf" "$workdir/front-door.conf" \
+          "127.0.0.1:$GRPC_PORT" "127.0.0.1:$HTTP_PORT" "$workdir/nginx"; then
+        "$nginx_bin" -c "$workdir/front-door.conf" -e "$workdir/nginx/error.log" \
+          -g 'daemon off;' >"$workdir/nginx.log" 2>&1 &
+        nginx_pid=$!
+        door_http=127.0.0.1:$DOOR_HTTP_PORT
+        for ((i = 0; i < 50; i++)); do
+          http_is 200 "$door_http" 2>/dev/null && break
+          sleep 0.1
+        done
+        check "runtime: $ready_path is 200 through the front door's HTTP port" \
+          http_is 200 "$door_http"
+      else
+        fail "runtime: deploy/nginx/front-door.conf could not be made runnable (above)"
+      fi
+    else
+      echo "k8s_test.sh: no nginx here; the HTTP probe is checked on the server's port only"
+    fi
     echo '{"weights_name": "additive_attention"}' >"$workdir/weights.json"
     check "runtime: AdditiveAttention by weights_name uses the mounted weights" \
       ctl additive-attention --input "$workdir/weights.json" --summary \
@@ -146,6 +195,12 @@ if [[ -n "$server_bin" && -f "$workdir/base/args" ]]; then
     sleep 0.2
     check "runtime: NOT_SERVING right after SIGTERM (readiness fails)" \
       health_is NOT_SERVING
+    check "runtime: $ready_path is 503 right after SIGTERM (HTTP readiness fails)" \
+      http_is 503 "127.0.0.1:$HTTP_PORT"
+    if [[ -n "$door_http" ]]; then
+      check "runtime: $ready_path is 503 through the front door right after SIGTERM" \
+        http_is 503 "$door_http"
+    fi
     check "runtime: still serving calls during the drain notice" \
       ctl masked-softmax --summary
     exit_status=0
@@ -158,6 +213,11 @@ if [[ -n "$server_bin" && -f "$workdir/base/args" ]]; then
     check "runtime: $name" test "$elapsed_ms" -ge "$DRAIN_NOTICE_MS"
     name="exited within terminationGracePeriodSeconds (${elapsed_ms} ms, ${TERMINATION_GRACE_S} s)"
     check "runtime: $name" test "$elapsed_ms" -le $((TERMINATION_GRACE_S * 1000))
+    if [[ -n "$nginx_pid" ]]; then
+      kill "$nginx_pid" 2>/dev/null || true
+      wait "$nginx_pid" 2>/dev/null || true
+      nginx_pid=""
+    fi
   else
     fail "runtime: attnserve did not start with the Deployment's args (log above)"
   fi

@@ -158,14 +158,22 @@ def check_compose(repo, podman_log):
           f"compose: attnserve builds from {os.path.relpath(dockerfile, repo)} at the repository root")
     ports = {p.get("name"): p for p in attnserve.get("ports", []) if isinstance(p, dict)}
     check(str(ports.get("grpc", {}).get("target")) == "8001", "compose: port grpc is 8001")
+    check(str(ports.get("http", {}).get("target")) == "8000", "compose: port http is 8000")
     check(str(ports.get("metrics", {}).get("target")) == "8002", "compose: port metrics is 8002")
-    # The front door owns the grpc port in attnserve's network namespace;
-    # attnserve listens behind it on loopback, where the door forwards.
+    # The front door owns the grpc and http ports in attnserve's network
+    # namespace; attnserve listens behind it on loopback, where the door
+    # forwards.
     command = attnserve.get("command", [])
-    door_conf = open(os.path.join(deploy, "nginx", "front-door.conf"), encoding="utf-8").read()
+    with open(os.path.join(deploy, "nginx", "front-door.conf"), encoding="utf-8") as f:
+        door_conf = re.sub(r"#.*", "", f.read())
     check("--host=127.0.0.1" in command and "--grpc_port=9001" in command and
           "server 127.0.0.1:9001;" in door_conf and "listen 8001 http2;" in door_conf,
           "compose: attnserve on 127.0.0.1:9001 behind the front door on 8001")
+    check("--http_port=9000" in command and
+          not any(c.startswith("--http_host=") for c in command) and
+          "server 127.0.0.1:9000;" in door_conf and re.search(r"\blisten 8000;", door_conf),
+          "compose: attnserve's HTTP on 127.0.0.1:9000 (--http_host defaults to --host) "
+          "behind the front door on 8000")
     for name in ("front-door", "front-door-exporter"):
         check(services.get(name, {}).get("network_mode") == "service:attnserve",
               f"compose: {name} shares attnserve's network namespace")
@@ -228,8 +236,8 @@ def check_compose(repo, podman_log):
         log = f.read()
     creates = [line for line in log.splitlines() if "podman create" in line]
     check(len(creates) == 5, f"podman-compose: {len(creates)} containers to create")
-    for service, ports in (("attnserve", ("127.0.0.1:8001:8001", "127.0.0.1:8002:8002",
-                                          "127.0.0.1:9113:9113")),
+    for service, ports in (("attnserve", ("127.0.0.1:8000:8000", "127.0.0.1:8001:8001",
+                                          "127.0.0.1:8002:8002", "127.0.0.1:9113:9113")),
                            ("front-door", ()),
                            ("front-door-exporter", ()),
                            ("prometheus", ("127.0.0.1:9090:9090",)),

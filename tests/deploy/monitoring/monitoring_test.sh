@@ -41,6 +41,7 @@ repo=$(cd "$here/../../.." && pwd)
 started=$SECONDS
 
 source "$repo/tests/lib/server.sh"
+source "$repo/tests/lib/front_door.sh"
 source "$repo/tests/lib/venv.sh"
 
 workdir=$(mktemp -d -t attnserve-monitoring.XXXXXX)
@@ -106,18 +107,19 @@ start_server "$server_bin" "$workdir/server.log" --batching \
 echo "monitoring: attnserve on 127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT"
 
 # The front door in front of it, as deployed (deploy/nginx/front-door.conf,
-# ports and scratch folder rewritten), and its exporter: the dashboard's
-# front-door panel and AttnserveFrontDoorDown read them.
+# ports, upstreams and scratch folder rewritten by tests/lib/front_door.sh),
+# and its exporter: the dashboard's front-door panel and
+# AttnserveFrontDoorDown read them.
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 exporter_bin=$(command -v prometheus-nginx-exporter || echo /usr/bin/prometheus-nginx-exporter)
 for tool in "$nginx_bin" "$exporter_bin"; do
   [[ -x "$tool" ]] || { echo "monitoring: FATAL: no $tool (deploy/install_deps.sh)" >&2; exit 1; }
 done
-door_port=$(free_port); door_status=$(free_port); door_exporter=$(free_port)
 mkdir -p "$workdir/nginx"
-sed -e "s#listen 8001#listen 127.0.0.1:$door_port#" -e "s#listen 8081#listen 127.0.0.1:$door_status#" \
-  -e "s#127.0.0.1:9001#127.0.0.1:$GRPC_PORT#" -e "s#/tmp/nginx#$workdir/nginx#g" \
-  "$repo/deploy/nginx/front-door.conf" >"$workdir/front-door.conf"
+front_door_conf "$repo/deploy/nginx/front-door.conf" "$workdir/front-door.conf" \
+  "127.0.0.1:$GRPC_PORT" "127.0.0.1:$HTTP_PORT" "$workdir/nginx"
+door_port=$DOOR_GRPC_PORT; door_http=$DOOR_HTTP_PORT; door_status=$DOOR_STATUS_PORT
+door_exporter=$(free_port)
 "$nginx_bin" -c "$workdir/front-door.conf" -e "$workdir/nginx/error.log" -g 'daemon off;' \
   >"$workdir/nginx.log" 2>&1 &
 extra_pids+=($!)
@@ -125,7 +127,8 @@ extra_pids+=($!)
   -nginx.retries=60 -nginx.retry-interval=200ms \
   "-web.listen-address=127.0.0.1:$door_exporter" >"$workdir/exporter.log" 2>&1 &
 extra_pids+=($!)
-echo "monitoring: front door :$door_port (status :$door_status), its exporter :$door_exporter"
+echo "monitoring: front door :$door_port (HTTP :$door_http, status :$door_status)," \
+  "its exporter :$door_exporter"
 
 # Prometheus with the shipped prometheus.yml, only retargeted and sped up
 # (1 s scrapes and rule evaluations), loading the same rule files. A port
@@ -183,6 +186,16 @@ step "dashboard structure, Grafana provisioning, compose wiring" \
 
 step "promtool check config (the test's generated config)" \
   promtool check config "$workdir/prometheus.yml"
+# The door's HTTP port reaches attnserve's (KServe v2 REST): the path an
+# HTTP readiness probe or load balancer takes.
+door_http_ready() {
+  local code
+  code=$(curl -sS --max-time 2 -o /dev/null -w '%{http_code}' \
+    "http://127.0.0.1:$door_http/v2/health/ready") || true
+  echo "GET :$door_http/v2/health/ready through the front door: $code"
+  [[ $code == 200 ]]
+}
+step "the front door's HTTP port reaches attnserve (/v2/health/ready 200)" door_http_ready
 
 # --- 2. Live: load, then every expression. --------------------------------
 # Wait (at most 15 s) for the first successful scrape, so the counters'
