@@ -25,7 +25,7 @@
 #
 # Environment (all optional):
 #   FUZZ_SECONDS    seconds per target when no argument is given (default 60)
-#   FUZZ_TARGETS    targets to run, space-separated (default: all five)
+#   FUZZ_TARGETS    targets to run, space-separated (default: all six)
 #   FUZZ_BUILD_DIR  build directory (default fuzz/build, ignored by git)
 #   FUZZ_WORK_DIR   work corpora, logs and crash inputs
 #                   (default $FUZZ_BUILD_DIR/work)
@@ -45,7 +45,7 @@ fi
 
 readonly FUZZ_DIR="$(cd "$(dirname "$0")" && pwd)"
 readonly ROOT="$(dirname "$FUZZ_DIR")"
-readonly ALL_TARGETS="typed_request kserve_infer safetensors model_repository validate"
+readonly ALL_TARGETS="typed_request kserve_infer safetensors model_repository validate kserve_rest"
 readonly TARGETS="${FUZZ_TARGETS:-$ALL_TARGETS}"
 readonly BUILD_DIR="$(realpath -m "${FUZZ_BUILD_DIR:-$FUZZ_DIR/build}")"
 readonly WORK_DIR="$(realpath -m "${FUZZ_WORK_DIR:-$BUILD_DIR/work}")"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -47,6 +48,19 @@ Datatype DatatypeOf(absl::string_view name) {
   return {};  // FP16, BF16, BYTES: binary only (no JSON form here)
 }
 
+// Whether decoded text holds a UTF-16 surrogate (ED A0..BF in UTF-8):
+// RapidJSON 1.1 decodes a lone low-surrogate escape (\udc00) into one, which
+// is not UTF-8 and would make every echo of the text invalid JSON.
+bool HasSurrogate(const char* text, size_t length) {
+  for (size_t i = 0; i + 1 < length; ++i) {
+    if (static_cast<unsigned char>(text[i]) == 0xED &&
+        static_cast<unsigned char>(text[i + 1]) >= 0xA0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Appends one JSON number, as a `datatype` element, to `raw`. Empty on
 // success, else why not.
 std::string AppendNumber(Datatype type, absl::string_view text,
@@ -57,12 +71,12 @@ std::string AppendNumber(Datatype type, absl::string_view text,
     case Element::kFloat32: {
       float value = 0;
       auto [end, error] = std::from_chars(first, last, value);
-      if (error == std::errc::result_out_of_range) {
-        // Beyond float's range either way: its nearest float (0 or inf;
-        // the decoder refuses inf, naming the input).
-        double wide = 0;
-        std::from_chars(first, last, wide);
-        value = static_cast<float>(wide);
+      if (error == std::errc::result_out_of_range && end == last) {
+        // Beyond float's range: its nearest float, signed (+-0 or +-inf;
+        // the decoder refuses inf, naming the input). strtod rounds any
+        // magnitude, even beyond double's range; the server's locale is "C".
+        value = static_cast<float>(std::strtod(std::string(text).c_str(),
+                                               nullptr));
       } else if (error != std::errc() || end != last) {
         return "not a number";
       }
@@ -72,7 +86,7 @@ std::string AppendNumber(Datatype type, absl::string_view text,
     case Element::kFloat64: {
       double value = 0;
       auto [end, error] = std::from_chars(first, last, value);
-      if (error == std::errc::result_out_of_range) {
+      if (error == std::errc::result_out_of_range && end == last) {
         value = std::strtod(std::string(text).c_str(), nullptr);
       } else if (error != std::errc() || end != last) {
         return "not a number";
@@ -133,10 +147,15 @@ std::string ParameterFromNumber(absl::string_view text,
     return {};
   }
   double value = 0;
-  if (auto [end, error] = std::from_chars(first, last, value);
-      (error == std::errc() || error == std::errc::result_out_of_range) &&
-      end == last) {
+  auto [end, error] = std::from_chars(first, last, value);
+  if (error == std::errc() && end == last) {
     parameter->set_double_param(value);
+    return {};
+  }
+  if (error == std::errc::result_out_of_range && end == last) {
+    value = std::strtod(std::string(text).c_str(), nullptr);
+    if (!std::isfinite(value)) return "a number beyond double's range";
+    parameter->set_double_param(value);  // underflow: +-0 or subnormal
     return {};
   }
   return "not a number";
@@ -165,7 +184,7 @@ class InferHeaderHandler
     kDone,             // after the top-level object
   };
 
-  bool Null() { return Fail(Where() + "null is not allowed here"); }
+  bool Null() { return Unexpected("null"); }
   bool Bool(bool value) {
     switch (at()) {
       case At::kParameters:
@@ -221,6 +240,9 @@ class InferHeaderHandler
     }
   }
   bool String(const char* text, rapidjson::SizeType length, bool) {
+    if (HasSurrogate(text, length)) {
+      return Fail(Where() + "a \\u escape of a lone surrogate");
+    }
     const std::string value(text, length);
     switch (at()) {
       case At::kTop:
@@ -257,13 +279,29 @@ class InferHeaderHandler
     }
   }
   bool Key(const char* text, rapidjson::SizeType length, bool) {
+    if (HasSurrogate(text, length)) {
+      return Fail("a field name with a \\u escape of a lone surrogate");
+    }
     key_.assign(text, length);
+    // A field of the request, an input or an output given twice: the
+    // second would silently win (or, for an input's datatype, disagree
+    // with data read under the first).
+    if (at() == At::kTop || at() == At::kInput || at() == At::kOutput) {
+      if (!seen_keys_.back().insert(key_).second) {
+        return Fail(absl::StrCat(at() == At::kInput    ? InputName()
+                                 : at() == At::kOutput ? "an output: "
+                                                       : "",
+                                 "field '", key_, "' given twice"));
+      }
+    }
     return true;
   }
   bool StartObject() {
+    if (stack_.size() >= kMaxDepth) return Fail("nesting too deep");
     switch (at()) {
       case At::kStart:
         stack_.push_back(At::kTop);
+        seen_keys_.emplace_back();
         return true;
       case At::kTop:
         if (key_ == "parameters") return OpenParameters(At::kTop);
@@ -275,6 +313,7 @@ class InferHeaderHandler
         input_type_ = {};
         elements_ = 0;
         stack_.push_back(At::kInput);
+        seen_keys_.emplace_back();
         return true;
       case At::kInput:
         if (key_ == "parameters") return OpenParameters(At::kInput);
@@ -282,6 +321,7 @@ class InferHeaderHandler
       case At::kOutputs:
         out_->request.add_outputs();
         stack_.push_back(At::kOutput);
+        seen_keys_.emplace_back();
         return true;
       case At::kOutput:
         if (key_ == "parameters") return OpenParameters(At::kOutput);
@@ -293,6 +333,10 @@ class InferHeaderHandler
   bool EndObject(rapidjson::SizeType) {
     const At closing = at();
     stack_.pop_back();
+    if (closing == At::kTop || closing == At::kInput ||
+        closing == At::kOutput) {
+      seen_keys_.pop_back();
+    }
     switch (closing) {
       case At::kParameters:
         return CloseParameters();
@@ -306,6 +350,12 @@ class InferHeaderHandler
     }
   }
   bool StartArray() {
+    if (stack_.size() >= kMaxDepth) {
+      return Fail(at() == At::kData
+                      ? InputName() + "'data' is nested too deep (at most " +
+                            std::to_string(kMaxDepth - 4) + " levels)"
+                      : std::string("nesting too deep"));
+    }
     switch (at()) {
       case At::kTop:
         if (key_ == "inputs") {
@@ -394,8 +444,15 @@ class InferHeaderHandler
       case At::kParameters: place = "parameters"; break;
       default: break;
     }
-    if (at() == At::kInputs || at() == At::kOutputs || at() == At::kShape ||
-        at() == At::kStart) {
+    if (at() == At::kData || at() == At::kShape) {
+      return Fail(absl::StrCat(InputName(), "'",
+                               at() == At::kData ? "data" : "shape", "': ",
+                               what, " is not allowed (",
+                               at() == At::kData ? "numbers or booleans"
+                                                 : "non-negative integers",
+                               " only)"));
+    }
+    if (at() == At::kInputs || at() == At::kOutputs || at() == At::kStart) {
       return Fail(absl::StrCat(what, " is not allowed in ", place));
     }
     return Fail(absl::StrCat("field '", key_, "' of ", place, ": ", what,
@@ -470,7 +527,7 @@ class InferHeaderHandler
   // Converts data that came before its datatype.
   bool CloseInput() {
     InputState& state = inputs_.back();
-    if (!state.deferred.empty()) {
+    if (state.has_data && deferring_) {
       input_type_ = DatatypeOf(input()->datatype());
       elements_ = 0;
       for (const auto& [text, is_bool] : state.deferred) {
@@ -501,8 +558,13 @@ class InferHeaderHandler
   }
 
  private:
+  // The request, inputs, an input, its data arrays: a tensor of 60
+  // dimensions fits; deeper is refused before the parser recurses.
+  static constexpr size_t kMaxDepth = 64;
+
   RestInferRequest* const out_;
   std::vector<At> stack_;
+  std::vector<std::set<std::string>> seen_keys_;  // per open object
   std::string key_;
   std::map<std::string, InferParameter> current_parameters_;
   At parameters_owner_ = At::kTop;
@@ -725,9 +787,15 @@ class FlatObjectHandler
     return Scalar(std::string(text, length), 'n');
   }
   bool String(const char* text, rapidjson::SizeType length, bool) {
+    if (HasSurrogate(text, length)) {
+      return Fail("a \\u escape of a lone surrogate");
+    }
     return Scalar(std::string(text, length), 's');
   }
   bool Key(const char* text, rapidjson::SizeType length, bool) {
+    if (HasSurrogate(text, length)) {
+      return Fail("a field name with a \\u escape of a lone surrogate");
+    }
     key_.assign(text, length);
     return true;
   }
@@ -770,7 +838,8 @@ absl::Status ParseJson(absl::string_view body, Handler* handler,
   rapidjson::MemoryStream stream(body.data(), body.size());
   rapidjson::Reader reader;
   rapidjson::ParseResult result =
-      reader.Parse<rapidjson::kParseNumbersAsStringsFlag |
+      reader.Parse<rapidjson::kParseIterativeFlag |
+                   rapidjson::kParseNumbersAsStringsFlag |
                    rapidjson::kParseStopWhenDoneFlag |
                    rapidjson::kParseValidateEncodingFlag>(stream, *handler);
   if (!result) {
@@ -935,9 +1004,17 @@ void WriteRestInferResponse(const RestInferRequest& request,
   }
   out->json_length = json.size();
   size_t total = json.size();
-  for (int i : binary_outputs) total += response.raw_output_contents(i).size();
+  for (int i : binary_outputs) {
+    if (i < response.raw_output_contents_size()) {
+      total += response.raw_output_contents(i).size();
+    }
+  }
   json.reserve(total);
-  for (int i : binary_outputs) json.append(response.raw_output_contents(i));
+  for (int i : binary_outputs) {
+    if (i < response.raw_output_contents_size()) {
+      json.append(response.raw_output_contents(i));
+    }
+  }
 }
 
 std::string MessageToRestJson(const google::protobuf::Message& message) {

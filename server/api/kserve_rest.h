@@ -14,14 +14,18 @@
 //   Inference-Header-Content-Length header gives) are its raw contents, in
 //   input order. Either way an input becomes raw_input_contents.
 // - Outputs as JSON `data` (FP32 in the shortest form that reads back to
-//   the same float) or binary, per output (its parameter `binary_data`) or
+//   the same float; negative zero as -0.0, so that its sign survives
+//   parsers that read -0 as an integer) or binary, per output (its parameter `binary_data`) or
 //   for all (the request's parameter `binary_data_output`).
 // - Every other parameter goes through as an InferParameter: a JSON bool,
 //   integer, other number or string as bool_param, int64_param (uint64_param
 //   above int64's range), double_param or string_param.
 //
 // Pure functions over the caller's objects; thread-compatible; none blocks.
-// Every error is INVALID_ARGUMENT naming the field, except where noted.
+// Every error is INVALID_ARGUMENT naming the field, except where noted. The
+// parse is iterative (RapidJSON's kParseIterativeFlag) and nesting is capped,
+// so a deep body costs no stack; a field given twice and a \u escape of a
+// lone surrogate are refused.
 #ifndef ATTNSERVE_SERVER_API_KSERVE_REST_H_
 #define ATTNSERVE_SERVER_API_KSERVE_REST_H_
 
@@ -82,8 +86,9 @@ void WriteRestInferResponse(const RestInferRequest& request,
                             RestBody* out);
 
 // `message` as the REST API writes it: field names as in the .proto, 64-bit
-// integers as JSON numbers, enums by name, fields at their default left
-// out (Triton's model metadata, config, statistics).
+// integers as JSON numbers, enums by name; unset messages, oneofs and empty
+// repeated fields left out, plain scalars written even at their default
+// (Triton's statistics have their zero counts to read).
 std::string MessageToRestJson(const google::protobuf::Message& message);
 
 // A JSON string literal, quotes included, for `text`.

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -837,7 +838,7 @@ TEST(ParseRestInferRequest, ParametersHoldScalarsOnly) {
 TEST(ParseRestInferRequest, UnknownFieldsAreRefusedByName) {
   const std::string input =
       R"({"name":"x","datatype":"FP32","shape":[1],"data":[1])";
-  // At the top, of every JSON type.
+  // At the top, in an input and in an output, of every JSON type.
   for (const char* value : {"\"s\"", "1", "true", "{}", "[]", "null"}) {
     SCOPED_TRACE(value);
     ExpectInvalid(absl::StrCat(R"({"inputs":[)", input, R"(}],"model_nam":)",
@@ -943,8 +944,10 @@ TEST(ParseRestInferRequest, TopLevelMustBeAnObject) {
 
 TEST(ParseRestInferRequest, TrailingGarbageIsRefused) {
   const std::string json = OneInput("x", "FP32", "[1]", "[1]");
-  ExpectInvalid(json + " x", {"not valid JSON", absl::StrCat("at byte ", json.size() + 1)});
-  ExpectInvalid(json + "{}", {"not valid JSON", absl::StrCat("at byte ", json.size())});
+  ExpectInvalid(json + " x",
+                {"not valid JSON", absl::StrCat("at byte ", json.size() + 1)});
+  ExpectInvalid(json + "{}",
+                {"not valid JSON", absl::StrCat("at byte ", json.size())});
   ExpectInvalid(json + std::string(1, '\0'), {"not valid JSON"});
   // Whitespace after the object is fine.
   RestInferRequest out;
@@ -1060,8 +1063,11 @@ TEST(WriteRestInferResponse, JsonDataRoundTripsBitExactly) {
         std::from_chars(text.data(), text.data() + text.size(), back);
     const bool exact = error == std::errc() && end == text.data() + text.size() &&
                        BitsOf(back) == BitsOf(values[i]);
-    // Shortest: no longer than std::to_chars' shortest form.
-    const bool shortest = text.size() <= ToChars(values[i]).size();
+    // Shortest: no longer than std::to_chars' shortest form; -0 as "-0.0",
+    // which parsers that read "-0" as the integer 0 keep negative.
+    const bool shortest =
+        text.size() <= ToChars(values[i]).size() ||
+        (values[i] == 0 && std::signbit(values[i]) && text == "-0.0");
     if ((!exact || !shortest) && ++mismatches <= 10) {
       ADD_FAILURE() << ToChars(values[i]) << " written as " << text;
     }
@@ -1334,20 +1340,22 @@ TEST(MessageToRestJson, EmptyMessage) {
 
 TEST(JsonString, EscapesQuotesBackslashesAndControlCharacters) {
   EXPECT_EQ(JsonString(""), "\"\"");
-  EXPECT_EQ(JsonString("plain é"), "\"plain é\"");
+  EXPECT_EQ(JsonString("plain \xc3\xa9"), "\"plain \xc3\xa9\"");
   EXPECT_EQ(JsonString("a\"b\\c\nd\re\tf"), R"("a\"b\\c\nd\re\tf")");
   const std::string controls = std::string("\x00\x01\x1f\x7f", 4);
   const std::string written = JsonString(controls);
   for (char c : written) {
     EXPECT_GE(static_cast<unsigned char>(c), 0x20) << written;
   }
-  const rapidjson::Document document = ParseDocument(absl::StrCat("[", written, "]"));
+  const rapidjson::Document document =
+      ParseDocument(absl::StrCat("[", written, "]"));
   EXPECT_EQ(Text(document[0]), controls);
   // Every byte below 0x20 reads back.
   std::string all;
   for (int c = 0; c < 0x20; ++c) all.push_back(static_cast<char>(c));
   all += "\"\\/";
-  const rapidjson::Document every = ParseDocument(absl::StrCat("[", JsonString(all), "]"));
+  const rapidjson::Document every =
+      ParseDocument(absl::StrCat("[", JsonString(all), "]"));
   EXPECT_EQ(Text(every[0]), all);
 }
 
@@ -1515,15 +1523,55 @@ TEST(ParseRestInferRequest, DeeplyNestedDataIsRefusedNotACrash) {
             std::string(depth, '[') + "1" + std::string(depth, ']') + "}]}";
         RestInferRequest out;
         const absl::Status status = Parse(body, &out);
-        std::fprintf(stderr, "status: %s\n", status.ToString().substr(0, 200).c_str());
+        std::fprintf(stderr, "status: %s\n",
+                     status.ToString().substr(0, 200).c_str());
         std::exit(0);
       },
       ::testing::ExitedWithCode(0), "status");
 }
 
+// RapidJSON 1.1.0 lets a lone low surrogate escape (\udc00) through and
+// decodes it to bytes that are not UTF-8 (ED B0 80). Whatever the parser
+// makes of it, what the server writes back (the error body naming the
+// field, the response echoing the id) must be valid JSON, i.e. UTF-8.
+TEST(ParseRestInferRequest, LoneSurrogateEscapesNeverMakeInvalidJsonOutput) {
+  for (const char* body :
+       {R"({"\udc00":1})",
+        R"({"inputs":[{"name":"\udfff","datatype":"FP16","shape":[1],"data":[1]}]})"}) {
+    SCOPED_TRACE(body);
+    RestInferRequest out;
+    const absl::Status status = Parse(body, &out);
+    ASSERT_FALSE(status.ok());
+    rapidjson::Document document;
+    const std::string error = RestErrorBody(status);
+    document.Parse<rapidjson::kParseValidateEncodingFlag>(error.data(),
+                                                          error.size());
+    EXPECT_FALSE(document.HasParseError())
+        << rapidjson::GetParseError_En(document.GetParseError()) << " in "
+        << absl::CEscape(error);
+  }
+  RestInferRequest out;
+  const absl::Status status = Parse(
+      R"({"id":"\udc00","inputs":[{"name":"x","datatype":"FP32","shape":[1],)"
+      R"("data":[1]}]})",
+      &out);
+  if (!status.ok()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  RestBody body;
+  WriteRestInferResponse(out, Response(out.request.id()), &body);
+  rapidjson::Document document;
+  document.Parse<rapidjson::kParseValidateEncodingFlag>(body.bytes.data(),
+                                                        body.bytes.size());
+  EXPECT_FALSE(document.HasParseError())
+      << rapidjson::GetParseError_En(document.GetParseError()) << " in "
+      << absl::CEscape(body.bytes);
+}
+
 TEST(ParseRestInferRequest, DatatypeGivenTwiceNeverMismatchesTheRawSize) {
   // `datatype` again after the data: accepted or refused, but an accepted
-  // input's raw contents hold 4 bytes per element of its (final) FP32.
+  // input's raw contents hold its (final) datatype's size per element.
   RestInferRequest out;
   const absl::Status status = Parse(
       R"({"inputs":[{"name":"x","datatype":"INT8","shape":[2],"data":[1,2],)"
