@@ -64,16 +64,17 @@ ABSL_FLAG(std::string, metrics_host, "",
           "The endpoint is plain HTTP without authentication: bind it to "
           "127.0.0.1 or a private interface when the gRPC port is public.");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain of the gRPC port; with --tls_key, the port "
-          "speaks TLS only.");
+          "PEM certificate chain of the gRPC and HTTP ports; with --tls_key, "
+          "both speak TLS only.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: with it, clients must present a certificate signed "
           "by one of these CAs (mutual TLS). Needs --tls_cert.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "File of bearer tokens (one per line, optionally followed by the "
-          "permission save_as; see server/api/auth.h). Every call but health "
-          "checks then needs `authorization: Bearer <token>`. Reloaded on "
+          "permissions save_as and model_control; see server/api/auth.h). "
+          "Every call but health checks, on the gRPC and HTTP ports, then "
+          "needs `authorization: Bearer <token>`. Reloaded on "
           "SIGHUP and when the file changes. Needs --tls_cert: a token sent "
           "in clear text is a token given away.");
 ABSL_FLAG(bool, reflection, true,
@@ -174,7 +175,7 @@ ABSL_FLAG(bool, batching, false,
           "dimension server-side (masked softmax, batch matmul, attention, "
           "additive attention, Nadaraya-Watson; ragged batching by padding). "
           "Off by default: on the CPU backend "
-          "it measured ~10% slower (bench/batching_bench.sh; see README).");
+          "it measured ~10% slower (bench/batching_bench.sh; see docs/batching.md).");
 ABSL_FLAG(int32_t, max_batch_size, 32,
           "Most requests one batch may hold.");
 ABSL_FLAG(int64_t, max_batch_elements, int64_t{1} << 24,

@@ -246,7 +246,7 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
     request.return_weights = true;
     EXPECT_TRUE(WithinBounds(bf16->output, bf16_reference->output,
                              AttentionBounds(request, *bf16_reference).output));
-    // The documented bound against exact float32 inputs (README, "bf16"):
+    // The documented bound against exact float32 inputs (docs/api.md, "bf16"):
     // each operand carries a relative rounding error <= 2^-9, so a score
     // q.k/sqrt(d) of unit normals moves by about 2^-8; weights by that much
     // relative, outputs by <= 2^-7 of max|v|. We allow 2^-5 absolute.

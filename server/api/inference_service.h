@@ -5,7 +5,7 @@
 // A thin front end: each handler delegates to the concept it serves.
 //
 // - The models (server/api/kserve_models.h): each operation is a built-in
-//   model with fixed tensor names (see README, "KServe v2"):
+//   model with fixed tensor names (see docs/kserve.md, "The models"):
 //   masked_softmax, batch_matmul, dot_product_attention, nadaraya_watson;
 //   and every model of the repository: additive attention with its weights
 //   (backend additive_attention, the tensors of dot_product_attention) and
@@ -19,8 +19,12 @@
 //   back as raw_output_contents, one per output in order.
 //   attention_weights are computed only when requested by name. Inference
 //   is a front end of the serving core (server/core/call_runner.h), like
-//   the typed API: the same pool, batcher, limits and metrics; with a
-//   batcher, every model's calls go through it.
+//   the typed API: the same pool, batcher, limits and metrics. With
+//   batching on, the calls of every model (every built-in model and every
+//   repository model) go through the batcher, batched on their first
+//   dimension; only the configs differ (below). The HTTP/REST front end
+//   (server/api/kserve_rest_service.h) runs its requests through the same
+//   KServeInferCall.
 // - ServerMetadata, ModelMetadata and ModelConfig
 //   (server/api/kserve_metadata.h); the repository's index, load and
 //   unload (server/api/kserve_model_control.h); ModelStatistics, the core's
@@ -48,12 +52,14 @@ class InferenceService final
     : public inference::GRPCInferenceService::CallbackService {
  public:
   // `repository` may be null (the built-in models only). `batching`: the
-  // batcher's options when the server batches (every model's calls then go
-  // through the batcher), or null. ModelConfig reports them, as
-  // dynamic_batching, and `max_batch_size` only for the model whose config
-  // declares a batch dimension, dot_product_attention (see
-  // server/api/kserve_metadata.h); every other model reports
-  // max_batch_size 0, though the batcher batches its calls too.
+  // batcher's options when the server batches (the calls of every model
+  // then go through the batcher), or null. Batching covers every model;
+  // what ModelConfig reports does not: only the model whose config declares
+  // a batch dimension, dot_product_attention, reports `max_batch_size` and,
+  // with `batching`, the batcher's options as dynamic_batching (see
+  // server/api/kserve_metadata.h). Every other model reports
+  // max_batch_size 0 and no dynamic_batching, so that the shapes Triton's
+  // tools see are unchanged, though the batcher batches its calls too.
   InferenceService(CallRunner* calls, ModelRepository* repository,
                    const BatchingOptions* batching, int max_batch_size,
                    const ModelControl& model_control = {});

@@ -55,7 +55,7 @@ if [[ ! -x "$server_bin" ]]; then
   exit 1
 fi
 if ! command -v curl >/dev/null; then
-  echo "$name: the test runs the README's curl lines; install curl" >&2
+  echo "$name: the test runs curl lines like the README's; install curl" >&2
   exit 1
 fi
 

@@ -18,7 +18,7 @@ it, and the protocol's edges through raw http.client requests and curl.
 - Errors: the HTTP status (google.rpc's mapping, kserve_rest.h HttpStatusOf)
   and an {"error": "..."} body that tritonclient reads and that names the
   field at fault.
-- The README's curl lines (CURL_LINES), run as they are written.
+- curl lines like the README's (CURL_LINES), run as they are written (the README's own are run by tests/e2e/http_defences.py).
 
 Environment: ATTNSERVE_HTTP_PORT (the REST port, required),
 ATTNSERVE_TARGET (host:port of the gRPC port, required), ATTNSERVE_MODE,
@@ -69,7 +69,7 @@ DEADLINE_S = 20.0
 # The runner starts the server with --max_message_bytes=1048576.
 MAX_MESSAGE_BYTES = 1 << 20
 
-# The README's curl lines; PORT stands for the HTTP port (8000 by default).
+# curl lines like the README's; PORT stands for the HTTP port (8000 by default).
 # The last one: a query against three keys of which the first two count.
 CURL_LINES = [
     "curl -s localhost:PORT/v2/health/ready -o /dev/null -w '%{http_code}'",
@@ -1427,7 +1427,7 @@ class ProtocolTest(HttpTestCase):
         self.assertWeights(self.get(result, "attention_weights"), want_w, mask)
 
 
-# --- The README's curl lines. -----------------------------------------------
+# --- curl lines like the README's. -----------------------------------------------
 
 
 def run_curl(line):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the layering the README's "Architecture" draws, on the #include
+"""Checks the layering docs/architecture.md draws, on the #include
 lines of the sources:
 
 - lib/ knows nothing of gRPC, protobuf or the server;

@@ -3,7 +3,7 @@
 Calls every RPC of attention.v1.AttentionService on a running server and checks
 each answer against the small float64 numpy reference below (obvious loops
 and formulas, nothing shared with the C++ code). The semantics checked are the
-README's "decided once" list: masked positions get exactly zero weight, a
+"decided once" list of docs/api.md: masked positions get exactly zero weight, a
 valid length of 0 gives an all-zero row, causal masks are top-left aligned,
 multi-head valid lengths apply to every head.
 

@@ -7,7 +7,7 @@ Checks:
   declared dependencies follow the stub generator, `import attnserve` stays
   light, the health/KServe messages stay out of protobuf's default pool;
 - every Client method against a float64 numpy reference written here from
-  the README's "Semantics" section, within error bounds derived from float32
+  docs/api.md's "Semantics" section, within error bounds derived from float32
   arithmetic (below), and masked weights exactly 0;
 - the error mapping, one case per status class the client meets;
 - attnserve.aio.Client: the same calls, errors, cancellation, concurrency;
@@ -65,7 +65,7 @@ def closed_port_target():
 
 
 # --------------------------------------------------------------------------
-# The float64 reference (README "Semantics decided once"), on the inputs as
+# The float64 reference (docs/api.md, "Semantics decided once"), on the inputs as
 # the server sees them: rounded to float32.
 
 

@@ -47,7 +47,7 @@
 # changed.
 #
 # Two things make ThreadSanitizer see what it must, both documented in
-# README.md (Tests):
+# tests/README.md (Beyond CTest):
 #  - Debian's Abseil is not instrumented, so absl::Mutex (every lock of
 #    ours, and gRPC's) is invisible to TSan, which then reports every
 #    guarded access as a race. The pass compiles Abseil's synchronisation

@@ -160,7 +160,7 @@ sleep 1
 for ((i = 0; i < replicas; i++)); do
   # Out of the proxy first (without this step, calls that reach a replica in
   # the instant gRPC shuts its server down are cancelled by gRPC itself: see
-  # the README, "Scale-out"), then drained and stopped.
+  # docs/deploy.md, "Scale-out"), then drained and stopped.
   [[ -z "${NO_RELOAD:-}" ]] && reload_nginx "$i"
   kill -TERM "${pids[$i]}"
   wait "${pids[$i]}"
