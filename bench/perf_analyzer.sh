@@ -19,6 +19,11 @@
 # against the server's 40% at toy size), and then the server's cost per
 # inference is what tells the APIs apart.
 #
+# PA_STABILITY (default 30, percent) and PA_MAX_TRIALS (default 6) are
+# perf_analyzer's --stability-percentage and --max-trials: at 64 in flight
+# over HTTP its windows vary more than 30% (the server pinned to one core),
+# and it then reports nothing although it ran ~20k requests a second.
+#
 # Each measurement window is a count of requests (count_windows): with
 # time windows, perf_analyzer 2.60 grew by ~500 MB a second on the medium
 # case and was OOM-killed at 24 GB. Its address space is capped as well.
@@ -126,7 +131,7 @@ for mode in $batching_modes; do
         "${protocol[@]}" --input-data "$data_seen/$case.json" \
         --concurrency-range "$range" --measurement-mode count_windows \
         --measurement-request-count "$requests_per_window" -f "$data_seen/$case.csv" \
-        --max-trials=6 --stability-percentage=30 \
+        --max-trials="${PA_MAX_TRIALS:-6}" --stability-percentage="${PA_STABILITY:-30}" \
         >/dev/null 2>&1 || { echo "perf_analyzer failed for $case ($api, $mode)" >&2; continue; }
       cpu_after=$(server_cpu)
       requests_after=$(server_requests)

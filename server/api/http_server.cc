@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -172,6 +173,12 @@ class HttpServer::Loop {
       return absl::InternalError("evhttp_bind_listener failed");
     }
     listen_fd_ = evconnlistener_get_fd(listener);
+    // Linux gives accepted sockets the listener's TCP_NODELAY; evhttp has
+    // no setting of its own, and with Nagle a 64 KiB reply waits for the
+    // client's delayed ACK (~1,450 replies/s instead of ~11,000:
+    // bench/http_library_choice/).
+    const int one = 1;
+    setsockopt(listen_fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     sweep_ = event_new(base_, -1, EV_PERSIST, &Loop::Sweep, this);
     event_add(sweep_, &kSweepInterval);
     return absl::OkStatus();
@@ -250,6 +257,10 @@ class HttpServer::Loop {
       bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     }
     if (bev == nullptr) return nullptr;  // evhttp then makes its own
+    // Reads and writes of up to 256 KiB at a time (libevent's default is
+    // 16 KiB): a 64 KiB request costs ~25% less CPU.
+    bufferevent_set_max_single_read(bev, 256 << 10);
+    bufferevent_set_max_single_write(bev, 256 << 10);
     bufferevent_incref(bev);
     Connection& connection = loop->connections_[bev];
     connection.since = absl::Now();
