@@ -83,11 +83,14 @@ bool WorkerPool::HasWorkOrStopping() const {
 }
 
 void WorkerPool::Work() {
+  {
+    absl::MutexLock lock(&mu_);
+    ++waiting_;
+  }
   while (true) {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
-      ++waiting_;
       mu_.Await(absl::Condition(this, &WorkerPool::HasWorkOrStopping));
       --waiting_;
       if (queued_ == 0) return;  // stopping, and nothing left to run
@@ -98,7 +101,17 @@ void WorkerPool::Work() {
       --queued_;
     }
     task();
-    if (on_idle_ && queue_depth() == 0) on_idle_();
+    bool idle = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // Free from here on, before the idle callback runs: a batcher asks
+      // it, from the callback, whether a thread can take a batch now
+      // (available_threads()); not counting this one made it wait out
+      // max_queue_delay with a thread free.
+      ++waiting_;
+      idle = queued_ == 0;
+    }
+    if (idle && on_idle_) on_idle_();
   }
 }
 

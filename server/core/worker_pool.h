@@ -79,7 +79,9 @@ class WorkerPool {
       ABSL_GUARDED_BY(mu_);
   int queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads blocked in Await
+  // Threads free for a task: blocked in Await, or back from a task and
+  // running the idle callback.
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_idle_;
   // Serialises Shutdown's joins (std::thread is not thread-safe).
   absl::Mutex join_mu_;

@@ -138,6 +138,32 @@ TEST(WorkerPoolTest, IdleCallbackRunsWhenTheQueueEmpties) {
   EXPECT_LE(idle.load(), 8);
 }
 
+// The idle callback runs on the thread that has just freed up, and that
+// thread already counts as available: the batcher's "is a thread free to run
+// a batch now?" (server/core/server_core.h) asks from inside the callback.
+// It did not count before: with one worker, a request the batcher held while
+// the worker was busy stayed queued for max_queue_delay after the worker
+// freed up (CallRunnerBatchingTest waited out its 30 s under load).
+TEST(WorkerPoolTest, TheIdleThreadCountsAsAvailableInItsCallback) {
+  WorkerPool::Options options;
+  options.threads = 1;
+  std::unique_ptr<WorkerPool> pool = WorkerPool::Create(options).value();
+  std::atomic<int> available_in_callback{-1};
+  absl::Notification called;
+  pool->SetIdleCallback([&] {
+    if (called.HasBeenNotified()) return;
+    available_in_callback.store(pool->available_threads());
+    called.Notify();
+  });
+  ASSERT_TRUE(pool->Schedule([] {}).ok());
+  called.WaitForNotification();
+  EXPECT_EQ(available_in_callback.load(), 1);
+  // And a task scheduled from the callback still runs on that thread.
+  absl::Notification ran;
+  ASSERT_TRUE(pool->Schedule([&] { ran.Notify(); }).ok());
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
+}
+
 // Shutdown from several threads at once, then the destructor's: each call
 // returns with the threads joined, and the queued work ran once.
 TEST(WorkerPoolTest, ConcurrentShutdownsAreSafe) {
