@@ -61,11 +61,10 @@
 # both CPUs, the same runs took 4-6 s and 0.1-4 GB, on a machine that other
 # work was loading as well.
 #
-# Seen on the way (attnserve at the time of writing): its HTTP port leaves
-# Nagle's algorithm on (no TCP_NODELAY), and evhttp writes a medium reply
-# (16.5 KB) as 16384 bytes and then the 321-byte rest, which waits for the
-# client's delayed ACK: ~44 ms per request with 1-8 in flight (~180 infer/s at
-# 8); at 64 in flight the ACKs come sooner and it shows in p99 only.
+# Seen on the way, and fixed since (commit bacfdc2): attnserve's HTTP port
+# left Nagle's algorithm on, so a medium reply's last 321 bytes waited for the
+# client's delayed ACK (~44 ms per request with 1-8 in flight); the listener
+# now sets TCP_NODELAY, which accepted sockets inherit.
 #
 # Measurement windows count requests (count_windows, as bench/perf_analyzer.sh
 # does: time windows made perf_analyzer grow without bound on the medium
