@@ -60,6 +60,23 @@ bool HasSurrogate(const char* text, size_t length) {
   return false;
 }
 
+// A whole JSON number as the nearest double, beyond double's range too
+// (then +-inf, or +-0 and subnormals below it, signed: std::from_chars
+// refuses those with result_out_of_range and leaves its value unset, so
+// strtod rounds them; the server's locale is "C"). nullopt when `text` is
+// not a number.
+std::optional<double> ParseDouble(absl::string_view text) {
+  double value = 0;
+  auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
+  if (end != text.data() + text.size()) return std::nullopt;
+  if (error == std::errc()) return value;
+  if (error == std::errc::result_out_of_range) {
+    return std::strtod(std::string(text).c_str(), nullptr);
+  }
+  return std::nullopt;
+}
+
 // Appends one JSON number, as a `datatype` element, to `raw`. Empty on
 // success, else why not.
 std::string AppendNumber(Datatype type, absl::string_view text,
@@ -68,14 +85,13 @@ std::string AppendNumber(Datatype type, absl::string_view text,
   const char* last = text.data() + text.size();
   switch (type.element) {
     case Element::kFloat32: {
+      // Straight to float (no double rounding); beyond float's range, its
+      // nearest float, signed (+-0 or +-inf; the decoder refuses inf,
+      // naming the input).
       float value = 0;
       auto [end, error] = std::from_chars(first, last, value);
       if (error == std::errc::result_out_of_range && end == last) {
-        // Beyond float's range: its nearest float, signed (+-0 or +-inf;
-        // the decoder refuses inf, naming the input). strtod rounds any
-        // magnitude, even beyond double's range; the server's locale is "C".
-        value = static_cast<float>(std::strtod(std::string(text).c_str(),
-                                               nullptr));
+        value = static_cast<float>(ParseDouble(text).value_or(0));
       } else if (error != std::errc() || end != last) {
         return "not a number";
       }
@@ -83,13 +99,9 @@ std::string AppendNumber(Datatype type, absl::string_view text,
       return {};
     }
     case Element::kFloat64: {
-      double value = 0;
-      auto [end, error] = std::from_chars(first, last, value);
-      if (error == std::errc::result_out_of_range && end == last) {
-        value = std::strtod(std::string(text).c_str(), nullptr);
-      } else if (error != std::errc() || end != last) {
-        return "not a number";
-      }
+      const std::optional<double> parsed = ParseDouble(text);
+      if (!parsed.has_value()) return "not a number";
+      const double value = *parsed;
       raw->append(reinterpret_cast<const char*>(&value), sizeof value);
       return {};
     }
@@ -145,19 +157,11 @@ std::string ParameterFromNumber(absl::string_view text,
     parameter->set_uint64_param(unsigned_value);
     return {};
   }
-  double value = 0;
-  auto [end, error] = std::from_chars(first, last, value);
-  if (error == std::errc() && end == last) {
-    parameter->set_double_param(value);
-    return {};
-  }
-  if (error == std::errc::result_out_of_range && end == last) {
-    value = std::strtod(std::string(text).c_str(), nullptr);
-    if (!std::isfinite(value)) return "a number beyond double's range";
-    parameter->set_double_param(value);  // underflow: +-0 or subnormal
-    return {};
-  }
-  return "not a number";
+  const std::optional<double> value = ParseDouble(text);
+  if (!value.has_value()) return "not a number";
+  if (!std::isfinite(*value)) return "a number beyond double's range";
+  parameter->set_double_param(*value);
+  return {};
 }
 
 // The SAX handler of an inference request's JSON header. Builds the
@@ -578,7 +582,10 @@ class InferHeaderHandler
   std::string error_;
 };
 
-// The element count of `shape`, or -1 when it overflows int64.
+// The element count of `shape`, or -1 for a negative dimension or a count
+// beyond int64. Not attn::CheckedNumElements: that refuses empty tensors and
+// large ones, which the KServe decoder refuses later in its own words; here
+// the count only has to match the JSON data's.
 int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
   int64_t count = 1;
   for (int64_t dimension : shape) {
@@ -922,7 +929,6 @@ absl::Status ParseRestInferRequest(absl::string_view model_name,
     if (input->datatype().empty()) {
       return absl::InvalidArgumentError(field + "'datatype' is required");
     }
-    const int64_t expected = ElementsOf(input->shape());
     if (state.binary_data_size.has_value()) {
       if (state.has_data) {
         return absl::InvalidArgumentError(
@@ -943,6 +949,7 @@ absl::Status ParseRestInferRequest(absl::string_view model_name,
       return absl::InvalidArgumentError(
           field + "no 'data' and no parameter 'binary_data_size'");
     }
+    const int64_t expected = ElementsOf(input->shape());
     if (expected < 0 || state.elements != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, "shape [", absl::StrJoin(input->shape(), ","), "] has ",
