@@ -20,6 +20,48 @@
 namespace attnserve {
 namespace {
 
+// RapidJSON's in-situ stream (its InsituStringStream's members and
+// methods), ours so that the inference handler may read a data array's
+// numbers itself and move the parse past them.
+struct InsituCursor {
+  typedef char Ch;
+  InsituCursor(char* text, size_t length)
+      : src_(text), dst_(nullptr), head_(text), end_(text + length) {}
+  char Peek() const { return *src_; }
+  char Take() { return *src_++; }
+  size_t Tell() const { return static_cast<size_t>(src_ - head_); }
+  void Put(char c) { *dst_++ = c; }
+  char* PutBegin() { return dst_ = src_; }
+  size_t PutEnd(char* begin) { return static_cast<size_t>(dst_ - begin); }
+  void Flush() {}
+  char* Push(size_t count) {
+    char* begin = dst_;
+    dst_ += count;
+    return begin;
+  }
+  void Pop(size_t count) { dst_ -= count; }
+
+  char* src_;
+  char* dst_;
+  char* head_;
+  char* end_;  // of the text (padding follows); not RapidJSON's
+};
+
+}  // namespace
+}  // namespace attnserve
+
+namespace rapidjson {
+// Copied into locals while RapidJSON scans a string or number, as its own
+// in-situ stream is: no handler callback moves it then.
+template <>
+struct StreamTraits<attnserve::InsituCursor> {
+  enum { copyOptimization = 1 };
+};
+}  // namespace rapidjson
+
+namespace attnserve {
+namespace {
+
 using inference::InferParameter;
 using inference::ModelInferRequest;
 
@@ -140,6 +182,37 @@ std::string AppendNumber(Datatype type, absl::string_view text,
   return "has no JSON form";
 }
 
+inline bool IsDigit(char c) {
+  return static_cast<unsigned char>(c - '0') < 10;
+}
+
+// The end of the JSON number (RFC 8259: -?(0|[1-9][0-9]*)(.[0-9]+)?
+// ([eE][+-]?[0-9]+)?) that starts at `text`, or nullptr when none starts
+// there. Reads one byte past the number (the text ends in NULs).
+const char* ScanJsonNumber(const char* text) {
+  const char* p = text;
+  if (*p == '-') ++p;
+  if (*p == '0') {
+    ++p;  // a leading zero stands alone
+  } else if (IsDigit(*p)) {
+    while (IsDigit(*p)) ++p;
+  } else {
+    return nullptr;
+  }
+  if (*p == '.') {
+    ++p;
+    if (!IsDigit(*p)) return nullptr;
+    while (IsDigit(*p)) ++p;
+  }
+  if (*p == 'e' || *p == 'E') {
+    ++p;
+    if (*p == '+' || *p == '-') ++p;
+    if (!IsDigit(*p)) return nullptr;
+    while (IsDigit(*p)) ++p;
+  }
+  return p;
+}
+
 // A JSON scalar as an InferParameter.
 std::string ParameterFromNumber(absl::string_view text,
                                 InferParameter* parameter) {
@@ -164,6 +237,23 @@ std::string ParameterFromNumber(absl::string_view text,
   return {};
 }
 
+// The element count of `shape`, or -1 for a negative dimension or a count
+// beyond int64. Not attn::CheckedNumElements: that refuses empty tensors and
+// large ones, which the KServe decoder refuses later in its own words; here
+// the count only has to match the JSON data's.
+int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) {
+    if (dimension < 0) return -1;
+    if (dimension != 0 && count > std::numeric_limits<int64_t>::max() /
+                                      dimension) {
+      return -1;
+    }
+    count *= dimension;
+  }
+  return count;
+}
+
 // The SAX handler of an inference request's JSON header. Builds the
 // request as it reads; the first error stops the parse (a handler returning
 // false) and is kept in error_.
@@ -172,6 +262,9 @@ class InferHeaderHandler
                                           InferHeaderHandler> {
  public:
   explicit InferHeaderHandler(RestInferRequest* out) : out_(out) {}
+
+  // The stream being parsed, for the data fast path (ReadNumbers).
+  void Attach(InsituCursor* cursor) { cursor_ = cursor; }
 
   // Where the parse is: the innermost object or array open.
   enum class At {
@@ -382,12 +475,13 @@ class InferHeaderHandler
           input_type_ = DatatypeOf(input()->datatype());
           deferring_ = input()->datatype().empty();
           stack_.push_back(At::kData);
-          return true;
+          ReserveData();
+          return ReadNumbers();
         }
         return Unexpected("an array");
       case At::kData:
         stack_.push_back(At::kData);  // nested: row-major all the same
-        return true;
+        return ReadNumbers();
       default:
         return Unexpected("an array");
     }
@@ -412,6 +506,63 @@ class InferHeaderHandler
 
  private:
   At at() const { return stack_.empty() ? At::kStart : stack_.back(); }
+
+  static char* SkipSpace(char* p) {
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') ++p;
+    return p;
+  }
+
+  // Room for the data's raw bytes: its shape's count when the shape came
+  // first, no more than the rest of the text could hold (two bytes an
+  // element at least).
+  void ReserveData() {
+    if (cursor_ == nullptr || input_type_.bytes == 0) return;
+    const int64_t expected = input()->shape_size() > 0 ? ElementsOf(input()->shape()) : -1;
+    const int64_t room = (cursor_->end_ - cursor_->src_) / 2 + 1;
+    if (expected > 0) {
+      raw_->reserve(static_cast<size_t>(std::min(expected, room)) *
+                    static_cast<size_t>(input_type_.bytes));
+    }
+  }
+
+  // The data fast path: called when a data array opens (the cursor at its
+  // '['), it reads the run of `number,` ... `number]` that follows straight
+  // into raw_, where RapidJSON would scan each number and hand its text to
+  // RawNumber, three times the cost. It stops before anything else (a
+  // nested array, a boolean, a malformed number, a missing comma, a comma
+  // before ']') and leaves that to RapidJSON, so every error, and every
+  // other layout, reads as before. False on an element error (error_ set).
+  bool ReadNumbers() {
+    const Element element = input_type_.element;
+    if (cursor_ == nullptr || deferring_ || element == Element::kBool ||
+        element == Element::kNone) {
+      return true;
+    }
+    char* const open = cursor_->src_;
+    char* consumed = open + 1;  // the '[', then each `number,`
+    for (;;) {
+      char* const start = SkipSpace(consumed);
+      const char* const end = ScanJsonNumber(start);
+      if (end == nullptr) break;
+      char* const next = SkipSpace(const_cast<char*>(end));
+      if (*next != ',' && *next != ']') break;
+      if (*next == ',' && *SkipSpace(next + 1) == ']') break;
+      if (std::string error = AppendNumber(
+              input_type_, absl::string_view(start, end - start), raw_);
+          !error.empty()) {
+        return ElementError(error);
+      }
+      ++elements_;
+      if (*next == ']') {
+        consumed = next;
+        break;
+      }
+      consumed = next + 1;
+    }
+    // RapidJSON takes one byte (the '[' it thinks is next) when this returns.
+    cursor_->src_ = consumed - 1;
+    return true;
+  }
   ModelInferRequest::InferInputTensor* input() {
     return &*out_->request.mutable_inputs()->rbegin();
   }
@@ -566,6 +717,7 @@ class InferHeaderHandler
   static constexpr size_t kMaxDepth = 64;
 
   RestInferRequest* const out_;
+  InsituCursor* cursor_ = nullptr;
   std::vector<At> stack_;
   std::vector<std::set<std::string>> seen_keys_;  // per open object
   std::string key_;
@@ -582,36 +734,21 @@ class InferHeaderHandler
   std::string error_;
 };
 
-// The element count of `shape`, or -1 for a negative dimension or a count
-// beyond int64. Not attn::CheckedNumElements: that refuses empty tensors and
-// large ones, which the KServe decoder refuses later in its own words; here
-// the count only has to match the JSON data's.
-int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t dimension : shape) {
-    if (dimension < 0) return -1;
-    if (dimension != 0 && count > std::numeric_limits<int64_t>::max() /
-                                      dimension) {
-      return -1;
-    }
-    count *= dimension;
-  }
-  return count;
-}
+// The longest shortest form of a float: "-1.17549435e-38".
+constexpr size_t kMaxFloatChars = 15;
 
-// Shortest decimal that reads back as `value` (std::to_chars).
-void AppendFloat(float value, std::string* out) {
-  char buffer[32];
-  auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
-  if (error != std::errc() || !std::isfinite(value)) {
-    out->append("null");  // never for a result the core let through
-    return;
+// Writes the shortest decimal that reads back as `value` (std::to_chars's
+// characters) at `out`, which has kMaxFloatChars of room; returns the end.
+char* WriteJsonFloat(float value, char* out) {
+  if (!std::isfinite(value)) {
+    std::memcpy(out, "null", 4);  // never for a result the core let through
+    return out + 4;
   }
   if (value == 0 && std::signbit(value)) {
-    out->append("-0.0");  // "-0" reads back as the integer 0 in most parsers
-    return;
+    std::memcpy(out, "-0.0", 4);  // "-0" reads back as the integer 0 in most parsers
+    return out + 4;
   }
-  out->append(buffer, end);
+  return std::to_chars(out, out + kMaxFloatChars, value).ptr;
 }
 
 void AppendShape(const google::protobuf::RepeatedField<int64_t>& shape,
@@ -819,6 +956,7 @@ class FlatObjectHandler
   bool StartArray() {
     return Fail(absl::StrCat("field '", key_, "': an array is not allowed"));
   }
+  void Attach(InsituCursor*) {}
   const std::string& error() const { return error_; }
 
  private:
@@ -848,10 +986,14 @@ absl::Status ParseJson(absl::string_view body, Handler* handler,
                        absl::string_view what) {
   // Four NULs after the text: a multi-byte UTF-8 lead at the very end has
   // its continuation bytes read (and refused) inside the copy, not past it
-  // (the fuzzer's heap overflow with one NUL).
-  std::string text(body);
+  // (the fuzzer's heap overflow with one NUL). The data fast path's scans
+  // stop at the first.
+  std::string text;
+  text.reserve(body.size() + 4);
+  text.append(body.data(), body.size());
   text.append(4, '\0');
-  rapidjson::InsituStringStream stream(text.data());
+  InsituCursor stream(text.data(), body.size());
+  handler->Attach(&stream);
   rapidjson::Reader reader;
   rapidjson::ParseResult result =
       reader.Parse<rapidjson::kParseInsituFlag | rapidjson::kParseIterativeFlag |
@@ -1004,14 +1146,20 @@ void WriteRestInferResponse(const RestInferRequest& request,
       continue;
     }
     json.append(",\"data\":[");
+    // Written in place: room for the longest number and its comma each,
+    // then cut to what was written.
     const size_t count = raw.size() / sizeof(float);
-    json.reserve(json.size() + count * 12);
+    const size_t start = json.size();
+    json.resize(start + count * (kMaxFloatChars + 1));
+    char* const first = json.data() + start;
+    char* end = first;
     for (size_t e = 0; e < count; ++e) {
-      if (e > 0) json.push_back(',');
+      if (e > 0) *end++ = ',';
       float value;
       std::memcpy(&value, raw.data() + e * sizeof value, sizeof value);
-      AppendFloat(value, &json);
+      end = WriteJsonFloat(value, end);
     }
+    json.resize(start + static_cast<size_t>(end - first));
     json.append("]}");
   }
   json.append("]}");

@@ -21,6 +21,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.pb.h"
@@ -414,6 +415,88 @@ TEST(ParseRestInferRequest, Fp32RoundTripsEveryShortestForm) {
     }
   }
   EXPECT_EQ(mismatches, 0);
+}
+
+// A data array whose datatype came first is read by the codec's own number
+// scanner (the data fast path), one whose datatype comes after it by
+// RapidJSON number by number (kept as text until the datatype is known):
+// the same text must give the same bytes, and the same errors, either way.
+// One difference is allowed (ExpectRefusedOrInfinite): RapidJSON refuses a
+// decimal exponent beyond double's (1e400) as invalid JSON, where the fast
+// path reads the infinity that the decoder refuses, naming the input.
+std::string DataFirst(const std::string& datatype, const std::string& shape,
+                      const std::string& data) {
+  return absl::StrCat(R"({"inputs":[{"name":"x","data":)", data,
+                      R"(,"shape":)", shape, R"(,"datatype":")", datatype,
+                      "\"}]}");
+}
+
+TEST(ParseRestInferRequest, DataFastPathReadsWhatRapidJsonReads) {
+  std::mt19937 random(20261124);
+  std::normal_distribution<double> normal;
+  std::vector<std::string> numbers = {
+      "0",      "-0",      "0.0",     "-0.0",   "1",       "-1",
+      "1e5",    "1E5",     "1e+5",    "1e-5",   "-1.5e-3", "123456789012",
+      "1e-46",  "-1e-46",  "1e39",    "-1e39",  "1e308",   "1e-400",
+      "0.1",    "16777217", "3.4028235e38", "3.4028236e38",
+      "1.17549435e-38", "1.4e-45", "0.30000000000000004",
+      "1.00000000000000000000000000000000000000000000001"};
+  for (int i = 0; i < 3000; ++i) {
+    const float value = static_cast<float>(normal(random) *
+                                           std::pow(10.0, static_cast<int>(random() % 20) - 10));
+    numbers.push_back(ToChars(value));
+    char buffer[40];  // as perf_analyzer writes: the float widened to double
+    numbers.emplace_back(
+        buffer, std::to_chars(buffer, buffer + sizeof buffer,
+                              static_cast<double>(value)).ptr);
+  }
+  const std::string shape = absl::StrCat("[", numbers.size(), "]");
+  // Separators as clients write them: none, spaces, newlines.
+  for (const char* separator : {",", ", ", " ,\n\t"}) {
+    const std::string data =
+        absl::StrCat("[ ", absl::StrJoin(numbers, separator), " ]");
+    for (const char* datatype : {"FP32", "FP64"}) {
+      SCOPED_TRACE(absl::StrCat(datatype, " separated by '", separator, "'"));
+      const std::string fast = RawOf(OneInput("x", datatype, shape, data));
+      EXPECT_EQ(fast.size(), numbers.size() * (datatype[2] == '3' ? 4 : 8));
+      EXPECT_TRUE(fast == RawOf(DataFirst(datatype, shape, data)));
+    }
+  }
+  for (const char* datatype : {"INT8", "INT32", "INT64", "UINT8", "UINT64"}) {
+    SCOPED_TRACE(datatype);
+    const std::string data = "[0, 1,-1, 127,-128 ,255,65535, 9223372036854775807]";
+    RestInferRequest fast, slow;
+    const absl::Status fast_status = Parse(OneInput("x", datatype, "[8]", data), &fast);
+    const absl::Status slow_status = Parse(DataFirst(datatype, "[8]", data), &slow);
+    EXPECT_EQ(fast_status, slow_status);
+    if (fast_status.ok()) {
+      EXPECT_EQ(fast.request.raw_input_contents(0),
+                slow.request.raw_input_contents(0));
+    }
+  }
+}
+
+TEST(ParseRestInferRequest, DataFastPathLeavesEveryFaultToTheParser) {
+  // Each fault comes after numbers the fast path has read: the request is
+  // refused all the same, as invalid JSON at the fault.
+  for (const char* data : {"[1,2,]", "[1,2 3]", "[1,,2]", "[1,2", "[1,2}",
+                           "[1,-]", "[1,2.]", "[1,2e]", "[1,2x]", "[1,02]",
+                           "[1,.5]", "[1,2]]", "[1,+2]", "[1,2,\"3\"]"}) {
+    SCOPED_TRACE(data);
+    RestInferRequest out;
+    const absl::Status status = Parse(OneInput("x", "FP32", "[3]", data), &out);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  }
+  // Layouts it hands back to RapidJSON part way still read in full.
+  EXPECT_THAT(RawAs<float>(RawOf(OneInput("x", "FP32", "[4]", "[1,[2,3],4]"))),
+              ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(RawAs<float>(RawOf(OneInput("x", "FP32", "[0]", "[ ]"))),
+              ElementsAre());
+  // An element error names the element the fast path stopped at.
+  ExpectInvalid(OneInput("x", "INT8", "[3]", "[1, 2, 300]"),
+                {"input 'x'", "data element 2", "8-bit"});
+  ExpectInvalid(OneInput("x", "UINT8", "[3]", "[1, -2, 3]"),
+                {"input 'x'", "data element 1"});
 }
 
 TEST(ParseRestInferRequest, Fp64RoundTripsAndIsTheNearestDouble) {
