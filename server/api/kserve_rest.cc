@@ -25,8 +25,7 @@ namespace {
 // numbers itself and move the parse past them.
 struct InsituCursor {
   typedef char Ch;
-  InsituCursor(char* text, size_t length)
-      : src_(text), dst_(nullptr), head_(text), end_(text + length) {}
+  explicit InsituCursor(char* text) : src_(text), dst_(nullptr), head_(text) {}
   char Peek() const { return *src_; }
   char Take() { return *src_++; }
   size_t Tell() const { return static_cast<size_t>(src_ - head_); }
@@ -44,7 +43,6 @@ struct InsituCursor {
   char* src_;
   char* dst_;
   char* head_;
-  char* end_;  // of the text (padding follows); not RapidJSON's
 };
 
 }  // namespace
@@ -235,23 +233,6 @@ std::string ParameterFromNumber(absl::string_view text,
   if (!std::isfinite(*value)) return "a number beyond double's range";
   parameter->set_double_param(*value);
   return {};
-}
-
-// The element count of `shape`, or -1 for a negative dimension or a count
-// beyond int64. Not attn::CheckedNumElements: that refuses empty tensors and
-// large ones, which the KServe decoder refuses later in its own words; here
-// the count only has to match the JSON data's.
-int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t dimension : shape) {
-    if (dimension < 0) return -1;
-    if (dimension != 0 && count > std::numeric_limits<int64_t>::max() /
-                                      dimension) {
-      return -1;
-    }
-    count *= dimension;
-  }
-  return count;
 }
 
 // The SAX handler of an inference request's JSON header. Builds the
@@ -475,7 +456,6 @@ class InferHeaderHandler
           input_type_ = DatatypeOf(input()->datatype());
           deferring_ = input()->datatype().empty();
           stack_.push_back(At::kData);
-          ReserveData();
           return ReadNumbers();
         }
         return Unexpected("an array");
@@ -510,19 +490,6 @@ class InferHeaderHandler
   static char* SkipSpace(char* p) {
     while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') ++p;
     return p;
-  }
-
-  // Room for the data's raw bytes: its shape's count when the shape came
-  // first, no more than the rest of the text could hold (two bytes an
-  // element at least).
-  void ReserveData() {
-    if (cursor_ == nullptr || input_type_.bytes == 0) return;
-    const int64_t expected = input()->shape_size() > 0 ? ElementsOf(input()->shape()) : -1;
-    const int64_t room = (cursor_->end_ - cursor_->src_) / 2 + 1;
-    if (expected > 0) {
-      raw_->reserve(static_cast<size_t>(std::min(expected, room)) *
-                    static_cast<size_t>(input_type_.bytes));
-    }
   }
 
   // The data fast path: called when a data array opens (the cursor at its
@@ -733,6 +700,23 @@ class InferHeaderHandler
   std::vector<std::pair<int, bool>> pending_output_binary_;
   std::string error_;
 };
+
+// The element count of `shape`, or -1 for a negative dimension or a count
+// beyond int64. Not attn::CheckedNumElements: that refuses empty tensors and
+// large ones, which the KServe decoder refuses later in its own words; here
+// the count only has to match the JSON data's.
+int64_t ElementsOf(const google::protobuf::RepeatedField<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) {
+    if (dimension < 0) return -1;
+    if (dimension != 0 && count > std::numeric_limits<int64_t>::max() /
+                                      dimension) {
+      return -1;
+    }
+    count *= dimension;
+  }
+  return count;
+}
 
 // The longest shortest form of a float: "-1.17549435e-38".
 constexpr size_t kMaxFloatChars = 15;
@@ -992,7 +976,7 @@ absl::Status ParseJson(absl::string_view body, Handler* handler,
   text.reserve(body.size() + 4);
   text.append(body.data(), body.size());
   text.append(4, '\0');
-  InsituCursor stream(text.data(), body.size());
+  InsituCursor stream(text.data());
   handler->Attach(&stream);
   rapidjson::Reader reader;
   rapidjson::ParseResult result =
