@@ -211,6 +211,22 @@ const char* ScanJsonNumber(const char* text) {
   return p;
 }
 
+// Whether the number [first, last) is surely within double's range: at most
+// 24 characters and an exponent of at most two digits (below 1e122). Beyond
+// that RapidJSON refuses some numbers ("Number too big to be stored in
+// double"), so the data fast path leaves them to it and both paths accept
+// and refuse alike.
+bool WithinDoubleRange(const char* first, const char* last) {
+  if (last - first > 24) return false;
+  for (const char* p = first; p < last; ++p) {
+    if (*p == 'e' || *p == 'E') {
+      if (p + 1 < last && (p[1] == '+' || p[1] == '-')) ++p;
+      return last - (p + 1) <= 2;
+    }
+  }
+  return true;
+}
+
 // A JSON scalar as an InferParameter.
 std::string ParameterFromNumber(absl::string_view text,
                                 InferParameter* parameter) {
@@ -510,7 +526,7 @@ class InferHeaderHandler
     for (;;) {
       char* const start = SkipSpace(consumed);
       const char* const end = ScanJsonNumber(start);
-      if (end == nullptr) break;
+      if (end == nullptr || !WithinDoubleRange(start, end)) break;
       char* const next = SkipSpace(const_cast<char*>(end));
       if (*next != ',' && *next != ']') break;
       if (*next == ',' && *SkipSpace(next + 1) == ']') break;
