@@ -9,9 +9,12 @@
 //
 //   build/bench/rest_codec_benchmark --benchmark_min_time=1
 #include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"

@@ -26,8 +26,8 @@
 // parse is iterative (RapidJSON's kParseIterativeFlag) and nesting is capped,
 // so a deep body costs no stack; a field given twice and a \u escape of a
 // lone surrogate are refused. A data array whose datatype came first is
-// read by the codec's own number scanner, past RapidJSON's (a third of the
-// parse's cost on large tensors); anything but `number,` and `number]` in
+// read by the codec's own number scanner, past RapidJSON's (two fifths of
+// the parse's cost on large tensors); anything but `number,` and `number]` in
 // it goes back to RapidJSON, so errors read the same either way.
 #ifndef ATTNSERVE_SERVER_API_KSERVE_REST_H_
 #define ATTNSERVE_SERVER_API_KSERVE_REST_H_
