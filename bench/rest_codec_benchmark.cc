@@ -5,7 +5,8 @@
 // perf_analyzer 2.60 sends with --input-tensor-format=json: each float
 // widened to double and written in double's shortest form, 17 significant
 // digits for most. Shows where a JSON inference's server CPU goes beside
-// the binary tensor extension's. Not part of the test suite:
+// the binary tensor extension's, and the floor under it: the standard
+// number conversions alone. Not part of the test suite:
 //
 //   build/bench/rest_codec_benchmark --benchmark_min_time=1
 #include <charconv>
@@ -157,6 +158,49 @@ void BM_WriteMediumBinary(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_WriteMediumBinary);
+
+// The floor under the two JSON rows above: the standard library's number
+// conversions alone over the same numbers (the 12,288 floats of the
+// request's three tensors as perf_analyzer writes them, the 8,192 of the
+// response), with no JSON, no validation and no copies around them.
+void BM_FromCharsOnlyMediumRequest(benchmark::State& state) {
+  std::string text;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    for (float value : Values(kElements, seed)) {
+      AppendDoubleText(value, &text);
+      text.push_back(',');
+    }
+  }
+  const char* const end = text.data() + text.size();
+  for (auto _ : state) {
+    float sum = 0;
+    for (const char* p = text.data(); p < end;) {
+      float value;
+      p = std::from_chars(p, end, value).ptr + 1;  // and the ','
+      sum += value;
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetItemsProcessed(state.iterations() * 3 * kElements);
+}
+BENCHMARK(BM_FromCharsOnlyMediumRequest);
+
+void BM_ToCharsOnlyMediumResponse(benchmark::State& state) {
+  std::vector<float> values = Values(kElements, 10);
+  for (float& value : values) value = std::abs(value) / 4;
+  const std::vector<float> output = Values(kElements, 11);
+  values.insert(values.end(), output.begin(), output.end());
+  std::string text(values.size() * 16, '\0');
+  for (auto _ : state) {
+    char* p = text.data();
+    for (float value : values) {
+      p = std::to_chars(p, text.data() + text.size(), value).ptr;
+    }
+    benchmark::DoNotOptimize(p);
+  }
+  state.SetItemsProcessed(state.iterations() * values.size());
+}
+BENCHMARK(BM_ToCharsOnlyMediumResponse);
 
 }  // namespace
 }  // namespace attnserve
