@@ -241,13 +241,12 @@ char* ReadJsonFloat(char* text, char* limit, float* value) {
 
 // Elements read by the data fast path, appended to an input's raw bytes a
 // block at a time: one std::string::append per element was a tenth of the
-// fast path's time. Whatever it holds is appended when it goes.
+// fast path's time. Appends nothing until Flush.
 class RawBlockWriter {
  public:
   explicit RawBlockWriter(std::string* raw) : raw_(raw) {}
   RawBlockWriter(const RawBlockWriter&) = delete;
   RawBlockWriter& operator=(const RawBlockWriter&) = delete;
-  ~RawBlockWriter() { Flush(); }
 
   void Add(float value) {
     if (used_ + sizeof value > sizeof block_) Flush();
@@ -562,48 +561,32 @@ class InferHeaderHandler
     }
     char* const open = cursor_->src_;
     char* consumed = open + 1;  // the '[', then each `number,`
-    // Where the run of numbers ends (or the next byte to leave to
-    // RapidJSON) after the number [start, end): nullptr unless a ',' or ']'
-    // follows it, and no ']' the ','.
-    auto after = [](char* end) -> char* {
+    // FP32, perf_analyzer's JSON tensors and by far the most common, is
+    // scanned and converted in one pass and appended a block at a time.
+    const bool fp32 = element == Element::kFloat32;
+    RawBlockWriter fp32_writer(raw_);
+    for (;;) {
+      char* const start = SkipSpace(consumed);
+      float value = 0;
+      char* const end = fp32 ? ReadJsonFloat(start, cursor_->limit_, &value)
+                             : ScanSafeJsonNumber(start);
+      if (end == nullptr) break;
+      // A ',' or ']' must follow, and no ']' the ','.
       char* const next = SkipSpace(end);
-      if (*next == ']') return next;
-      if (*next != ',' || *SkipSpace(next + 1) == ']') return nullptr;
-      return next;
-    };
-    if (element == Element::kFloat32) {
-      // perf_analyzer's JSON tensors: the most common by far, and the one
-      // case worth a loop of its own.
-      RawBlockWriter writer(raw_);
-      for (;;) {
-        float value;
-        char* const end =
-            ReadJsonFloat(SkipSpace(consumed), cursor_->limit_, &value);
-        if (end == nullptr) break;
-        char* const next = after(end);
-        if (next == nullptr) break;
-        writer.Add(value);
-        ++elements_;
-        consumed = next + (*next == ',');
-        if (*next == ']') break;
+      if (*next != ',' && *next != ']') break;
+      if (*next == ',' && *SkipSpace(next + 1) == ']') break;
+      if (fp32) {
+        fp32_writer.Add(value);
+      } else if (std::string error = AppendNumber(
+                     input_type_, absl::string_view(start, end - start), raw_);
+                 !error.empty()) {
+        return ElementError(error);
       }
-    } else {
-      for (;;) {
-        char* const start = SkipSpace(consumed);
-        char* const end = ScanSafeJsonNumber(start);
-        if (end == nullptr) break;
-        char* const next = after(end);
-        if (next == nullptr) break;
-        if (std::string error = AppendNumber(
-                input_type_, absl::string_view(start, end - start), raw_);
-            !error.empty()) {
-          return ElementError(error);
-        }
-        ++elements_;
-        consumed = next + (*next == ',');
-        if (*next == ']') break;
-      }
+      ++elements_;
+      consumed = next + (*next == ',');
+      if (*next == ']') break;
     }
+    fp32_writer.Flush();
     // RapidJSON takes one byte (the '[' it thinks is next) when this returns.
     cursor_->src_ = consumed - 1;
     return true;
