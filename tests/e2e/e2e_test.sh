@@ -224,7 +224,7 @@ call NadarayaWatson "output=${mq}x${dy} weights=${mq}x${n}" \
 
 epochs=$((RANDOM % 19 + 2))
 call FitBandwidth "fit=5" fit-bandwidth
-call FitBandwidth "fit=${epochs}" fit-bandwidth --epochs="$epochs" --learning_rate=0.05
+call FitBandwidth "fit=${epochs} descends" fit-bandwidth --epochs="$epochs" --learning_rate=0.05
 
 # --- 3. bad requests ------------------------------------------------------------
 # expect_error CODE TEXT ATTNCTL_ARGS...: exit 2 and "attnctl: CODE: ...TEXT".

@@ -8,7 +8,12 @@ Expectations:
                 --summary form with count/min/max/mean)
   no:NAME       the response has no field NAME
   fit=EPOCHS    a FitBandwidth response: EPOCHS losses, all finite, and a
-                final loss below the first one
+                finite bandwidth
+  descends      (with fit=) each epoch's loss below the one before, and the
+                final loss below the last: true of a small enough step only.
+                The textbook's step (0.5 on the summed loss) overshoots on
+                about 1 in 500 of attnctl's random data sets (seed 71199:
+                32.9 -> 38.3), so e2e asks it of its small-step fit alone
 Every response must name the implementation that ran (info.implementation).
 Exit status 0 when all hold, 1 (with the reasons on stderr) otherwise.
 Standard library only, so Debian's /usr/bin/python3 runs it.
@@ -59,10 +64,17 @@ def check_fit(response, epochs, errors):
         errors.append(f"loss_per_epoch: {len(losses)} losses, expected {epochs}")
     if not all(finite(x) for x in losses) or not finite(final):
         errors.append(f"non-finite loss: {losses} -> {final!r}")
-    elif losses and not final < losses[0]:
-        errors.append(f"the loss did not decrease: {losses} -> {final}")
     if not finite(response.get("bandwidth")):
         errors.append(f"bandwidth is {response.get('bandwidth')!r}")
+
+
+def check_descent(response, errors):
+    path = list(response.get("loss_per_epoch", [])) + [response.get("final_loss")]
+    if not all(finite(x) for x in path):
+        return  # check_fit says so
+    if not path or any(not later < earlier
+                       for earlier, later in zip(path, path[1:])):
+        errors.append(f"the loss did not go down at every step: {path}")
 
 
 def main(argv):
@@ -81,6 +93,8 @@ def main(argv):
                 errors.append(f"{arg[3:]}: present, expected absent")
         elif arg.startswith("fit="):
             check_fit(response, int(arg[4:]), errors)
+        elif arg == "descends":
+            check_descent(response, errors)
         else:
             name, dims = arg.split("=", 1)
             check_tensor(response, name, [int(d) for d in dims.split("x")],
