@@ -49,38 +49,14 @@ if [[ -n "${PERF_ANALYZER:-}" ]]; then
   perf_analyzer=("$PERF_ANALYZER")
 else
   # In the chroot: files in its /tmp.
+  bash bench/perf_analyzer_chroot.sh "$chroot_dir"
   data=$chroot_dir/tmp
   data_seen=/tmp
   perf_analyzer=(chroot "$chroot_dir" /opt/perf_analyzer/bin/perf_analyzer)
 fi
-if [[ -z "${PERF_ANALYZER:-}" && ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
-  command -v debootstrap >/dev/null || apt-get install -y debootstrap
-  [[ -d "$chroot_dir/usr" ]] ||
-    debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian >&2
-  wheels=$(mktemp -d)
-  python3 -m pip download --quiet --no-deps --only-binary=:all: \
-    --platform manylinux_2_38_x86_64 --python-version 3.11 -d "$wheels" \
-    perf-analyzer==2.60.0
-  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
-    "$wheels"/perf_analyzer-*.whl "$chroot_dir/opt"
-  chmod +x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer"
-  rm -rf "$wheels"
-fi
 
 # Input data: per batch item, without the batch dimension.
-python3 - "$data" <<'PY'
-import json, random, sys
-random.seed(0)
-r = lambda n: [round(random.gauss(0, 1), 4) for _ in range(n)]
-def case(lq, lk, d, v, lengths):
-    return {"data": [{"queries": {"content": r(lq * d), "shape": [lq, d]},
-                      "keys": {"content": r(lk * d), "shape": [lk, d]},
-                      "values": {"content": r(lk * v), "shape": [lk, v]},
-                      "valid_lens": {"content": [random.randint(*lengths)], "shape": [1]}}
-                     for _ in range(32)]}
-json.dump(case(1, 10, 2, 4, (1, 10)), open(sys.argv[1] + "/toy.json", "w"))
-json.dump(case(64, 64, 64, 64, (1, 64)), open(sys.argv[1] + "/medium.json", "w"))
-PY
+python3 bench/serving_peers/peers.py data "$data"
 
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 pid=""

@@ -100,20 +100,8 @@ fi
 python="$venv/bin/python"
 site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-# The chroot with perf_analyzer: these lines as in bench/perf_analyzer.sh.
-if [[ ! -x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer" ]]; then
-  command -v debootstrap >/dev/null || apt-get install -y debootstrap
-  [[ -d "$chroot_dir/usr" ]] ||
-    debootstrap --variant=minbase trixie "$chroot_dir" http://deb.debian.org/debian >&2
-  wheels=$(mktemp -d)
-  python3 -m pip download --quiet --no-deps --only-binary=:all: \
-    --platform manylinux_2_38_x86_64 --python-version 3.11 -d "$wheels" \
-    perf-analyzer==2.60.0
-  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
-    "$wheels"/perf_analyzer-*.whl "$chroot_dir/opt"
-  chmod +x "$chroot_dir/opt/perf_analyzer/bin/perf_analyzer"
-  rm -rf "$wheels"
-fi
+# perf_analyzer, in its chroot.
+bash bench/perf_analyzer_chroot.sh "$chroot_dir"
 
 # Cores.
 server_pin=() client_pin=()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Helpers of bench/serving_peers.sh (stdlib, and numpy for `check`).
+"""Helpers of bench/serving_peers.sh (stdlib, and numpy for `check`); `data`
+also makes bench/perf_analyzer.sh's input.
 
   peers.py data DIR                      perf_analyzer input data: DIR/toy.json, DIR/medium.json
   peers.py check DIR HOST:PORT HOST:PORT one request per case to each server's HTTP port; exits 1
@@ -23,8 +24,8 @@ MODEL = "dot_product_attention"
 
 
 def data(folder):
-    # As bench/perf_analyzer.sh makes it: per batch item, without the batch
-    # dimension; 32 entries per case, valid lengths from 1 to Lk.
+    # Per batch item, without the batch dimension (perf_analyzer's form);
+    # 32 entries per case, valid lengths from 1 to Lk.
     random.seed(0)
     r = lambda n: [round(random.gauss(0, 1), 4) for _ in range(n)]  # noqa: E731
 
