@@ -20,7 +20,7 @@
 #include "benchmark/benchmark.h"
 #include "server/core/call_runner.h"
 #include "server/core/malloc_policy.h"
-#include "server/core/server_core.h"
+#include "server/core/execution_stack.h"
 
 namespace attnserve {
 namespace {
@@ -50,28 +50,28 @@ class WaveResponder final : public CallResponder {
   std::unique_ptr<absl::Notification> done_;
 };
 
-// The core as attnserve assembles it by default (server/core/server_core.h:
+// The core as attnserve assembles it by default (server/core/execution_stack.h:
 // 2 workers, kernels on 1 thread each, admission), with or without batching.
-std::unique_ptr<ServerCore> MakeCore(bool batching) {
+std::unique_ptr<ExecutionStack> MakeCore(bool batching) {
   attn::EngineOptions engine_options;
   engine_options.max_threads = 1;  // attnserve's --kernel_threads default
-  ServerCore::Options options;
+  ExecutionStack::Options options;
   if (batching) options.batching = BatchingOptions{};
-  return ServerCore::Create(options, attn::Engine::Create(engine_options).value())
+  return ExecutionStack::Create(options, attn::Engine::Create(engine_options).value())
       .value();
 }
 
 // Sends waves of kInFlight calls of request(i) and waits for each wave.
 template <typename MakeRequest>
-void RunWaves(benchmark::State& state, Rpc rpc, MakeRequest request) {
-  std::unique_ptr<ServerCore> core = MakeCore(state.range(2) != 0);
+void RunWaves(benchmark::State& state, Operation operation, MakeRequest request) {
+  std::unique_ptr<ExecutionStack> core = MakeCore(state.range(2) != 0);
   WaveResponder responder;
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
       core->calls().RunOp(
-          rpc, CallContext{},
-          [&, i](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
+          operation, CallContext{},
+          [&, i](ElementBudget*) -> absl::StatusOr<OperationRequest> {
             return request(i);
           },
           [](const attn::OpResult& result) { benchmark::DoNotOptimize(result); },
@@ -98,7 +98,7 @@ void BM_CoreAttention(benchmark::State& state) {
   const int64_t length = state.range(0), depth = state.range(1);
   const auto q = Inputs({1, length, depth}), k = Inputs({1, length, depth}),
              v = Inputs({1, length, depth});
-  RunWaves(state, Rpc::kScaledDotProductAttention, [&](int i) {
+  RunWaves(state, Operation::kScaledDotProductAttention, [&](int i) {
     attn::AttentionRequest request;
     request.queries = q[i].view();
     request.keys = k[i].view();
@@ -111,7 +111,7 @@ void BM_CoreAttention(benchmark::State& state) {
 void BM_CoreMaskedSoftmax(benchmark::State& state) {
   const int64_t length = state.range(0);
   const auto x = Inputs({1, length, length});
-  RunWaves(state, Rpc::kMaskedSoftmax, [&](int i) {
+  RunWaves(state, Operation::kMaskedSoftmax, [&](int i) {
     return attn::MaskedSoftmaxRequest{x[i].view(), {}};
   });
 }
@@ -120,7 +120,7 @@ void BM_CoreMaskedSoftmax(benchmark::State& state) {
 void BM_CoreBatchMatmul(benchmark::State& state) {
   const int64_t length = state.range(0), depth = state.range(1);
   const auto a = Inputs({1, length, depth}), b = Inputs({1, depth, depth});
-  RunWaves(state, Rpc::kBatchMatmul, [&](int i) {
+  RunWaves(state, Operation::kBatchMatmul, [&](int i) {
     return attn::BatchMatmulRequest{a[i].view(), b[i].view(), {}};
   });
 }
@@ -133,7 +133,7 @@ void BM_CoreAdditiveAttention(benchmark::State& state) {
              v = Inputs({1, length, depth});
   const auto w_q = Inputs({depth, depth}, 1), w_k = Inputs({depth, depth}, 1),
              w_v = Inputs({depth}, 1);
-  RunWaves(state, Rpc::kAdditiveAttention, [&](int i) {
+  RunWaves(state, Operation::kAdditiveAttention, [&](int i) {
     attn::AdditiveAttentionRequest request;
     request.queries = q[i].view();
     request.keys = k[i].view();
@@ -150,7 +150,7 @@ void BM_CoreNadarayaWatson(benchmark::State& state) {
   const int64_t queries = state.range(0), points = state.range(1);
   const auto x_query = Inputs({queries});
   const auto x_train = Inputs({points}, 1), y_train = Inputs({points}, 1);
-  RunWaves(state, Rpc::kNadarayaWatson, [&](int i) {
+  RunWaves(state, Operation::kNadarayaWatson, [&](int i) {
     attn::NadarayaWatsonRequest request;
     request.x_train = x_train[0].view();
     request.y_train = y_train[0].view();
@@ -162,13 +162,13 @@ void BM_CoreNadarayaWatson(benchmark::State& state) {
 // The core's own cost per call: a Run whose work does nothing (no decode,
 // no kernel), through admission, the worker queue, metrics and statistics.
 void BM_CoreEmptyCall(benchmark::State& state) {
-  std::unique_ptr<ServerCore> core = MakeCore(false);
+  std::unique_ptr<ExecutionStack> core = MakeCore(false);
   WaveResponder responder;
   for (auto _ : state) {
     responder.Start(kInFlight);
     for (int i = 0; i < kInFlight; ++i) {
       core->calls().Run(
-          Rpc::kMaskedSoftmax, CallContext{},
+          Operation::kMaskedSoftmax, CallContext{},
           [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
             return CallRunner::Work(
                 []() -> absl::StatusOr<std::string> { return "none"; });
@@ -194,7 +194,7 @@ void BM_Combine(benchmark::State& state) {
   auto engine = attn::Engine::Create(engine_options).value();
   const auto x = Inputs({1, length, length}, 32), y = Inputs({1, length, length}, 32),
              z = Inputs({1, length, length}, 32);
-  std::vector<BatchableRequest> requests;
+  std::vector<OperationRequest> requests;
   for (int i = 0; i < 32; ++i) {
     if (op == 0) {
       requests.push_back(attn::MaskedSoftmaxRequest{x[i].view(), {}});
@@ -208,14 +208,14 @@ void BM_Combine(benchmark::State& state) {
       requests.push_back(request);
     }
   }
-  std::vector<const BatchableRequest*> pointers;
-  for (const BatchableRequest& request : requests) pointers.push_back(&request);
+  std::vector<const OperationRequest*> pointers;
+  for (const OperationRequest& request : requests) pointers.push_back(&request);
   for (auto _ : state) {
     if (together) {
       CombinedWork work;
       benchmark::DoNotOptimize(RunTogether(*engine, pointers, &work));
     } else {
-      for (const BatchableRequest* request : pointers) {
+      for (const OperationRequest* request : pointers) {
         benchmark::DoNotOptimize(RunAlone(*engine, *request));
       }
     }

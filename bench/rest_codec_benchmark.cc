@@ -1,4 +1,4 @@
-// The KServe REST codec (server/api/kserve_rest.h) alone, at the medium
+// The KServe REST codec (server/kserve/rest.h) alone, at the medium
 // case of bench/perf_analyzer.sh: scaled dot-product attention with
 // queries, keys and values of [1,64,64] (12,289 numbers in), both outputs
 // [1,64,64] back (8,192 numbers out). The request text is what
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "server/api/kserve_rest.h"
+#include "server/kserve/rest.h"
 
 namespace attnserve {
 namespace {

@@ -1,5 +1,5 @@
 // Fuzz target: KServe v2 ModelInfer decoding (inference.GRPCInferenceService,
-// server/api/inference_service.cc: model resolution, requested outputs, inputs
+// server/kserve/inference_service.cc: model resolution, requested outputs, inputs
 // as raw_input_contents or typed contents, FP32 tensors and INT32/INT64
 // valid lengths, parameters), then the library's validation and the kernels.
 //
@@ -45,24 +45,23 @@
 #include "fuzz/common/service_harness.h"
 #include "fuzz/common/shapes.h"
 #include "inference/grpc_service.pb.h"
+#include "server/models/model_catalogue.h"
 
 namespace {
 
 using Dims = std::vector<int64_t>;
 using attn_fuzz::ElementCount;
 using attn_fuzz::ServiceHarness;
-using Spec = attnserve::InferenceService::ModelSpec;
+using Spec = attnserve::ModelSignature;
 
 std::string Str(const Dims& dims) { return attn_fuzz::DimsToString(dims); }
 
 // The served model `name`, as the server documents it, or null.
 const Spec* FindModel(const std::string& name, Spec* storage) {
-  for (const Spec& spec : attnserve::InferenceService::Models()) {
-    if (spec.name == name) return &spec;
-  }
-  auto held = ServiceHarness::Get().repository().Find(name);
-  if (held == nullptr) return nullptr;
-  *storage = attnserve::InferenceService::RepositorySpec(name, *held);
+  absl::StatusOr<attnserve::ServedModel> served =
+      ServiceHarness::Get().catalogue().Resolve(name, "");
+  if (!served.ok()) return nullptr;
+  *storage = served->signature;
   return storage;
 }
 
@@ -127,7 +126,7 @@ Accepted CheckInputs(const inference::ModelInferRequest& request,
                  "input '%s': raw and typed contents together accepted",
                  input.name().c_str());
     }
-    const attnserve::InferenceService::TensorSpec* spec = nullptr;
+    const attnserve::TensorSpec* spec = nullptr;
     for (const auto& candidate : model.inputs) {
       if (candidate.name == input.name()) spec = &candidate;
     }
@@ -238,15 +237,15 @@ std::map<std::string, Dims> CheckModelInputs(
     const Accepted& in) {
   const auto& f = in.floats;
   std::map<std::string, Dims> outputs;
-  switch (model.rpc) {
-    case attnserve::Rpc::kMaskedSoftmax: {
+  switch (model.operation) {
+    case attnserve::Operation::kMaskedSoftmax: {
       const Dims& x = f.at("X");
       FUZZ_CHECK(x.size() == 3, "X: %s accepted", Str(x).c_str());
       CheckLengths(in, x[0], x[1], x[2]);
       outputs["Y"] = x;
       break;
     }
-    case attnserve::Rpc::kBatchMatmul: {
+    case attnserve::Operation::kBatchMatmul: {
       const Dims& a = f.at("X");
       const Dims& b = f.at("Y");
       FUZZ_CHECK(a.size() == 3 && b.size() == 3 && b[0] == a[0] && b[1] == a[2],
@@ -255,8 +254,8 @@ std::map<std::string, Dims> CheckModelInputs(
       outputs["Z"] = {a[0], a[1], b[2]};
       break;
     }
-    case attnserve::Rpc::kScaledDotProductAttention:
-    case attnserve::Rpc::kAdditiveAttention: {
+    case attnserve::Operation::kScaledDotProductAttention:
+    case attnserve::Operation::kAdditiveAttention: {
       const Dims& q = f.at("queries");
       const Dims& k = f.at("keys");
       const Dims& v = f.at("values");
@@ -264,7 +263,7 @@ std::map<std::string, Dims> CheckModelInputs(
                      k[0] == q[0] && v[0] == q[0] && v[1] == k[1],
                  "queries %s, keys %s, values %s accepted", Str(q).c_str(),
                  Str(k).c_str(), Str(v).c_str());
-      if (model.rpc == attnserve::Rpc::kScaledDotProductAttention) {
+      if (model.operation == attnserve::Operation::kScaledDotProductAttention) {
         FUZZ_CHECK(k[2] == q[2], "queries %s, keys %s accepted",
                    Str(q).c_str(), Str(k).c_str());
       }

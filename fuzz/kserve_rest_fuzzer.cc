@@ -1,4 +1,4 @@
-// Fuzz target: the KServe v2 HTTP/REST codec (server/api/kserve_rest.cc):
+// Fuzz target: the KServe v2 HTTP/REST codec (server/kserve/rest.cc):
 // ParseRestInferRequest on a REST inference body (RapidJSON's SAX reader
 // into inference.ModelInferRequest, JSON data and Triton's binary tensor
 // data extension), then, for an accepted one, WriteRestInferResponse,
@@ -61,7 +61,7 @@
 #include "fuzz/common/check.h"
 #include "inference/grpc_service.pb.h"
 #include "rapidjson/document.h"
-#include "server/api/kserve_rest.h"
+#include "server/kserve/rest.h"
 
 namespace {
 

@@ -33,6 +33,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
 #include "inference/model_config.pb.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 
 namespace {
@@ -140,7 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
-      attnserve::ModelRepository::Load(dir);
+      attnserve::LoadModelRepository(dir);
   attn_fuzz::RemoveTree(folder);
   if (!repository.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(repository.status()) ||

@@ -35,6 +35,7 @@
 #include "fuzz/common/check.h"
 #include "fuzz/common/service_harness.h"
 #include "inference/grpc_service.pb.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 
 namespace v1 = ::attention::v1;
@@ -109,7 +110,7 @@ void MustServe(const std::string& name,
 }
 
 template <typename Request, typename Response>
-void Typed(int rpc, const std::string& name, const Request& request,
+void Typed(int operation, const std::string& name, const Request& request,
            grpc::ServerUnaryReactor* (attnserve::AttentionService::*method)(
                grpc::CallbackServerContext*, const Request*, Response*)) {
   Response response;  // outlives the call: the worker fills it
@@ -118,7 +119,7 @@ void Typed(int rpc, const std::string& name, const Request& request,
     return (harness.typed().*method)(context, &request, &response);
   });
   Write("typed_request", name,
-        std::string(1, static_cast<char>(rpc)) + request.SerializeAsString());
+        std::string(1, static_cast<char>(operation)) + request.SerializeAsString());
 }
 
 void TypedSeeds() {
@@ -362,7 +363,7 @@ void Repository(const std::string& name, const std::string& model,
   FUZZ_CHECK(mkdir((dir + "/" + model).c_str(), 0700) == 0, "mkdir");
   attn_fuzz::WriteFileOrDie(dir + "/" + model + "/config.pbtxt", config);
   attn_fuzz::WriteFileOrDie(dir + "/" + model + "/weights.safetensors", weights);
-  const auto loaded = attnserve::ModelRepository::Load(dir);
+  const auto loaded = attnserve::LoadModelRepository(dir);
   FUZZ_CHECK(loaded.ok(), "seed %s does not load: %s", name.c_str(),
              loaded.status().ToString().c_str());
   attn_fuzz::RemoveTree(dir);

@@ -1,6 +1,6 @@
 // Fuzz target: the typed API's request decoding and validation
-// (attention.v1.AttentionService, server/api/attention_service.cc and
-// server/api/tensor_codec.cc, then attn/validate.cc through the engine).
+// (attention.v1.AttentionService, server/typed/attention_service.cc and
+// server/typed/tensor_codec.cc, then attn/validate.cc through the engine).
 //
 // Feeds: byte 0 picks the RPC (byte % 6: MaskedSoftmax, BatchMatmul,
 // ScaledDotProductAttention, AdditiveAttention, NadarayaWatson,
@@ -434,7 +434,7 @@ void FitBandwidth(v1::FitBandwidthRequest request) {
              "implementation '%s'", response.info().implementation().c_str());
   // From finite inputs, a finite fit (engine.h: no NaN or infinite result
   // from finite inputs); a divergent fit must be an error, not an OK NaN.
-  // The bandwidth answered is one a model can hold (fit.h: |w|; SaveBandwidth
+  // The bandwidth answered is one a model can hold (fit.h: |w|; a fitted model
   // and NadarayaWatson take finite positive values only).
   FUZZ_CHECK(std::isfinite(response.bandwidth()) && response.bandwidth() > 0 &&
                  std::isfinite(response.final_loss()),
@@ -454,10 +454,10 @@ bool Parse(const uint8_t* data, size_t size, Request* request) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const int rpc = data[0] % 6;
+  const int operation = data[0] % 6;
   ++data;
   --size;
-  switch (rpc) {
+  switch (operation) {
     case 0: {
       v1::MaskedSoftmaxRequest request;
       if (Parse(data, size, &request)) MaskedSoftmax(request);

@@ -72,7 +72,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "by one of these CAs (mutual TLS). Needs --tls_cert.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "File of bearer tokens (one per line, optionally followed by the "
-          "permissions save_as and model_control; see server/api/auth.h). "
+          "permissions save_as and model_control; see server/transport/auth.h). "
           "Every call but health checks, on the gRPC and HTTP ports, then "
           "needs `authorization: Bearer <token>`. Reloaded on "
           "SIGHUP and when the file changes. Needs --tls_cert: a token sent "
@@ -254,15 +254,28 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   grpc.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   grpc.tls_key = absl::GetFlag(FLAGS_tls_key);
   grpc.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  grpc.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
-  grpc.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  // Before the certificates and the token file are read (at start-up,
+  // where the transports check them again).
+  if (grpc.tls_cert.empty() != grpc.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (grpc.tls_cert.empty() && !grpc.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert");
+  }
+  if (grpc.tls_cert.empty() && !config.auth_tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_tokens_file needs --tls_cert: tokens sent in clear text "
+        "are tokens given away");
+  }
+  config.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   const std::string model_control_mode = absl::GetFlag(FLAGS_model_control_mode);
   if (model_control_mode != "none" && model_control_mode != "explicit") {
     return absl::InvalidArgumentError(
         absl::StrCat("--model_control_mode: '", model_control_mode,
                      "' is neither 'none' nor 'explicit'"));
   }
-  grpc.explicit_model_control = model_control_mode == "explicit";
+  config.explicit_model_control = model_control_mode == "explicit";
 
   HttpServerOptions& http = config.http;
   http.port = absl::GetFlag(FLAGS_http_port);
@@ -287,10 +300,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   http.tls_cert = grpc.tls_cert;
   http.tls_key = grpc.tls_key;
   http.tls_client_ca = grpc.tls_client_ca;
-  http.explicit_model_control = grpc.explicit_model_control;
-  http.max_batch_size = grpc.max_batch_size;
 
-  ServerCore::Options& core = config.core;
+  ExecutionStack::Options& core = config.core;
   core.admission.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   core.admission.max_inflight_bytes_per_peer =
       absl::GetFlag(FLAGS_max_inflight_bytes_per_connection);
@@ -360,7 +371,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   core.limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   core.limits.max_response_bytes = grpc.max_message_bytes;
-  core.limits.save_as_needs_permission = !grpc.auth_tokens_file.empty();
+  core.limits.save_as_needs_permission = !config.auth_tokens_file.empty();
   core.return_memory_when_idle = true;
 
   config.fd_reserve = absl::GetFlag(FLAGS_fd_reserve);

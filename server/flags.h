@@ -11,20 +11,25 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attn/engine.h"
-#include "server/api/grpc_server.h"
-#include "server/api/http_server.h"
+#include "server/transport/grpc_server.h"
+#include "server/transport/http_server.h"
 #include "server/core/cpu_budget.h"
-#include "server/core/server_core.h"
+#include "server/core/execution_stack.h"
 #include "server/repository/model_repository.h"
 
 namespace attnserve {
 
 struct ServerConfig {
   attn::EngineOptions engine;
-  ServerCore::Options core;
+  ExecutionStack::Options core;
   GrpcServerOptions grpc;
   HttpServerOptions http;  // port 0: no HTTP front end
   ModelRepository::Options repository;
+  // Every front end's: bearer tokens (empty: none), live model control,
+  // and the max_batch_size KServe's ModelConfig reports.
+  std::string auth_tokens_file;
+  bool explicit_model_control = false;
+  int max_batch_size = 32;
   std::string metrics_host;
   int metrics_port = 8002;
   int fd_reserve = 256;  // server/core/accept_guard.h

@@ -3,8 +3,8 @@
 // Serves attention.v1.AttentionService, the KServe v2 / Triton-compatible
 // inference.GRPCInferenceService, the standard grpc.health.v1.Health
 // service (SERVING once ready, NOT_SERVING while draining) and server
-// reflection on --grpc_port (server/api/grpc_server.h), KServe v2 over
-// HTTP/REST on --http_port (server/api/http_server.h), and Prometheus
+// reflection on --grpc_port (server/transport/grpc_server.h), KServe v2 over
+// HTTP/REST on --http_port (server/transport/http_server.h), and Prometheus
 // metrics at http://--metrics_host:--metrics_port/metrics. Everything that
 // can fail (flags, engine, metric families, ports, certificates, tokens,
 // models) fails at boot, not on a request.
@@ -12,8 +12,10 @@
 // The start, in order: flags -> ServerConfig (server/flags.h) -> the
 // engine, warmed up -> the fd limit and the accept guard
 // (server/core/accept_guard.h) -> the serving core
-// (server/core/server_core.h) -> metrics -> the model repository -> the
-// gRPC server -> the HTTP server. Then it waits for a signal
+// (server/core/execution_stack.h) -> metrics -> the model repository ->
+// the token store and the catalogue of models, one each, lent to every
+// front end -> the front ends (server/typed/, server/kserve/) -> the gRPC
+// server -> the HTTP server (server/transport/). Then it waits for a signal
 // (server/signals.h).
 //
 // Lifecycle: SIGTERM or SIGINT flips health to NOT_SERVING but keeps
@@ -40,14 +42,19 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attn/engine.h"
-#include "server/api/grpc_server.h"
-#include "server/api/http_server.h"
 #include "server/core/accept_guard.h"
-#include "server/core/server_core.h"
+#include "server/core/execution_stack.h"
 #include "server/flags.h"
+#include "server/kserve/inference_service.h"
+#include "server/kserve/rest_service.h"
 #include "server/metrics_endpoint.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 #include "server/signals.h"
+#include "server/transport/auth.h"
+#include "server/transport/grpc_server.h"
+#include "server/transport/http_server.h"
+#include "server/typed/attention_service.h"
 
 namespace {
 
@@ -119,8 +126,8 @@ int main(int argc, char** argv) {
                 "stay free (--fd_reserve)\n",
                 fd_limit->soft_before, fd_limit->soft, fd_reserve);
 
-  absl::StatusOr<std::unique_ptr<attnserve::ServerCore>> core =
-      attnserve::ServerCore::Create(config->core, *std::move(engine));
+  absl::StatusOr<std::unique_ptr<attnserve::ExecutionStack>> core =
+      attnserve::ExecutionStack::Create(config->core, *std::move(engine));
   if (!core.ok()) return Fail(core.status());
   // After the core's gauges have their sources: a scrape may come at once.
   absl::StatusOr<std::unique_ptr<prometheus::Exposer>> metrics =
@@ -129,24 +136,50 @@ int main(int argc, char** argv) {
   if (!metrics.ok()) return Fail(metrics.status());
 
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
-      attnserve::ModelRepository::Load(config->repository);
+      attnserve::LoadModelRepository(config->repository);
   if (!repository.ok()) return Fail(repository.status());
   for (const std::string& name : (*repository)->Names()) {
     absl::FPrintF(stderr, "attnserve: model repository: %s\n", name);
   }
 
+  // What every front end shares, one of each: the token store, the
+  // catalogue of models, and the core's readiness.
+  std::unique_ptr<attnserve::TokenStore> tokens;
+  if (!config->auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<attnserve::TokenStore>> loaded =
+        attnserve::TokenStore::Load(config->auth_tokens_file);
+    if (!loaded.ok()) return Fail(loaded.status());
+    tokens = *std::move(loaded);
+    absl::FPrintF(stderr,
+                  "attnserve: token authentication: %d tokens from %s "
+                  "(health checks stay open; SIGHUP or an edit reloads)\n",
+                  tokens->size(), config->auth_tokens_file);
+  }
+  attnserve::ModelCatalogue catalogue(
+      repository->get(),
+      attnserve::ModelControl{config->explicit_model_control,
+                              /*needs_permission=*/tokens != nullptr});
+  attnserve::AttentionService typed(&(*core)->calls(), &catalogue);
+  attnserve::InferenceService kserve(core->get(), &catalogue,
+                                     config->max_batch_size);
+  attnserve::KServeRestService kserve_rest(core->get(), &catalogue,
+                                           config->max_batch_size);
+
   absl::StatusOr<std::unique_ptr<attnserve::GrpcServer>> server =
-      attnserve::GrpcServer::Start(config->grpc, core->get(),
-                                   repository->get());
+      attnserve::GrpcServer::Start(
+          config->grpc, &(*core)->metrics(), tokens.get(),
+          {{"attention.v1.AttentionService", &typed},
+           {"inference.GRPCInferenceService", &kserve}});
   if (!server.ok()) return Fail(server.status());
   std::unique_ptr<attnserve::HttpServer> http;
   if (config->http.port != 0) {
     absl::StatusOr<std::unique_ptr<attnserve::HttpServer>> started =
-        attnserve::HttpServer::Start(config->http, core->get(),
-                                     repository->get(), (*server)->tokens());
+        attnserve::HttpServer::Start(config->http, &(*core)->metrics(),
+                                     tokens.get(), &kserve_rest);
     if (!started.ok()) return Fail(started.status());
     http = *std::move(started);
   }
+  if (tokens != nullptr) tokens->StartWatching();
   const std::vector<int> metrics_ports = (*metrics)->GetListeningPorts();
   absl::FPrintF(stderr, "attnserve: metrics on http://%s:%d/metrics\n",
                 config->metrics_host,
@@ -154,8 +187,10 @@ int main(int argc, char** argv) {
   absl::FPrintF(stderr, "attnserve listening on %s:%d\n", config->grpc.host,
                 (*server)->port());
 
-  const int signal_number = attnserve::WaitForTermination(signals, [&server] {
-    absl::FPrintF(stderr, "attnserve: SIGHUP: %s\n", (*server)->ReloadTokens());
+  const int signal_number = attnserve::WaitForTermination(signals, [&tokens] {
+    absl::FPrintF(stderr, "attnserve: SIGHUP: %s\n",
+                  tokens != nullptr ? tokens->ReloadForLog()
+                                    : std::string("nothing to reload"));
   });
   absl::FPrintF(stderr,
                 "attnserve: %s received; NOT_SERVING for %d ms, then "
@@ -163,8 +198,8 @@ int main(int argc, char** argv) {
                 signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
                 absl::ToInt64Milliseconds(config->drain_notice),
                 absl::ToInt64Milliseconds(config->grace_period));
+  (*core)->GiveDrainNotice();
   (*server)->SetNotServing();
-  if (http != nullptr) http->SetNotServing();
   absl::SleepFor(config->drain_notice);
   // The drain. gRPC's own Server::Shutdown is not used: it cancels (as
   // CANCELLED, which no client retries) every call whose request is still

@@ -157,15 +157,15 @@ ServiceHarness& ServiceHarness::Get() {
         attn::Engine::CreateWithBackends(std::move(backends));
     FUZZ_CHECK(engine.ok(), "engine: %s", engine.status().ToString().c_str());
 
-    attnserve::ServerCore::Options options;
+    attnserve::ExecutionStack::Options options;
     options.workers.threads = 1;
     options.limits.max_response_bytes = kMaxResponseBytes;
     if (const char* batching = std::getenv("ATTN_FUZZ_BATCHING");
         batching != nullptr && std::string(batching) == "1") {
       options.batching = attnserve::BatchingOptions{};
     }
-    absl::StatusOr<std::unique_ptr<attnserve::ServerCore>> core =
-        attnserve::ServerCore::Create(options, *std::move(engine));
+    absl::StatusOr<std::unique_ptr<attnserve::ExecutionStack>> core =
+        attnserve::ExecutionStack::Create(options, *std::move(engine));
     FUZZ_CHECK(core.ok(), "core: %s", core.status().ToString().c_str());
     h->core_ = *std::move(core);
 
@@ -173,16 +173,17 @@ ServiceHarness& ServiceHarness::Get() {
     CopyModels(std::string(ATTN_SOURCE_DIR) + "/deploy/models",
                h->repository_dir_);
     absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
-        attnserve::ModelRepository::Load(h->repository_dir_);
+        attnserve::LoadModelRepository(h->repository_dir_);
     FUZZ_CHECK(repository.ok(), "repository: %s",
                repository.status().ToString().c_str());
     h->repository_ = *std::move(repository);
 
+    h->catalogue_ =
+        std::make_unique<attnserve::ModelCatalogue>(h->repository_.get());
     h->typed_ = std::make_unique<attnserve::AttentionService>(
-        &h->core_->calls(), h->repository_.get());
+        &h->core_->calls(), h->catalogue_.get());
     h->kserve_ = std::make_unique<attnserve::InferenceService>(
-        &h->core_->calls(), h->repository_.get(), h->core_->batching(),
-        /*max_batch_size=*/32);
+        h->core_.get(), h->catalogue_.get(), /*max_batch_size=*/32);
     return h;
   }();
   return *harness;

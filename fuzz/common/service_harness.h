@@ -11,7 +11,7 @@
 // (fuzz/common/checking_backend.h): no oneDNN, one worker thread, the
 // server's default limits but for a 256 KiB response limit
 // (kMaxResponseBytes), assembled by the server's own factory
-// (server/core/server_core.h). ATTN_FUZZ_BATCHING=1 in the environment runs
+// (server/core/execution_stack.h). ATTN_FUZZ_BATCHING=1 in the environment runs
 // every call through the batcher, exactly as `attnserve --batching` does. The model repository is a private copy of
 // deploy/models in a temporary folder (FitBandwidth's save_as writes there;
 // see MakeTemporaryFolder).
@@ -27,9 +27,10 @@
 
 #include "attn/engine.h"
 #include "grpcpp/grpcpp.h"
-#include "server/api/attention_service.h"
-#include "server/api/inference_service.h"
-#include "server/core/server_core.h"
+#include "server/typed/attention_service.h"
+#include "server/kserve/inference_service.h"
+#include "server/core/execution_stack.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 
 namespace attn_fuzz {
@@ -51,6 +52,7 @@ class ServiceHarness {
   attnserve::AttentionService& typed() { return *typed_; }
   attnserve::InferenceService& kserve() { return *kserve_; }
   attnserve::ModelRepository& repository() { return *repository_; }
+  const attnserve::ModelCatalogue& catalogue() const { return *catalogue_; }
   const std::string& repository_dir() const { return repository_dir_; }
 
   // Calls one handler: `invoke` calls it with a fresh context (and returns
@@ -65,8 +67,9 @@ class ServiceHarness {
   ServiceHarness() = default;
 
   std::string repository_dir_;
-  std::unique_ptr<attnserve::ServerCore> core_;
+  std::unique_ptr<attnserve::ExecutionStack> core_;
   std::unique_ptr<attnserve::ModelRepository> repository_;
+  std::unique_ptr<attnserve::ModelCatalogue> catalogue_;
   std::unique_ptr<attnserve::AttentionService> typed_;
   std::unique_ptr<attnserve::InferenceService> kserve_;
 };

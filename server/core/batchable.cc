@@ -522,7 +522,7 @@ int64_t WorkElements(const attn::NadarayaWatsonRequest& r) {
 // others, and all of them if that call fails, run alone.
 template <typename Request>
 Results RunClass(attn::Engine& engine,
-                 absl::Span<const BatchableRequest* const> requests,
+                 absl::Span<const OperationRequest* const> requests,
                  CombinedWork* work) {
   const Request& first = std::get<Request>(*requests.front());
   std::vector<const Request*> together;
@@ -564,29 +564,12 @@ Results RunClass(attn::Engine& engine,
 
 }  // namespace
 
-Rpc RpcOf(const BatchableRequest& request) {
-  struct Visitor {
-    Rpc operator()(const attn::MaskedSoftmaxRequest&) { return Rpc::kMaskedSoftmax; }
-    Rpc operator()(const attn::BatchMatmulRequest&) { return Rpc::kBatchMatmul; }
-    Rpc operator()(const attn::AttentionRequest&) {
-      return Rpc::kScaledDotProductAttention;
-    }
-    Rpc operator()(const attn::AdditiveAttentionRequest&) {
-      return Rpc::kAdditiveAttention;
-    }
-    Rpc operator()(const attn::NadarayaWatsonRequest&) {
-      return Rpc::kNadarayaWatson;
-    }
-  };
-  return std::visit(Visitor{}, request);
-}
-
-absl::StatusOr<BatchClass> ClassifyForBatching(const BatchableRequest& request) {
+absl::StatusOr<BatchClass> ClassifyForBatching(const OperationRequest& request) {
   return std::visit([](const auto& r) { return Classify(r); }, request);
 }
 
 absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
-                                        const BatchableRequest& request) {
+                                        const OperationRequest& request) {
   struct Visitor {
     attn::Engine& engine;
     auto operator()(const attn::MaskedSoftmaxRequest& r) {
@@ -609,7 +592,7 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
 }
 
 std::vector<absl::StatusOr<attn::OpResult>> RunTogether(
-    attn::Engine& engine, absl::Span<const BatchableRequest* const> requests,
+    attn::Engine& engine, absl::Span<const OperationRequest* const> requests,
     CombinedWork* work) {
   *work = CombinedWork{};
   if (requests.empty()) return {};

@@ -39,19 +39,9 @@
 #include "absl/types/span.h"
 #include "attn/engine.h"
 #include "attn/ops.h"
-#include "server/core/rpc.h"
+#include "server/core/operation.h"
 
 namespace attnserve {
-
-// One request of any batchable operation. Its views must stay valid until
-// it has run.
-using BatchableRequest =
-    std::variant<attn::MaskedSoftmaxRequest, attn::BatchMatmulRequest,
-                 attn::AttentionRequest, attn::AdditiveAttentionRequest,
-                 attn::NadarayaWatsonRequest>;
-
-// The operation's RPC, for metrics.
-Rpc RpcOf(const BatchableRequest& request);
 
 // Where a request may be batched.
 struct BatchClass {
@@ -64,11 +54,11 @@ struct BatchClass {
 
 // Validates `request` (INVALID_ARGUMENT in the library's words, as the
 // engine would answer) and classifies it.
-absl::StatusOr<BatchClass> ClassifyForBatching(const BatchableRequest& request);
+absl::StatusOr<BatchClass> ClassifyForBatching(const OperationRequest& request);
 
 // Runs `request` alone on the engine.
 absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
-                                        const BatchableRequest& request);
+                                        const OperationRequest& request);
 
 // What a combined run computed: the padded batch's and the members' own
 // score (or output) elements; their difference is padding.
@@ -88,7 +78,7 @@ struct CombinedWork {
 // alone, and if the combined call fails (e.g. out of memory) every member
 // is retried alone, so that each answer is the request's own.
 std::vector<absl::StatusOr<attn::OpResult>> RunTogether(
-    attn::Engine& engine, absl::Span<const BatchableRequest* const> requests,
+    attn::Engine& engine, absl::Span<const OperationRequest* const> requests,
     CombinedWork* work);
 
 }  // namespace attnserve

@@ -90,10 +90,10 @@ class BatchableTest : public ::testing::Test {
   // work the combined run reported.
   template <typename Request>
   CombinedWork ExpectEachAsAlone(const std::vector<Request>& requests) {
-    std::vector<BatchableRequest> batchable(requests.begin(), requests.end());
-    std::vector<const BatchableRequest*> pointers;
+    std::vector<OperationRequest> batchable(requests.begin(), requests.end());
+    std::vector<const OperationRequest*> pointers;
     const std::string key = ClassifyForBatching(batchable.front())->key;
-    for (const BatchableRequest& request : batchable) {
+    for (const OperationRequest& request : batchable) {
       absl::StatusOr<BatchClass> batch_class = ClassifyForBatching(request);
       EXPECT_TRUE(batch_class.ok()) << batch_class.status();
       if (batch_class.ok()) {
@@ -242,9 +242,9 @@ TEST_F(BatchableTest, OperandsThatDifferRunAloneWhateverTheirKey) {
   }
   requests[1].x_train = requests[0].x_train;
   requests[1].y_train = requests[0].y_train;
-  std::vector<BatchableRequest> batchable(requests.begin(), requests.end());
-  std::vector<const BatchableRequest*> pointers;
-  for (const BatchableRequest& request : batchable) pointers.push_back(&request);
+  std::vector<OperationRequest> batchable(requests.begin(), requests.end());
+  std::vector<const OperationRequest*> pointers;
+  for (const OperationRequest& request : batchable) pointers.push_back(&request);
   CombinedWork work;
   const auto results = RunTogether(*engine_, pointers, &work);
   ASSERT_EQ(results.size(), 3u);
@@ -263,7 +263,7 @@ TEST_F(BatchableTest, OperandsThatDifferRunAloneWhateverTheirKey) {
 }
 
 TEST_F(BatchableTest, ClassKeysSeparateWhatMustNotShareABatch) {
-  auto key = [](const BatchableRequest& request) {
+  auto key = [](const OperationRequest& request) {
     return ClassifyForBatching(request).value().key;
   };
   // Attention: the scale by its bits (1 ulp apart), causal, precision.
@@ -328,8 +328,8 @@ TEST_F(BatchableTest, ClassKeysSeparateWhatMustNotShareABatch) {
   // Different operations never share a class.
   attn::MaskedSoftmaxRequest k{Normal({1, 2, 3}), {}};
   EXPECT_NE(key(k), key(h));
-  EXPECT_EQ(RpcOf(k), Rpc::kMaskedSoftmax);
-  EXPECT_EQ(RpcOf(f), Rpc::kNadarayaWatson);
+  EXPECT_EQ(OperationOf(k), Operation::kMaskedSoftmax);
+  EXPECT_EQ(OperationOf(f), Operation::kNadarayaWatson);
 }
 
 TEST_F(BatchableTest, InvalidRequestsAreRefusedInTheLibrarysWords) {

@@ -228,7 +228,7 @@ void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
   }
   if (live.empty()) return;
 
-  std::vector<const BatchableRequest*> requests;
+  std::vector<const OperationRequest*> requests;
   for (Task* task : live) requests.push_back(&task->request);
   CombinedWork work;
   std::vector<absl::StatusOr<attn::OpResult>> results =
@@ -236,7 +236,7 @@ void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
   timing.batch_requests = static_cast<int>(live.size());
   timing.kernel = runner.clock->Now() - now;
   if (runner.observer) {
-    runner.observer(BatchStats{RpcOf(*requests.front()),
+    runner.observer(BatchStats{OperationOf(*requests.front()),
                                static_cast<int>(live.size()),
                                work.computed_elements, work.useful_elements});
   }

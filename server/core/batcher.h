@@ -83,7 +83,7 @@ struct BatchingOptions {
 
 // What one executed batch looked like, for metrics.
 struct BatchStats {
-  Rpc rpc = Rpc::kScaledDotProductAttention;  // its operation
+  Operation operation = Operation::kScaledDotProductAttention;  // its operation
   int requests = 0;
   // Score-matrix (or output) elements of the padded batch, and of the
   // requests themselves; their difference is the padding.
@@ -104,7 +104,7 @@ class Batcher {
       std::function<void(absl::StatusOr<attn::OpResult>, const BatchTiming&)>;
   struct Task {
     // Views must stay valid until `done` has run.
-    BatchableRequest request;
+    OperationRequest request;
     absl::Time deadline = absl::InfiniteFuture();
     // 1 first, then 2, ...; 0 (none) last.
     uint64_t priority = 0;

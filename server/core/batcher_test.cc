@@ -245,7 +245,7 @@ TEST_F(BatcherTest, EveryOperationBatchesInItsOwnClasses) {
   std::mt19937 rng(14);
   std::vector<attn::Tensor> inputs;
   std::vector<std::optional<absl::StatusOr<attn::OpResult>>> results(5);
-  auto schedule = [&](BatchableRequest request, int slot) {
+  auto schedule = [&](OperationRequest request, int slot) {
     auto task = std::make_unique<Batcher::Task>();
     task->request = std::move(request);
     task->done = [&results, slot](absl::StatusOr<attn::OpResult> result,
@@ -274,10 +274,10 @@ TEST_F(BatcherTest, EveryOperationBatchesInItsOwnClasses) {
   clock_.Advance(absl::Milliseconds(1));
   batcher_->FormDueBatches();
   ASSERT_EQ(RunExecuted(), 3);
-  std::map<Rpc, std::vector<int>> sizes;
-  for (const BatchStats& stats : stats_) sizes[stats.rpc].push_back(stats.requests);
-  EXPECT_EQ(sizes[Rpc::kMaskedSoftmax], std::vector<int>{2});
-  EXPECT_EQ(sizes[Rpc::kBatchMatmul].size(), 2u);
+  std::map<Operation, std::vector<int>> sizes;
+  for (const BatchStats& stats : stats_) sizes[stats.operation].push_back(stats.requests);
+  EXPECT_EQ(sizes[Operation::kMaskedSoftmax], std::vector<int>{2});
+  EXPECT_EQ(sizes[Operation::kBatchMatmul].size(), 2u);
   for (const auto& result : results) {
     ASSERT_TRUE(result.has_value());
     EXPECT_TRUE(result->ok()) << result->status();

@@ -16,17 +16,17 @@ namespace attnserve {
 // (the pool's, the batcher's). Finish() is called exactly once.
 class CallRunner::Call {
  public:
-  Call(CallRunner* runner, Rpc rpc, const CallContext& context,
+  Call(CallRunner* runner, Operation operation, const CallContext& context,
        CallResponder* responder)
       : runner_(runner),
-        rpc_(rpc),
+        operation_(operation),
         context_(context),
         responder_(responder),
         received_(absl::Now()) {
     runner_->metrics_->RequestStarted();
   }
 
-  Rpc rpc() const { return rpc_; }
+  Operation operation() const { return operation_; }
   absl::Time received() const { return received_; }
   CallRecord& record() { return record_; }
 
@@ -64,13 +64,13 @@ class CallRunner::Call {
       return;
     }
     record_.implementation = *implementation;
-    runner_->metrics_->KernelRun(rpc_, *implementation, kernel);
+    runner_->metrics_->KernelRun(operation_, *implementation, kernel);
     Finish(responder_->Computed(record_));
   }
 
   void Finish(const absl::Status& status) {
     const absl::Duration total = absl::Now() - received_;
-    runner_->metrics_->RequestFinished(rpc_, context_.protocol, status.code(),
+    runner_->metrics_->RequestFinished(operation_, context_.protocol, status.code(),
                                        total);
     if (!context_.model.empty()) {
       runner_->statistics_.Record(context_.model, status, total,
@@ -82,7 +82,7 @@ class CallRunner::Call {
 
  private:
   CallRunner* const runner_;
-  const Rpc rpc_;
+  const Operation operation_;
   const CallContext context_;
   CallResponder* const responder_;
   const absl::Time received_;
@@ -106,9 +106,16 @@ CallRunner::CallRunner(attn::Engine* engine, WorkerPool* pool,
       limits_(limits),
       admission_(admission) {}
 
-void CallRunner::Run(Rpc rpc, const CallContext& context,
+void CallRunner::Refuse(std::optional<Operation> operation,
+                        const CallContext& context, const absl::Status& status,
+                        CallResponder* responder) {
+  metrics_->RequestRefused(operation, context.protocol, status.code());
+  responder->Answer(status, CallRecord{}, Admission::Ticket());
+}
+
+void CallRunner::Run(Operation operation, const CallContext& context,
                      const Prepare& prepare, CallResponder* responder) {
-  auto call = std::make_shared<Call>(this, rpc, context, responder);
+  auto call = std::make_shared<Call>(this, operation, context, responder);
   // A draining server and a full queue refuse before decoding: under
   // overload, refusals must not take the workers' CPU.
   absl::Status refused =
@@ -132,7 +139,7 @@ void CallRunner::Run(Rpc rpc, const CallContext& context,
   const absl::Status scheduled = pool_->Schedule(
       [this, call, work = *std::move(work)] {
         const absl::Time started = absl::Now();
-        metrics_->QueueWait(call->rpc(), started - call->received());
+        metrics_->QueueWait(call->operation(), started - call->received());
         if (absl::Status wanted = call->CheckStillWanted(started);
             !wanted.ok()) {
           call->Finish(wanted);
@@ -145,14 +152,14 @@ void CallRunner::Run(Rpc rpc, const CallContext& context,
   if (!scheduled.ok()) call->Finish(scheduled);
 }
 
-void CallRunner::RunOp(Rpc rpc, const CallContext& context,
+void CallRunner::RunOp(Operation operation, const CallContext& context,
                        const DecodeOp& decode, EncodeOp encode,
                        WireNames wire_names, CallResponder* responder) {
   if (!wire_names) wire_names = [](absl::Status status) { return status; };
   // Decodes, checks the request's shapes and that its result fits.
   auto prepare = [this, &decode, &wire_names](
-                     ElementBudget* budget) -> absl::StatusOr<BatchableRequest> {
-    ASSIGN_OR_RETURN(BatchableRequest op, decode(budget));
+                     ElementBudget* budget) -> absl::StatusOr<OperationRequest> {
+    ASSIGN_OR_RETURN(OperationRequest op, decode(budget));
     absl::StatusOr<attn::ResultSize> size = std::visit(
         [](const auto& request) { return attn::SizeOfResult(request); }, op);
     if (!size.ok()) return wire_names(size.status());
@@ -160,10 +167,10 @@ void CallRunner::RunOp(Rpc rpc, const CallContext& context,
     return op;
   };
   if (batcher_ == nullptr) {
-    Run(rpc, context,
+    Run(operation, context,
         [this, &prepare, encode, wire_names](
             ElementBudget* budget) -> absl::StatusOr<Work> {
-          ASSIGN_OR_RETURN(BatchableRequest op, prepare(budget));
+          ASSIGN_OR_RETURN(OperationRequest op, prepare(budget));
           return Work([this, op = std::move(op), encode,
                        wire_names]() -> absl::StatusOr<std::string> {
             absl::StatusOr<attn::OpResult> result = RunAlone(*engine_, op);
@@ -175,7 +182,7 @@ void CallRunner::RunOp(Rpc rpc, const CallContext& context,
         responder);
     return;
   }
-  auto call = std::make_shared<Call>(this, rpc, context, responder);
+  auto call = std::make_shared<Call>(this, operation, context, responder);
   // As in Run: a draining server and a full queue refuse before decoding.
   absl::Status refused =
       admission_ != nullptr ? admission_->CheckAccepting() : absl::OkStatus();
@@ -185,7 +192,7 @@ void CallRunner::RunOp(Rpc rpc, const CallContext& context,
     return;
   }
   ElementBudget budget(limits_.max_request_elements);
-  absl::StatusOr<BatchableRequest> op = prepare(&budget);
+  absl::StatusOr<OperationRequest> op = prepare(&budget);
   if (op.ok()) {
     if (absl::Status admitted = call->Admit(budget); !admitted.ok()) {
       op = admitted;
@@ -204,7 +211,7 @@ void CallRunner::RunOp(Rpc rpc, const CallContext& context,
                    absl::StatusOr<attn::OpResult> result,
                    const BatchTiming& timing) {
     call->record().batch_requests = std::max(timing.batch_requests, 1);
-    metrics_->QueueWait(call->rpc(), timing.started - call->received());
+    metrics_->QueueWait(call->operation(), timing.started - call->received());
     absl::StatusOr<std::string> implementation =
         result.ok() ? absl::StatusOr<std::string>(result->implementation)
                     : absl::StatusOr<std::string>(wire_names(result.status()));

@@ -1,6 +1,7 @@
 // The serving core: the one way a call goes from decoded to answered,
-// whatever API it came by. Front ends (server/api/: the typed attention.v1
-// service, KServe v2) only decode, hand over and encode.
+// whatever API it came by. Front ends (server/typed/: the typed attention.v1
+// service; server/kserve/: KServe v2 over gRPC and REST) only decode, hand
+// over and encode.
 //
 // A call enters Run() (or RunOp(), which can batch) with its context
 // (peer, deadline, cancellation, the model it counts for), a Prepare step
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -54,7 +56,7 @@ struct ServiceLimits {
   int64_t max_response_bytes = int64_t{256} << 20;
   // FitBandwidth's save_as writes into the model repository: with token
   // authentication on, only calls whose token grants `save_as` may
-  // (server/api/auth.h); others get PERMISSION_DENIED.
+  // (server/transport/auth.h); others get PERMISSION_DENIED.
   bool save_as_needs_permission = false;
 };
 
@@ -109,7 +111,7 @@ class CallRunner {
   // The decode step of an operation's call, and the encoding of its result
   // (run on a worker).
   using DecodeOp =
-      std::function<absl::StatusOr<BatchableRequest>(ElementBudget*)>;
+      std::function<absl::StatusOr<OperationRequest>(ElementBudget*)>;
   using EncodeOp = std::function<void(const attn::OpResult&)>;
   // Puts the API's names into the library's errors (e.g. "a: ..." becomes
   // "input 'X' ..."); may be empty.
@@ -124,13 +126,20 @@ class CallRunner {
 
   // Runs one call (see the file comment); `responder` must live until its
   // Answer has been called (which may happen before Run returns).
-  void Run(Rpc rpc, const CallContext& context, const Prepare& prepare,
+  void Run(Operation operation, const CallContext& context, const Prepare& prepare,
            CallResponder* responder);
   // Runs one call of a batchable operation: through the batcher when there
   // is one, else like Run. An invalid request is answered before it
   // queues, in the API's names.
-  void RunOp(Rpc rpc, const CallContext& context, const DecodeOp& decode,
+  void RunOp(Operation operation, const CallContext& context, const DecodeOp& decode,
              EncodeOp encode, WireNames wire_names, CallResponder* responder);
+
+  // Answers a call that a front end refuses before it hands the call over
+  // (ServiceMetrics::RequestRefused: `operation` empty when no model or
+  // operation could be resolved): counts it, then `responder` answers
+  // `status` at once.
+  void Refuse(std::optional<Operation> operation, const CallContext& context,
+              const absl::Status& status, CallResponder* responder);
 
   // Refuses, before anything is allocated or computed, a request whose
   // result could not be sent: RESOURCE_EXHAUSTED naming the result's shape,

@@ -11,7 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "attn/testing/random.h"
-#include "server/core/server_core.h"
+#include "server/core/execution_stack.h"
 #include "gtest/gtest.h"
 
 namespace attnserve {
@@ -94,7 +94,7 @@ class CallRunnerTest : public ::testing::Test {
 TEST_F(CallRunnerTest, RunsTheWorkThenAnswersOnceHandingOverTheTicket) {
   RecordingResponder responder;
   std::atomic<int> runs{0};
-  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+  calls_->Run(Operation::kMaskedSoftmax, Model("m"),
               [&](ElementBudget* budget) -> absl::StatusOr<CallRunner::Work> {
                 EXPECT_TRUE(budget->Take("x", 100).ok());
                 return CallRunner::Work([&]() -> absl::StatusOr<std::string> {
@@ -121,7 +121,7 @@ TEST_F(CallRunnerTest, RunsTheWorkThenAnswersOnceHandingOverTheTicket) {
 
 TEST_F(CallRunnerTest, ADecodeErrorIsAnsweredWithoutWork) {
   RecordingResponder responder;
-  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+  calls_->Run(Operation::kMaskedSoftmax, Model("m"),
               [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                 return absl::InvalidArgumentError("x: bad");
               },
@@ -137,7 +137,7 @@ TEST_F(CallRunnerTest, ADecodeErrorIsAnsweredWithoutWork) {
 
 TEST_F(CallRunnerTest, OverTheElementBudgetIsResourceExhausted) {
   RecordingResponder responder;
-  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+  calls_->Run(Operation::kMaskedSoftmax, Model("m"),
               [](ElementBudget* budget) -> absl::StatusOr<CallRunner::Work> {
                 if (absl::Status s = budget->Take("x", 1001); !s.ok()) return s;
                 return CallRunner::Work([] { return std::string("never"); });
@@ -150,7 +150,7 @@ TEST_F(CallRunnerTest, OverTheElementBudgetIsResourceExhausted) {
 
 TEST_F(CallRunnerTest, TheFrontEndMayRefuseTheEncodedResponse) {
   RecordingResponder responder(absl::ResourceExhaustedError("too big"));
-  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+  calls_->Run(Operation::kMaskedSoftmax, Model("m"),
               [](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                 return CallRunner::Work([] { return std::string("k"); });
               },
@@ -173,13 +173,13 @@ TEST_F(CallRunnerTest, CancelledOrExpiredCallsAreNotComputed) {
   RecordingResponder cancelled;
   CallContext context = Model("m");
   context.cancelled = [] { return true; };
-  calls_->Run(Rpc::kMaskedSoftmax, context, prepare, &cancelled);
+  calls_->Run(Operation::kMaskedSoftmax, context, prepare, &cancelled);
   EXPECT_EQ(cancelled.Wait().code(), absl::StatusCode::kCancelled);
 
   RecordingResponder expired;
   context = Model("m");
   context.deadline = absl::Now() - absl::Seconds(1);
-  calls_->Run(Rpc::kMaskedSoftmax, context, prepare, &expired);
+  calls_->Run(Operation::kMaskedSoftmax, context, prepare, &expired);
   EXPECT_EQ(expired.Wait().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(runs.load(), 0);
   EXPECT_EQ(calls_->statistics().Get("m").fail_count, 2u);
@@ -198,7 +198,7 @@ TEST_F(CallRunnerTest, ATimeoutRunningOutInTheQueueSkipsTheWork) {
   EXPECT_LE(context.deadline, absl::Now() + absl::Milliseconds(1));
   std::atomic<int> runs{0};
   RecordingResponder responder;
-  calls_->Run(Rpc::kMaskedSoftmax, context,
+  calls_->Run(Operation::kMaskedSoftmax, context,
               [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                 return CallRunner::Work([&]() -> absl::StatusOr<std::string> {
                   ++runs;
@@ -237,7 +237,7 @@ TEST_F(CallRunnerTest, HigherPriorityCallsLeaveTheQueueFirst) {
     CallContext context = Model("m");
     context.priority = priority;
     responders.push_back(std::make_unique<RecordingResponder>());
-    calls.Run(Rpc::kMaskedSoftmax, context,
+    calls.Run(Operation::kMaskedSoftmax, context,
                 [&, priority](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                   return CallRunner::Work(
                       [&, priority]() -> absl::StatusOr<std::string> {
@@ -258,7 +258,7 @@ TEST_F(CallRunnerTest, ADrainingServerRefusesBeforeDecoding) {
   admission_->StartDraining();
   RecordingResponder responder;
   bool decoded = false;
-  calls_->Run(Rpc::kMaskedSoftmax, Model("m"),
+  calls_->Run(Operation::kMaskedSoftmax, Model("m"),
               [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                 decoded = true;
                 return CallRunner::Work([] { return std::string("k"); });
@@ -269,24 +269,24 @@ TEST_F(CallRunnerTest, ADrainingServerRefusesBeforeDecoding) {
 }
 
 // call_runner.h's contract under batching, in the production assembly
-// (server/core/server_core.h): a full queue is refused before the request
+// (server/core/execution_stack.h): a full queue is refused before the request
 // is decoded. (The batcher's queue used to be checked only in Schedule,
 // after decoding: under overload the server decoded what it then refused.)
 TEST(CallRunnerBatchingTest, AFullBatchingQueueRefusesBeforeDecoding) {
-  ServerCore::Options options;
+  ExecutionStack::Options options;
   options.workers.threads = 1;
   BatchingOptions batching;
   batching.max_queue_size = 1;
   batching.max_queue_delay = absl::Seconds(60);
   options.batching = batching;
-  std::unique_ptr<ServerCore> core =
-      ServerCore::Create(options,
+  std::unique_ptr<ExecutionStack> core =
+      ExecutionStack::Create(options,
                          attn::Engine::Create(attn::EngineOptions{}).value())
           .value();
   std::mt19937 rng(2);
   const attn::Tensor x = attn::testing::RandomNormal(rng, {1, 2, 3});
   auto decode = [&x](bool* decoded) {
-    return [&x, decoded](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
+    return [&x, decoded](ElementBudget*) -> absl::StatusOr<OperationRequest> {
       if (decoded != nullptr) *decoded = true;
       attn::MaskedSoftmaxRequest op;
       op.x = x.view();
@@ -297,7 +297,7 @@ TEST(CallRunnerBatchingTest, AFullBatchingQueueRefusesBeforeDecoding) {
   // The only worker is held, so the batcher keeps what it queues.
   absl::Notification release;
   RecordingResponder blocker;
-  core->calls().Run(Rpc::kMaskedSoftmax, CallContext{},
+  core->calls().Run(Operation::kMaskedSoftmax, CallContext{},
                     [&](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
                       return CallRunner::Work([&] {
                         release.WaitForNotification();
@@ -307,7 +307,7 @@ TEST(CallRunnerBatchingTest, AFullBatchingQueueRefusesBeforeDecoding) {
                     &blocker);
   while (core->queue_depth() != 0) std::this_thread::yield();
   RecordingResponder queued;
-  core->calls().RunOp(Rpc::kMaskedSoftmax, CallContext{}, decode(nullptr),
+  core->calls().RunOp(Operation::kMaskedSoftmax, CallContext{}, decode(nullptr),
                       ignore, {}, &queued);
   // (Failed once in a full `make test`, unreproduced since in 10,000 runs
   // under load: each check says what it saw.)
@@ -316,7 +316,7 @@ TEST(CallRunnerBatchingTest, AFullBatchingQueueRefusesBeforeDecoding) {
 
   bool decoded = false;
   RecordingResponder refused;
-  core->calls().RunOp(Rpc::kMaskedSoftmax, CallContext{}, decode(&decoded),
+  core->calls().RunOp(Operation::kMaskedSoftmax, CallContext{}, decode(&decoded),
                       ignore, {}, &refused);
   const absl::Status refusal = refused.Wait();
   EXPECT_EQ(refusal.code(), absl::StatusCode::kResourceExhausted) << refusal;
@@ -341,8 +341,8 @@ TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
   attn::OpResult encoded;
   RecordingResponder responder;
   calls_->RunOp(
-      Rpc::kScaledDotProductAttention, Model("dot"),
-      [&](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
+      Operation::kScaledDotProductAttention, Model("dot"),
+      [&](ElementBudget*) -> absl::StatusOr<OperationRequest> {
         return request;
       },
       [&](const attn::OpResult& result) { encoded = result; }, {}, &responder);
@@ -362,8 +362,8 @@ TEST_F(CallRunnerTest, AttentionRunsTheEngineAndRefusesResultsOverTheLimit) {
   RecordingResponder refused;
   bool encoded_big = false;
   calls_->RunOp(
-      Rpc::kScaledDotProductAttention, Model("dot"),
-      [&](ElementBudget*) -> absl::StatusOr<BatchableRequest> {
+      Operation::kScaledDotProductAttention, Model("dot"),
+      [&](ElementBudget*) -> absl::StatusOr<OperationRequest> {
         return request;
       },
       [&](const attn::OpResult&) { encoded_big = true; }, {}, &refused);

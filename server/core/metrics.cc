@@ -216,42 +216,50 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
                          .Help("Requests received and not yet finished.")
                          .Register(registry);
     metrics->inflight_ = &inflight.Add({});
-    for (int r = 0; r < kRpcCount; ++r) {
-      const std::string rpc = RpcName(static_cast<Rpc>(r));
-      PerRpc& per_rpc = metrics->per_rpc_[r];
+    for (int p = 0; p < kProtocolCount; ++p) {
+      for (int code = 0; code < 17; ++code) {
+        metrics->unresolved_by_code_[p][code] = &requests.Add(
+            {{"rpc", "unresolved"},
+             {"code", CodeName(code)},
+             {"protocol", ProtocolName(static_cast<Protocol>(p))}});
+      }
+    }
+    for (int r = 0; r < kOperationCount; ++r) {
+      const std::string operation = OperationName(static_cast<Operation>(r));
+      PerOperation& per_operation = metrics->per_operation_[r];
       for (int p = 0; p < kProtocolCount; ++p) {
         const std::string protocol = ProtocolName(static_cast<Protocol>(p));
         for (int code = 0; code < 17; ++code) {
-          per_rpc.requests_by_code[p][code] = &requests.Add(
-              {{"rpc", rpc}, {"code", CodeName(code)}, {"protocol", protocol}});
+          per_operation.requests_by_code[p][code] = &requests.Add(
+              {{"rpc", operation}, {"code", CodeName(code)}, {"protocol", protocol}});
         }
-        per_rpc.duration[p] = &duration.Add(
-            {{"rpc", rpc}, {"protocol", protocol}}, LatencyBuckets());
+        per_operation.duration[p] = &duration.Add(
+            {{"rpc", operation}, {"protocol", protocol}}, LatencyBuckets());
       }
-      per_rpc.queue_wait = &queue_wait.Add({{"rpc", rpc}}, LatencyBuckets());
+      per_operation.queue_wait = &queue_wait.Add({{"rpc", operation}}, LatencyBuckets());
       for (const std::string& implementation : implementations) {
-        per_rpc.kernel[implementation] = &kernel.Add(
-            {{"rpc", rpc}, {"backend", implementation}}, LatencyBuckets());
-        per_rpc.runs[implementation] =
-            &runs.Add({{"rpc", rpc}, {"implementation", implementation}});
+        per_operation.kernel[implementation] = &kernel.Add(
+            {{"rpc", operation}, {"backend", implementation}}, LatencyBuckets());
+        per_operation.runs[implementation] =
+            &runs.Add({{"rpc", operation}, {"implementation", implementation}});
       }
-      per_rpc.runs_other =
-          &runs.Add({{"rpc", rpc}, {"implementation", "other"}});
-      per_rpc.kernel_other = &kernel.Add(
-          {{"rpc", rpc}, {"backend", "other"}}, LatencyBuckets());
-      per_rpc.batch_size = &batch_size.Add(
-          {{"rpc", rpc}}, prometheus::Histogram::BucketBoundaries{
+      per_operation.runs_other =
+          &runs.Add({{"rpc", operation}, {"implementation", "other"}});
+      per_operation.kernel_other = &kernel.Add(
+          {{"rpc", operation}, {"backend", "other"}}, LatencyBuckets());
+      per_operation.batch_size = &batch_size.Add(
+          {{"rpc", operation}}, prometheus::Histogram::BucketBoundaries{
                               1, 2, 4, 8, 16, 32, 64, 128});
-      per_rpc.batch_computed = &batch_computed.Add({{"rpc", rpc}});
-      per_rpc.batch_padding = &batch_padding.Add({{"rpc", rpc}});
-      per_rpc.rejected_resource_exhausted =
-          &rejected.Add({{"rpc", rpc}, {"reason", "resource_exhausted"}});
-      per_rpc.rejected_deadline =
-          &rejected.Add({{"rpc", rpc}, {"reason", "deadline"}});
-      per_rpc.rejected_cancelled =
-          &rejected.Add({{"rpc", rpc}, {"reason", "cancelled"}});
-      per_rpc.rejected_unavailable =
-          &rejected.Add({{"rpc", rpc}, {"reason", "shutting_down"}});
+      per_operation.batch_computed = &batch_computed.Add({{"rpc", operation}});
+      per_operation.batch_padding = &batch_padding.Add({{"rpc", operation}});
+      per_operation.rejected_resource_exhausted =
+          &rejected.Add({{"rpc", operation}, {"reason", "resource_exhausted"}});
+      per_operation.rejected_deadline =
+          &rejected.Add({{"rpc", operation}, {"reason", "deadline"}});
+      per_operation.rejected_cancelled =
+          &rejected.Add({{"rpc", operation}, {"reason", "cancelled"}});
+      per_operation.rejected_unavailable =
+          &rejected.Add({{"rpc", operation}, {"reason", "shutting_down"}});
     }
   } catch (const std::exception& e) {
     return absl::InternalError(
@@ -282,57 +290,69 @@ std::shared_ptr<prometheus::Collectable> ServiceMetrics::sampled() const {
 
 void ServiceMetrics::RequestStarted() { inflight_->Increment(); }
 
-void ServiceMetrics::RequestFinished(Rpc rpc, Protocol protocol,
+void ServiceMetrics::RequestRefused(std::optional<Operation> operation,
+                                    Protocol protocol, absl::StatusCode code) {
+  const int index = static_cast<int>(code);
+  const int c = index >= 0 && index < 17 ? index : 2;
+  const int p = static_cast<int>(protocol);
+  if (operation.has_value()) {
+    per_operation_[static_cast<int>(*operation)].requests_by_code[p][c]->Increment();
+  } else {
+    unresolved_by_code_[p][c]->Increment();
+  }
+}
+
+void ServiceMetrics::RequestFinished(Operation operation, Protocol protocol,
                                      absl::StatusCode code,
                                      absl::Duration total) {
   inflight_->Decrement();
-  PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
+  PerOperation& per_operation = per_operation_[static_cast<int>(operation)];
   const int index = static_cast<int>(code);
   const int p = static_cast<int>(protocol);
-  per_rpc.requests_by_code[p][index >= 0 && index < 17 ? index : 2]
+  per_operation.requests_by_code[p][index >= 0 && index < 17 ? index : 2]
       ->Increment();
-  per_rpc.duration[p]->Observe(absl::ToDoubleSeconds(total));
+  per_operation.duration[p]->Observe(absl::ToDoubleSeconds(total));
   switch (code) {
     case absl::StatusCode::kResourceExhausted:
-      per_rpc.rejected_resource_exhausted->Increment();
+      per_operation.rejected_resource_exhausted->Increment();
       break;
     case absl::StatusCode::kDeadlineExceeded:
-      per_rpc.rejected_deadline->Increment();
+      per_operation.rejected_deadline->Increment();
       break;
     case absl::StatusCode::kCancelled:
-      per_rpc.rejected_cancelled->Increment();
+      per_operation.rejected_cancelled->Increment();
       break;
     case absl::StatusCode::kUnavailable:
-      per_rpc.rejected_unavailable->Increment();
+      per_operation.rejected_unavailable->Increment();
       break;
     default:
       break;
   }
 }
 
-void ServiceMetrics::BatchExecuted(Rpc rpc, int requests,
+void ServiceMetrics::BatchExecuted(Operation operation, int requests,
                                    int64_t computed_elements,
                                    int64_t useful_elements) {
-  PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
-  per_rpc.batch_size->Observe(requests);
-  per_rpc.batch_computed->Increment(static_cast<double>(computed_elements));
-  per_rpc.batch_padding->Increment(
+  PerOperation& per_operation = per_operation_[static_cast<int>(operation)];
+  per_operation.batch_size->Observe(requests);
+  per_operation.batch_computed->Increment(static_cast<double>(computed_elements));
+  per_operation.batch_padding->Increment(
       static_cast<double>(computed_elements - useful_elements));
 }
 
-void ServiceMetrics::QueueWait(Rpc rpc, absl::Duration wait) {
-  per_rpc_[static_cast<int>(rpc)].queue_wait->Observe(
+void ServiceMetrics::QueueWait(Operation operation, absl::Duration wait) {
+  per_operation_[static_cast<int>(operation)].queue_wait->Observe(
       absl::ToDoubleSeconds(wait));
 }
 
-void ServiceMetrics::KernelRun(Rpc rpc, const std::string& implementation,
+void ServiceMetrics::KernelRun(Operation operation, const std::string& implementation,
                                absl::Duration kernel) {
-  PerRpc& per_rpc = per_rpc_[static_cast<int>(rpc)];
-  auto histogram = per_rpc.kernel.find(implementation);
-  (histogram != per_rpc.kernel.end() ? histogram->second : per_rpc.kernel_other)
+  PerOperation& per_operation = per_operation_[static_cast<int>(operation)];
+  auto histogram = per_operation.kernel.find(implementation);
+  (histogram != per_operation.kernel.end() ? histogram->second : per_operation.kernel_other)
       ->Observe(absl::ToDoubleSeconds(kernel));
-  auto it = per_rpc.runs.find(implementation);
-  (it != per_rpc.runs.end() ? it->second : per_rpc.runs_other)->Increment();
+  auto it = per_operation.runs.find(implementation);
+  (it != per_operation.runs.end() ? it->second : per_operation.runs_other)->Increment();
 }
 
 }  // namespace attnserve

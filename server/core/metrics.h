@@ -3,7 +3,8 @@
 // cached references, so serving a request only increments and observes.
 //
 // Families (histograms, not summaries, so that replicas aggregate):
-//   attnserve_requests_total{rpc, code, protocol}  counter
+//   attnserve_requests_total{rpc, code, protocol}  counter; rpc="unresolved"
+//     for calls answered before a model or operation was resolved
 //   attnserve_request_duration_seconds{rpc, protocol}  whole call, histogram
 //     (protocol: grpc, http; the other families do not say)
 //   attnserve_queue_wait_seconds{rpc}              waiting for a worker
@@ -37,6 +38,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +50,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/core/rpc.h"
+#include "server/core/operation.h"
 
 namespace attnserve {
 
@@ -70,20 +72,29 @@ class ServiceMetrics {
   void SetInflightBytesSource(std::function<int64_t()> source);
 
   void RequestStarted();
-  void RequestFinished(Rpc rpc, Protocol protocol, absl::StatusCode code,
+  void RequestFinished(Operation operation, Protocol protocol, absl::StatusCode code,
                        absl::Duration total);
-  void QueueWait(Rpc rpc, absl::Duration wait);
-  void KernelRun(Rpc rpc, const std::string& implementation,
+  void QueueWait(Operation operation, absl::Duration wait);
+  void KernelRun(Operation operation, const std::string& implementation,
                  absl::Duration kernel);
   // One executed batch: its size in requests, and its computed and useful
   // score elements (the difference is padding).
-  void BatchExecuted(Rpc rpc, int requests, int64_t computed_elements,
+  void BatchExecuted(Operation operation, int requests, int64_t computed_elements,
                      int64_t useful_elements);
-  // A call refused by token authentication (server/api/auth.h).
+  // A call answered before it reached the core: its request named no
+  // model or operation that could be resolved (an unknown model, a
+  // malformed body, an unknown route: `operation` empty, counted under
+  // rpc="unresolved"), or its operation's call was refused before it was
+  // handed over (bad metadata, a request of the wrong structure). Counted
+  // in attnserve_requests_total alone: it was never in flight, queued or
+  // computed.
+  void RequestRefused(std::optional<Operation> operation, Protocol protocol,
+                      absl::StatusCode code);
+  // A call refused by token authentication (server/transport/auth.h).
   void Unauthenticated(bool token_missing);
 
  private:
-  struct PerRpc {
+  struct PerOperation {
     std::array<std::array<prometheus::Counter*, 17>, kProtocolCount>
         requests_by_code{};
     std::array<prometheus::Histogram*, kProtocolCount> duration{};
@@ -108,7 +119,9 @@ class ServiceMetrics {
   ServiceMetrics() = default;
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::array<PerRpc, kRpcCount> per_rpc_;
+  std::array<PerOperation, kOperationCount> per_operation_;
+  std::array<std::array<prometheus::Counter*, 17>, kProtocolCount>
+      unresolved_by_code_{};
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Counter* unauthenticated_missing_ = nullptr;
   prometheus::Counter* unauthenticated_invalid_ = nullptr;

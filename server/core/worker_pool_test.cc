@@ -140,7 +140,7 @@ TEST(WorkerPoolTest, IdleCallbackRunsWhenTheQueueEmpties) {
 
 // The idle callback runs on the thread that has just freed up, and that
 // thread already counts as available: the batcher's "is a thread free to run
-// a batch now?" (server/core/server_core.h) asks from inside the callback.
+// a batch now?" (server/core/execution_stack.h) asks from inside the callback.
 // It did not count before: with one worker, a request the batcher held while
 // the worker was busy stayed queued for max_queue_delay after the worker
 // freed up (CallRunnerBatchingTest waited out its 30 s under load).

@@ -28,52 +28,11 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
-// Checks a loaded model's tensors against its backend.
-absl::Status CheckModel(const std::string& where, const RepositoryModel& model) {
-  const std::string& backend = model.config.backend();
-  auto tensor = [&](const std::string& name, size_t rank)
-      -> absl::StatusOr<const attn::Tensor*> {
-    auto it = model.tensors.find(name);
-    if (it == model.tensors.end() || it->second.shape.size() != rank) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": backend ", backend, " needs a rank-", rank, " tensor '",
-          name, "' in weights.safetensors"));
-    }
-    return &it->second;
-  };
-  if (backend == "additive_attention") {
-    ASSIGN_OR_RETURN(const attn::Tensor* w_q, tensor("W_q", 2));
-    ASSIGN_OR_RETURN(const attn::Tensor* w_k, tensor("W_k", 2));
-    ASSIGN_OR_RETURN(const attn::Tensor* w_v, tensor("w_v", 1));
-    if (w_k->shape[0] != w_q->shape[0] || w_v->shape[0] != w_q->shape[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": W_q ", attn::ShapeToString(w_q->shape), ", W_k ",
-          attn::ShapeToString(w_k->shape), " and w_v ",
-          attn::ShapeToString(w_v->shape), " must share their first dimension h"));
-    }
-    return absl::OkStatus();
-  }
-  if (backend == "nadaraya_watson") {
-    ASSIGN_OR_RETURN(const attn::Tensor* w, tensor("bandwidth", 1));
-    if (w->data.size() != 1 || !(w->data[0] > 0) || !std::isfinite(w->data[0])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": bandwidth must hold one finite positive value"));
-    }
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      where, ": backend '", backend,
-      "' is not one of additive_attention, nadaraya_watson"));
-}
-
-}  // namespace
-
-namespace {
-
 // Reads and checks the model in folder `dir`/`name`. Messages name the
 // files as `name`/<file>, relative to the repository.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
-    FileSystem& fs, const std::string& dir, const std::string& name) {
+    FileSystem& fs, const std::string& dir, const std::string& name,
+    const ModelRepository::CheckModel& check) {
   auto model = std::make_shared<RepositoryModel>();
   auto read = [&](const std::string& file) -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> bytes = fs.ReadFile(dir + "/" + name + "/" + file);
@@ -104,7 +63,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         name, "/weights.safetensors: ", tensors.status().message()));
   }
   model->tensors = *std::move(tensors);
-  RETURN_IF_ERROR(CheckModel(name, *model));
+  if (check) RETURN_IF_ERROR(check(name, *model));
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }
 
@@ -143,8 +102,8 @@ absl::Status WriteDurably(FileSystem& fs, const std::string& path,
 // The answer for a save of `name` that failed at `step` with the file
 // system's `status`: its code kept where it tells the client what to do
 // (RESOURCE_EXHAUSTED, FAILED_PRECONDITION), INTERNAL otherwise.
-absl::Status SaveError(const std::string& name, absl::string_view step,
-                       const absl::Status& status) {
+absl::Status SaveError(absl::string_view field, const std::string& name,
+                       absl::string_view step, const absl::Status& status) {
   absl::StatusCode code = absl::StatusCode::kInternal;
   std::string why;
   if (absl::IsResourceExhausted(status)) {
@@ -157,7 +116,7 @@ absl::Status SaveError(const std::string& name, absl::string_view step,
     code = absl::StatusCode::kFailedPrecondition;
     why = " (the model repository folder is gone)";
   }
-  return absl::Status(code, absl::StrCat("save_as '", name, "': ", step, ": ",
+  return absl::Status(code, absl::StrCat(field, " '", name, "': ", step, ": ",
                                          status.message(), why,
                                          "; the model is unchanged"));
 }
@@ -258,7 +217,7 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   repository->CleanUpLeftovers(options.remove_leftovers_after);
   for (const std::string& name : repository->Folders()) {
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-        ReadModel(*fs, options.dir, name);
+        ReadModel(*fs, options.dir, name, options.check_model);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
       repository->models_[name] = *std::move(model);
@@ -292,7 +251,7 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
         "model_name: no folder '", name, "' in the model repository"));
   }
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-      ReadModel(*fs_, dir_, name);
+      ReadModel(*fs_, dir_, name, check_model_);
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -373,7 +332,8 @@ std::vector<std::string> ModelRepository::Names() const {
   return names;
 }
 
-absl::Status ModelRepository::WriteModelFolder(const std::string& name,
+absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
+                                               const std::string& name,
                                                const RepositoryModel& model) {
   const std::string folder = dir_ + "/" + name;
   // A fresh hidden folder; a name taken (a leftover of an earlier process
@@ -387,12 +347,12 @@ absl::Status ModelRepository::WriteModelFolder(const std::string& name,
     status = fs_->CreateDir(temporary);
     if (!absl::IsAlreadyExists(status)) break;
   }
-  if (!status.ok()) return SaveError(name, "creating a folder", status);
+  if (!status.ok()) return SaveError(field, name, "creating a folder", status);
   // Until the new folder takes the model's place, a failure removes it
   // (best effort: what is left is a leftover, ignored and removed by Load).
   auto abandon = [&](absl::string_view step, const absl::Status& failure) {
     RemoveTree(*fs_, temporary).IgnoreError();
-    return SaveError(name, step, failure);
+    return SaveError(field, name, step, failure);
   };
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config, &config_text);
@@ -451,51 +411,48 @@ absl::Status ModelRepository::WriteModelFolder(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::Status ModelRepository::SaveBandwidth(const std::string& name,
-                                            float bandwidth) {
+absl::Status ModelRepository::SaveModel(const SaveNames& names,
+                                        const std::string& name,
+                                        RepositoryModel model) {
+  const std::string& field = names.field;
   if (dir_.empty()) {
     return absl::FailedPreconditionError(
-        "save_as: the server runs without --model_repository");
+        absl::StrCat(field, ": the server runs without --model_repository"));
   }
   if (!ValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "save_as: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
+        field, ": '", name, "' must be 1-128 letters, digits, '_' or '-'"));
   }
-  auto model = std::make_shared<RepositoryModel>();
-  model->config.set_name(name);
-  model->config.set_platform("attnserve");
-  model->config.set_backend("nadaraya_watson");
-  attn::Tensor w = attn::Tensor::Zeros({1});
-  w.data[0] = bandwidth;
-  model->tensors["bandwidth"] = std::move(w);
-  RETURN_IF_ERROR(CheckModel(name, *model));
+  if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
+  const std::string backend = model.config.backend();
+  auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   // Disk and memory change together, one save (or load) at a time.
   absl::MutexLock write(&write_mu_);
   if (auto existing = Find(name);
-      existing != nullptr && existing->config.backend() != "nadaraya_watson") {
+      existing != nullptr && existing->config.backend() != backend) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "save_as: '", name, "' is a ", existing->config.backend(),
+        field, ": '", name, "' is a ", existing->config.backend(),
         " model; pick another name"));
   }
   // A folder of that name that is not served (it failed to load, or was
-  // unloaded) is replaced only if it holds a fitted bandwidth too: a save
-  // never destroys another model's files.
+  // unloaded) is replaced only if it holds a model of the same backend: a
+  // save never destroys another model's files.
   if (Find(name) == nullptr && fs_->Stat(dir_ + "/" + name).ok()) {
     inference::ModelConfig config;
     absl::StatusOr<std::string> text =
         fs_->ReadFile(dir_ + "/" + name + "/config.pbtxt");
     if (!text.ok() ||
         !google::protobuf::TextFormat::ParseFromString(*text, &config) ||
-        config.backend() != "nadaraya_watson") {
+        config.backend() != backend) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "save_as: '", name,
-          "' is a folder of the repository that holds no fitted bandwidth "
-          "(backend '", config.backend(), "'); pick another name"));
+          field, ": '", name, "' is a folder of the repository that holds no ",
+          names.holding, " (backend '", config.backend(),
+          "'); pick another name"));
     }
   }
-  RETURN_IF_ERROR(WriteModelFolder(name, *model));
+  RETURN_IF_ERROR(WriteModelFolder(field, name, *stored));
   absl::MutexLock lock(&mu_);
-  models_[name] = std::move(model);
+  models_[name] = std::move(stored);
   unloaded_.erase(name);
   reload_failures_.erase(name);
   return absl::OkStatus();

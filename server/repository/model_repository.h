@@ -2,15 +2,15 @@
 // configuration (config.pbtxt, an inference.ModelConfig in protobuf text
 // format) and its weights (weights.safetensors, float32 tensors).
 //
-// Two kinds of model live there, chosen by the config's `backend`:
-// - "additive_attention": tensors W_q (h, q), W_k (h, k), w_v (h);
-// - "nadaraya_watson": tensor bandwidth (1), a fitted bandwidth.
-// The folder name must equal the config's `name`.
+// The repository stores bytes: what a model of each `backend` must hold is
+// the models layer's to say (server/models/model_kinds.h), through the
+// check it gives in Options, run on every model loaded or saved. The folder
+// name must equal the config's `name`.
 //
 // Load validates everything at start-up and fails with a message naming the
 // file and the problem (or, without fail_on_model_error, lists the broken
-// model as UNAVAILABLE with that message). SaveBandwidth writes a fitted
-// Nadaraya-Watson model crash-safely and makes it servable at once:
+// model as UNAVAILABLE with that message). SaveModel writes a model
+// crash-safely and makes it servable at once:
 // - both files go into a fresh hidden folder `.<name>.tmp-<id>`, each
 //   fsynced, then the folder is fsynced;
 // - that folder then takes the model folder's place in one step: rename(2)
@@ -31,7 +31,7 @@
 // flight with the weights they started with, and is freed after the last.
 //
 // Thread-safe: lookups (Find, Names, Index) may run concurrently with
-// SaveBandwidth, LoadModel and UnloadModel, which run one at a time in the
+// SaveModel, LoadModel and UnloadModel, which run one at a time in the
 // order they take the repository's write lock. Messages name models and
 // files relative to the repository, never the server's folders (but Load's
 // own failure, which only the operator sees, names the repository folder).
@@ -64,6 +64,11 @@ struct RepositoryModel {
 
 class ModelRepository {
  public:
+  // Checks a model read or about to be saved: OK, or INVALID_ARGUMENT whose
+  // message starts with `where` (the model's name).
+  using CheckModel = std::function<absl::Status(const std::string& where,
+                                                const RepositoryModel& model)>;
+
   struct Options {
     // The repository folder; empty gives an empty repository (saves and
     // loads then fail with FAILED_PRECONDITION).
@@ -82,6 +87,9 @@ class ModelRepository {
     // Receives Load's notes (leftovers removed or put back, models skipped);
     // empty: stderr, as "attnserve: model repository: <note>".
     std::function<void(const std::string&)> log;
+    // Run on every model loaded or saved (server/models/model_kinds.h's
+    // CheckStoredModel); empty: every parseable model is accepted.
+    CheckModel check_model;
   };
 
   // Lists the folder, restores or removes leftovers of interrupted saves
@@ -123,32 +131,44 @@ class ModelRepository {
   };
   std::vector<ModelState> Index() const;
 
-  // Writes a fitted Nadaraya-Watson model `name` durably (files and folders
-  // fsynced) and serves it. Saves run one at a time: the last one answered
-  // OK is the one on disk and served. On any failure the previous version
-  // (or none) stays on disk and in memory, and the message names the model
-  // and the failed step, never a server path:
-  // - INVALID_ARGUMENT: a bad name, a bad bandwidth, or a name taken by
-  //   another kind of model;
+  // What a save is called in its messages: the request field that asked
+  // for it ("save_as") and what the model holds ("fitted bandwidth").
+  struct SaveNames {
+    std::string field;
+    std::string holding;
+  };
+  // Writes `model` as `name` durably (files and folders fsynced) and serves
+  // it. Saves run one at a time: the last one answered OK is the one on
+  // disk and served. On any failure the previous version (or none) stays on
+  // disk and in memory, and the message names the field, the model and the
+  // failed step, never a server path:
+  // - INVALID_ARGUMENT: a bad name, a model the check refuses, or a name
+  //   taken by a model of another backend (served, or a folder not served);
   // - RESOURCE_EXHAUSTED: the repository's file system is full (retryable
   //   once space is freed);
   // - FAILED_PRECONDITION: no repository folder, or it is read-only or not
   //   writable by the server (not retryable until that changes);
   // - INTERNAL: any other I/O error (EIO...).
   // Blocks on file I/O (several fsyncs) and on other saves.
-  absl::Status SaveBandwidth(const std::string& name, float bandwidth);
+  absl::Status SaveModel(const SaveNames& names, const std::string& name,
+                         RepositoryModel model);
 
  private:
   ModelRepository(const Options& options, FileSystem* fs)
-      : dir_(options.dir), fs_(fs), log_(options.log) {}
+      : dir_(options.dir),
+        fs_(fs),
+        log_(options.log),
+        check_model_(options.check_model) {}
 
   // The repository's model folders (not hidden ones), sorted.
   std::vector<std::string> Folders() const;
   // Puts back or removes what interrupted saves left (Load).
   void CleanUpLeftovers(absl::Duration older_than) const;
   void Log(const std::string& note) const;
-  // Writes `model` as folder `name`, durably, replacing any (SaveBandwidth).
-  absl::Status WriteModelFolder(const std::string& name,
+  // Writes `model` as folder `name`, durably, replacing any (SaveModel);
+  // failures name `field`.
+  absl::Status WriteModelFolder(absl::string_view field,
+                                const std::string& name,
                                 const RepositoryModel& model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
@@ -161,8 +181,9 @@ class ModelRepository {
   const std::string dir_;
   FileSystem* const fs_;
   const std::function<void(const std::string&)> log_;
+  const CheckModel check_model_;
 
-  // Held by SaveBandwidth, LoadModel and UnloadModel for all their work, so
+  // Held by SaveModel, LoadModel and UnloadModel for all their work, so
   // that what is on disk and what is served change together, in one order.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Numbers this process's saves, for unique hidden folder names.

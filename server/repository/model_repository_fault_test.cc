@@ -20,11 +20,19 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/fault_injection_file_system.h"
 #include "server/repository/model_repository.h"
 
 namespace attnserve {
 namespace {
+
+// A fitted bandwidth saved as the server saves one (save_as), through the
+// models layer's check.
+absl::Status SaveBandwidth(ModelRepository& repository, const std::string& name,
+                           float bandwidth) {
+  return ModelCatalogue(&repository).SaveFittedBandwidth(name, bandwidth);
+}
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -58,7 +66,7 @@ float ValueAfterRestart(const std::string& dir) {
   options.remove_leftovers_after = absl::ZeroDuration();
   options.log = [](const std::string&) {};
   absl::StatusOr<std::unique_ptr<ModelRepository>> repository =
-      ModelRepository::Load(options);
+      LoadModelRepository(options);
   EXPECT_TRUE(repository.ok()) << repository.status();
   if (!repository.ok()) return -1;
   auto model = (*repository)->Find("m");
@@ -75,13 +83,13 @@ float Served(const ModelRepository& repository) {
 std::unique_ptr<ModelRepository> Seeded(const std::string& dir, FileSystem* fs,
                                         bool fresh_name) {
   if (!fresh_name) {
-    EXPECT_TRUE(ModelRepository::Load(dir).value()->SaveBandwidth("m", kOld).ok());
+    EXPECT_TRUE(SaveBandwidth(*LoadModelRepository(dir).value(), "m", kOld).ok());
   }
   ModelRepository::Options options;
   options.dir = dir;
   options.file_system = fs;
   options.log = [](const std::string&) {};
-  return ModelRepository::Load(options).value();
+  return LoadModelRepository(options).value();
 }
 
 // The steps a clean save of m takes.
@@ -91,7 +99,7 @@ int StepsOfASave(bool fresh_name, bool exchange) {
   fs.SetExchangeUnsupported(!exchange);
   auto repository = Seeded(dir, &fs, fresh_name);
   const int before = fs.steps();
-  EXPECT_TRUE(repository->SaveBandwidth("m", kNew).ok());
+  EXPECT_TRUE(SaveBandwidth(*repository, "m", kNew).ok());
   return fs.steps() - before;
 }
 
@@ -137,7 +145,7 @@ TEST_P(SaveFaultTest, FullDiskIsResourceExhaustedAndKeepsTheOldVersion) {
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = Seeded(dir, &fs, fresh_name());
     fs.SetFault(FailNth(Op::kAppend, nth, ENOSPC));
-    const absl::Status status = repository->SaveBandwidth("m", kNew);
+    const absl::Status status = SaveBandwidth(*repository, "m", kNew);
     ExpectFailedCleanly(status, absl::StatusCode::kResourceExhausted, dir,
                         *repository, fresh_name());
     EXPECT_THAT(std::string(status.message()), HasSubstr("full"));
@@ -154,7 +162,7 @@ TEST_P(SaveFaultTest, FailedFsyncOrCloseFailsTheSave) {
       FaultInjectionFileSystem fs(DefaultFileSystem());
       auto repository = Seeded(dir, &fs, fresh_name());
       fs.SetFault(FailNth(op, nth, EIO));
-      ExpectFailedCleanly(repository->SaveBandwidth("m", kNew),
+      ExpectFailedCleanly(SaveBandwidth(*repository, "m", kNew),
                           absl::StatusCode::kInternal, dir, *repository,
                           fresh_name());
     }
@@ -170,7 +178,7 @@ TEST_P(SaveFaultTest, ReadOnlyOrUnwritableIsFailedPrecondition) {
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = Seeded(dir, &fs, fresh_name());
     fs.SetFault(FailNth(Op::kCreateDir, 0, error));
-    const absl::Status status = repository->SaveBandwidth("m", kNew);
+    const absl::Status status = SaveBandwidth(*repository, "m", kNew);
     ExpectFailedCleanly(status, absl::StatusCode::kFailedPrecondition, dir,
                         *repository, fresh_name());
     EXPECT_THAT(std::string(status.message()), HasSubstr("read-only"));
@@ -195,7 +203,7 @@ TEST_P(SaveFaultTest, AnyStepFailingLeavesOldOrAnswersOkWithNew) {
       fs.SetFault([&](const FaultInjectionFileSystem::Step& step) {
         return step.index == first + failing ? EIO : 0;
       });
-      const absl::Status status = repository->SaveBandwidth("m", kNew);
+      const absl::Status status = SaveBandwidth(*repository, "m", kNew);
       if (status.ok()) {  // only a step after the switch (the old's removal)
         EXPECT_EQ(Served(*repository), kNew);
         EXPECT_EQ(ValueAfterRestart(dir), kNew);
@@ -237,7 +245,7 @@ TEST_P(CrashPointTest, RestartFindsOldOrNewComplete) {
     fs.SetExchangeUnsupported(!exchange);
     auto repository = Seeded(dir, &fs, fresh_name);
     fs.CrashAfter(fs.steps() + crash);
-    const absl::Status status = repository->SaveBandwidth("m", kNew);
+    const absl::Status status = SaveBandwidth(*repository, "m", kNew);
     const bool completed = !fs.crashed();
     if (completed) {
       ASSERT_TRUE(status.ok()) << status;
@@ -292,8 +300,8 @@ TEST(RealFileSystemTest, FullTmpfsIsResourceExhaustedAndKeepsTheModel) {
   Tmpfs tmpfs("size=64k");
   if (!tmpfs.unavailable().empty()) FAIL() << tmpfs.unavailable();
   const std::string& dir = tmpfs.dir();
-  auto repository = ModelRepository::Load(dir).value();
-  ASSERT_TRUE(repository->SaveBandwidth("m", kOld).ok());
+  auto repository = LoadModelRepository(dir).value();
+  ASSERT_TRUE(SaveBandwidth(*repository, "m", kOld).ok());
   {
     std::ofstream filler(dir + "/filler", std::ios::binary);
     const std::string block(4096, 'x');
@@ -301,18 +309,18 @@ TEST(RealFileSystemTest, FullTmpfsIsResourceExhaustedAndKeepsTheModel) {
       filler.flush();
     }
   }
-  const absl::Status full = repository->SaveBandwidth("m", kNew);
+  const absl::Status full = SaveBandwidth(*repository, "m", kNew);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_THAT(std::string(full.message()), HasSubstr("save_as 'm'"));
   EXPECT_THAT(std::string(full.message()), Not(HasSubstr(dir)));
   EXPECT_EQ(Served(*repository), kOld);
   EXPECT_EQ(ValueAfterRestart(dir), kOld);
-  EXPECT_EQ(repository->SaveBandwidth("other", kNew).code(),
+  EXPECT_EQ(SaveBandwidth(*repository, "other", kNew).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Entries(dir), (std::set<std::string>{"m", "filler"}));
   // Space freed, the same save works.
   ASSERT_EQ(unlink((dir + "/filler").c_str()), 0);
-  EXPECT_TRUE(repository->SaveBandwidth("m", kNew).ok());
+  EXPECT_TRUE(SaveBandwidth(*repository, "m", kNew).ok());
   EXPECT_EQ(ValueAfterRestart(dir), kNew);
 }
 
@@ -323,19 +331,19 @@ TEST(RealFileSystemTest, ReadOnlyTmpfsIsFailedPrecondition) {
   Tmpfs tmpfs("size=1m");
   if (!tmpfs.unavailable().empty()) FAIL() << tmpfs.unavailable();
   const std::string& dir = tmpfs.dir();
-  auto repository = ModelRepository::Load(dir).value();
-  ASSERT_TRUE(repository->SaveBandwidth("m", kOld).ok());
+  auto repository = LoadModelRepository(dir).value();
+  ASSERT_TRUE(SaveBandwidth(*repository, "m", kOld).ok());
   ASSERT_EQ(mkdir((dir + "/.m.tmp-1-1").c_str(), 0755), 0);
   if (mount(nullptr, dir.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
     FAIL() << "mount -o remount,ro failed: " << std::strerror(errno);
   }
-  const absl::Status status = repository->SaveBandwidth("m", kNew);
+  const absl::Status status = SaveBandwidth(*repository, "m", kNew);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("save_as 'm'"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("read-only"));
   EXPECT_THAT(std::string(status.message()), Not(HasSubstr(dir)));
   EXPECT_EQ(Served(*repository), kOld);
-  EXPECT_EQ(repository->SaveBandwidth("n", kNew).code(),
+  EXPECT_EQ(SaveBandwidth(*repository, "n", kNew).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ValueAfterRestart(dir), kOld);  // leftover kept, start fine
   EXPECT_EQ(Entries(dir), (std::set<std::string>{"m", ".m.tmp-1-1"}));

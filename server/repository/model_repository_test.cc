@@ -15,9 +15,17 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/models/model_catalogue.h"
 
 namespace attnserve {
 namespace {
+
+// A fitted bandwidth saved as the server saves one (save_as), through the
+// models layer's check.
+absl::Status SaveBandwidth(ModelRepository& repository, const std::string& name,
+                           float bandwidth) {
+  return ModelCatalogue(&repository).SaveFittedBandwidth(name, bandwidth);
+}
 
 using ::testing::HasSubstr;
 
@@ -101,7 +109,7 @@ TEST(SafetensorsTest, MalformedFilesAreRefused) {
 
 TEST(ModelRepositoryTest, LoadsTheShippedExample) {
   absl::StatusOr<std::unique_ptr<ModelRepository>> repository =
-      ModelRepository::Load(std::string(ATTN_SOURCE_DIR) + "/deploy/models");
+      LoadModelRepository(std::string(ATTN_SOURCE_DIR) + "/deploy/models");
   ASSERT_TRUE(repository.ok()) << repository.status();
   EXPECT_THAT((*repository)->Names(),
               ::testing::ElementsAre("additive_attention", "nadaraya_watson_fitted"));
@@ -115,7 +123,7 @@ TEST(ModelRepositoryTest, BadModelsNameTheirFile) {
   const std::string dir = TempDir();
   mkdir((dir + "/m").c_str(), 0755);
   Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"additive_attention\"");
-  auto missing = ModelRepository::Load(dir);
+  auto missing = LoadModelRepository(dir);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("m/weights.safetensors: cannot open"));
 
@@ -124,35 +132,35 @@ TEST(ModelRepositoryTest, BadModelsNameTheirFile) {
   tensors["W_k"] = attn::Tensor::Zeros({7, 2});  // h differs
   tensors["w_v"] = attn::Tensor::Zeros({8});
   Write(dir + "/m/weights.safetensors", SerializeSafetensors(tensors));
-  EXPECT_THAT(std::string(ModelRepository::Load(dir).status().message()),
+  EXPECT_THAT(std::string(LoadModelRepository(dir).status().message()),
               HasSubstr("must share their first dimension h"));
 
   Write(dir + "/m/config.pbtxt", "name: \"other\" backend: \"additive_attention\"");
-  EXPECT_THAT(std::string(ModelRepository::Load(dir).status().message()),
+  EXPECT_THAT(std::string(LoadModelRepository(dir).status().message()),
               HasSubstr("differs from its folder's name"));
   Write(dir + "/m/config.pbtxt", "this is not a config");
-  EXPECT_THAT(std::string(ModelRepository::Load(dir).status().message()),
+  EXPECT_THAT(std::string(LoadModelRepository(dir).status().message()),
               HasSubstr("m/config.pbtxt: not an inference.ModelConfig"));
-  EXPECT_EQ(ModelRepository::Load(dir + "/absent").status().code(),
+  EXPECT_EQ(LoadModelRepository(dir + "/absent").status().code(),
             absl::StatusCode::kNotFound);
 }
 
 TEST(ModelRepositoryTest, SavedBandwidthIsServedAndReloads) {
   const std::string dir = TempDir();
-  auto repository = ModelRepository::Load(dir).value();
-  ASSERT_TRUE(repository->SaveBandwidth("fitted-1", 3.5f).ok());
+  auto repository = LoadModelRepository(dir).value();
+  ASSERT_TRUE(SaveBandwidth(*repository, "fitted-1", 3.5f).ok());
   ASSERT_NE(repository->Find("fitted-1"), nullptr);
   EXPECT_EQ(repository->Find("fitted-1")->tensors.at("bandwidth").data[0], 3.5f);
-  EXPECT_EQ(repository->SaveBandwidth("../escape", 1.0f).code(),
+  EXPECT_EQ(SaveBandwidth(*repository, "../escape", 1.0f).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(repository->SaveBandwidth("bad", -1.0f).code(),
+  EXPECT_EQ(SaveBandwidth(*repository, "bad", -1.0f).code(),
             absl::StatusCode::kInvalidArgument);
-  auto reloaded = ModelRepository::Load(dir).value();
+  auto reloaded = LoadModelRepository(dir).value();
   ASSERT_NE(reloaded->Find("fitted-1"), nullptr);
   EXPECT_EQ(reloaded->Find("fitted-1")->config.backend(), "nadaraya_watson");
 
-  auto none = ModelRepository::Load("").value();
-  EXPECT_EQ(none->SaveBandwidth("x", 1.0f).code(),
+  auto none = LoadModelRepository("").value();
+  EXPECT_EQ(SaveBandwidth(*none, "x", 1.0f).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -184,7 +192,7 @@ std::map<std::string, std::string> States(const ModelRepository& repository) {
 TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
   const std::string dir = TempDir();
   WriteAdditive(dir, "a", 1.0f);
-  auto repository = ModelRepository::Load(dir).value();
+  auto repository = LoadModelRepository(dir).value();
   EXPECT_EQ(States(*repository),
             (std::map<std::string, std::string>{{"a", "READY"}}));
 
@@ -230,7 +238,7 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
   EXPECT_EQ(repository->LoadModel("../etc").code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(repository->LoadModel("absent").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ModelRepository::Load("").value()->LoadModel("a").code(),
+  EXPECT_EQ(LoadModelRepository("").value()->LoadModel("a").code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -240,20 +248,20 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
 TEST(ModelRepositoryTest, SaveNeverReplacesAnotherModelsFolder) {
   const std::string dir = TempDir();
   WriteAdditive(dir, "a", 1.0f);
-  auto repository = ModelRepository::Load(dir).value();
-  EXPECT_EQ(repository->SaveBandwidth("a", 2.0f).code(),
+  auto repository = LoadModelRepository(dir).value();
+  EXPECT_EQ(SaveBandwidth(*repository, "a", 2.0f).code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(repository->UnloadModel("a").ok());
-  const absl::Status unloaded = repository->SaveBandwidth("a", 2.0f);
+  const absl::Status unloaded = SaveBandwidth(*repository, "a", 2.0f);
   EXPECT_EQ(unloaded.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unloaded.message()), HasSubstr("holds no fitted bandwidth"));
   // The files are untouched: the model loads again as it was.
   ASSERT_TRUE(repository->LoadModel("a").ok());
   EXPECT_EQ(repository->Find("a")->tensors.at("W_q").data[0], 1.0f);
   // A fitted bandwidth that is not served may be replaced.
-  ASSERT_TRUE(repository->SaveBandwidth("w", 3.0f).ok());
+  ASSERT_TRUE(SaveBandwidth(*repository, "w", 3.0f).ok());
   ASSERT_TRUE(repository->UnloadModel("w").ok());
-  ASSERT_TRUE(repository->SaveBandwidth("w", 4.0f).ok());
+  ASSERT_TRUE(SaveBandwidth(*repository, "w", 4.0f).ok());
   EXPECT_EQ(repository->Find("w")->tensors.at("bandwidth").data[0], 4.0f);
 }
 
@@ -275,7 +283,7 @@ std::set<std::string> Entries(const std::string& dir) {
 TEST(ModelRepositoryTest, IndexReportsAFailedReloadBesideTheServedVersion) {
   const std::string dir = TempDir();
   WriteAdditive(dir, "b", 2.0f);
-  auto repository = ModelRepository::Load(dir).value();
+  auto repository = LoadModelRepository(dir).value();
   Write(dir + "/b/weights.safetensors", "garbage");
   EXPECT_FALSE(repository->LoadModel("b").ok());
   ASSERT_EQ(repository->Index().size(), 1u);
@@ -300,7 +308,7 @@ TEST(ModelRepositoryTest, BrokenFolderAtStartIsUnavailableWithItsReason) {
   WriteAdditive(dir, "broken", 1.0f);
   Write(dir + "/broken/weights.safetensors", "abc");
   absl::StatusOr<std::unique_ptr<ModelRepository>> strict =
-      ModelRepository::Load(dir);
+      LoadModelRepository(dir);
   EXPECT_EQ(strict.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(strict.status().message()),
               HasSubstr("broken/weights.safetensors: safetensors: shorter"));
@@ -310,7 +318,7 @@ TEST(ModelRepositoryTest, BrokenFolderAtStartIsUnavailableWithItsReason) {
   options.fail_on_model_error = false;
   std::vector<std::string> notes;
   options.log = [&notes](const std::string& note) { notes.push_back(note); };
-  auto lenient = ModelRepository::Load(options);
+  auto lenient = LoadModelRepository(options);
   ASSERT_TRUE(lenient.ok()) << lenient.status();
   EXPECT_EQ((*lenient)->Names(), std::vector<std::string>{"good"});
   const std::string broken = States(**lenient)["broken"];
@@ -335,7 +343,7 @@ TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
   mkdir((dir + "/..data").c_str(), 0755);
 
   // Default options: nothing is removed yet (young), and the start works.
-  auto first = ModelRepository::Load(dir);
+  auto first = LoadModelRepository(dir);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ((*first)->Names(), (std::vector<std::string>{"m", "n"}));
   EXPECT_EQ((*first)->Find("n")->tensors.at("W_q").data[0], 5.0f);
@@ -347,7 +355,7 @@ TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
   options.remove_leftovers_after = absl::ZeroDuration();
   std::vector<std::string> notes;
   options.log = [&notes](const std::string& note) { notes.push_back(note); };
-  auto second = ModelRepository::Load(options);
+  auto second = LoadModelRepository(options);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(Entries(dir), (std::set<std::string>{"m", "n", "..data"}));
   EXPECT_THAT(notes, ::testing::Contains(HasSubstr("removed .m.tmp-12-3")));
@@ -358,7 +366,7 @@ TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
 // what is on disk; no temporary is left behind.
 TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
   const std::string dir = TempDir();
-  auto repository = ModelRepository::Load(dir).value();
+  auto repository = LoadModelRepository(dir).value();
   constexpr int kThreads = 8;
   constexpr int kSaves = 25;
   std::vector<std::thread> threads;
@@ -367,7 +375,7 @@ TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kSaves; ++i) {
         const absl::Status status =
-            repository->SaveBandwidth("same", 1.0f + t * kSaves + i);
+            SaveBandwidth(*repository, "same", 1.0f + t * kSaves + i);
         if (!status.ok()) failures[t].push_back(status.ToString());
       }
     });
@@ -377,7 +385,7 @@ TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
     EXPECT_THAT(failures[t], ::testing::IsEmpty()) << "thread " << t;
   }
   const float served = repository->Find("same")->tensors.at("bandwidth").data[0];
-  auto reloaded = ModelRepository::Load(dir);
+  auto reloaded = LoadModelRepository(dir);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status();
   EXPECT_EQ((*reloaded)->Find("same")->tensors.at("bandwidth").data[0], served);
   EXPECT_EQ(Entries(dir), std::set<std::string>{"same"});

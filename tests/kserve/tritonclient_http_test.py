@@ -1,7 +1,7 @@
 """attnserve's KServe v2 HTTP/REST API, driven by the real tritonclient.http.
 
 The REST twin of tritonclient_test.py (the gRPC test): every endpoint the
-REST front end serves (server/api/kserve_rest_service.h) through
+REST front end serves (server/kserve/rest_service.h) through
 tritonclient.http's InferenceServerClient, as any Triton user would call
 it, and the protocol's edges through raw http.client requests and curl.
 

@@ -3,13 +3,22 @@
 lines of the sources:
 
 - lib/ knows nothing of gRPC, protobuf or the server;
-- server/core/ (the serving core) knows nothing of gRPC, protobuf or the
-  front ends in server/api/;
-- server/repository/ knows nothing of gRPC or the front ends (it reads
-  config.pbtxt with protobuf);
+- server/core/ (the execution stack) knows nothing of gRPC, protobuf, the
+  models or the front ends;
+- server/repository/ (bytes on disk) knows nothing of gRPC, the models or
+  the front ends (it reads config.pbtxt with protobuf);
+- server/models/ (what each kind of model holds, takes and computes) knows
+  no wire type and no front end: no gRPC, no attention.v1 or KServe
+  message (config.pbtxt's ModelConfig, the repository's storage format, is
+  not one);
+- server/transport/ (the gRPC and HTTP servers) knows no model and no API:
+  nothing of server/models/, server/repository/, the front ends or their
+  messages;
+- the typed API (server/typed/) and KServe (server/kserve/) do not include
+  each other, nor each other's messages;
 - client/ talks only to the wire: nothing from server/ or lib/;
 - the serving stack is assembled in one place, the core's factory
-  (server/core/server_core.h): no WorkerPool, Batcher or CallRunner is
+  (server/core/execution_stack.h): no WorkerPool, Batcher or CallRunner is
   constructed outside server/core/ (whose unit tests build the parts).
 
 usage: check_layers.py REPO_ROOT. Exits 1 listing every offending include.
@@ -20,15 +29,35 @@ import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 GRPC = ("grpc/", "grpcpp/", "grpc++/", "google/protobuf/")
+FRONT_ENDS = ("server/transport/", "server/typed/", "server/kserve/",
+              "server/api/")
 RULES = [
-    # (folder, forbidden include prefixes, why)
+    # (folder, forbidden include prefixes, why[, "code" | "tests": the
+    # rule's files, when not all])
     ("lib", GRPC + ("server/", "attention/v1/", "inference/"),
      "the kernel library knows nothing of gRPC or the server"),
-    ("server/core", GRPC + ("server/api/", "attention/v1/", "inference/"),
-     "the serving core knows no protocol"),
+    ("server/core", GRPC + FRONT_ENDS + ("server/models/", "server/repository/",
+                                        "attention/v1/", "inference/"),
+     "the execution stack knows no protocol and no model"),
     # (protobuf it may use: config.pbtxt is a protobuf text message)
-    ("server/repository", ("grpc/", "grpcpp/", "grpc++/", "server/api/"),
-     "the repository knows no transport"),
+    ("server/repository", ("grpc/", "grpcpp/", "grpc++/", "server/models/")
+     + FRONT_ENDS,
+     "the repository stores bytes: it knows no transport and no model", "code"),
+    # Its tests check the repository as the server runs it, with the
+    # models' check of every stored model (server/models/model_catalogue.h).
+    ("server/repository", ("grpc/", "grpcpp/", "grpc++/") + FRONT_ENDS,
+     "the repository's tests know no transport", "tests"),
+    ("server/models", ("grpc/", "grpcpp/", "grpc++/", "attention/v1/",
+                       "inference/grpc_service") + FRONT_ENDS,
+     "the models know no wire type and no front end"),
+    ("server/transport", ("server/models/", "server/repository/",
+                          "server/typed/", "server/kserve/", "attention/v1/",
+                          "inference/"),
+     "the transports know no model and no API"),
+    ("server/typed", ("server/kserve/", "inference/"),
+     "the typed API and KServe do not include each other"),
+    ("server/kserve", ("server/typed/", "attention/v1/"),
+     "KServe and the typed API do not include each other"),
     ("client", ("server/", "attn/"),
      "the client talks only to the wire"),
 ]
@@ -37,9 +66,13 @@ RULES = [
 def main():
     root = pathlib.Path(sys.argv[1])
     errors, files = [], 0
-    for folder, forbidden, why in RULES:
+    for folder, forbidden, why, *scope in RULES:
         for path in sorted((root / folder).rglob("*")):
             if path.suffix not in (".h", ".cc", ".cu") or "build" in path.parts:
+                continue
+            # A rule for the code alone (its tests exempt), or for tests alone.
+            is_test = path.name.endswith("_test.cc")
+            if (scope == ["code"] and is_test) or (scope == ["tests"] and not is_test):
                 continue
             files += 1
             for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -63,8 +96,8 @@ def main():
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if assembly.search(line):
                 errors.append(f"{relative}:{number}: {line.strip()}: assemble the "
-                              "serving stack with ServerCore::Create "
-                              "(server/core/server_core.h)")
+                              "serving stack with ExecutionStack::Create "
+                              "(server/core/execution_stack.h)")
     for error in errors:
         print(error)
     print(f"{files} files, {len(errors)} layering violations")

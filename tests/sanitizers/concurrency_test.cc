@@ -4,7 +4,7 @@
 //  - the oneDNN backend's primitive cache (lib/attn/onednn_backend.cc):
 //    hits, misses and evictions from several threads, every result checked;
 //  - the model repository (server/repository/model_repository.h): Find and Names while
-//    SaveBandwidth replaces models;
+//    SaveFittedBandwidth replaces models;
 //  - the service metrics (server/core/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
@@ -27,6 +27,7 @@
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
 #include "server/core/metrics.h"
+#include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 
 namespace attnserve {
@@ -116,7 +117,8 @@ TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
   const std::string dir = TempDir();
   ASSERT_FALSE(dir.empty());
   std::unique_ptr<ModelRepository> repository =
-      ModelRepository::Load(dir).value();
+      LoadModelRepository(dir).value();
+  ModelCatalogue catalogue(repository.get());
   constexpr int kModels = 3, kSaves = 8;
   std::atomic<bool> saving{true};
   std::vector<std::thread> readers;
@@ -140,9 +142,9 @@ TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
   }
   for (int save = 0; save < kSaves; ++save) {
     for (int m = 0; m < kModels; ++m) {
-      ASSERT_TRUE(repository
-                      ->SaveBandwidth("fitted-" + std::to_string(m),
-                                      1.0f + save + m)
+      ASSERT_TRUE(catalogue
+                      .SaveFittedBandwidth("fitted-" + std::to_string(m),
+                                           1.0f + save + m)
                       .ok());
     }
   }
@@ -173,15 +175,15 @@ TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kCalls; ++i) {
-        const Rpc rpc = static_cast<Rpc>((t + i) % kRpcCount);
+        const Operation operation = static_cast<Operation>((t + i) % kOperationCount);
         depth.fetch_add(1);
         metrics->RequestStarted();
-        metrics->QueueWait(rpc, absl::Microseconds(i));
-        metrics->KernelRun(rpc, i % 3 == 0 ? "reference" : "onednn-cpu",
+        metrics->QueueWait(operation, absl::Microseconds(i));
+        metrics->KernelRun(operation, i % 3 == 0 ? "reference" : "onednn-cpu",
                            absl::Microseconds(2 * i));
-        metrics->KernelRun(rpc, "unknown-backend", absl::Microseconds(1));
-        metrics->BatchExecuted(rpc, 1 + i % 4, 100, 80);
-        metrics->RequestFinished(rpc, Protocol::kGrpc, absl::StatusCode::kOk,
+        metrics->KernelRun(operation, "unknown-backend", absl::Microseconds(1));
+        metrics->BatchExecuted(operation, 1 + i % 4, 100, 80);
+        metrics->RequestFinished(operation, Protocol::kGrpc, absl::StatusCode::kOk,
                                  absl::Microseconds(3 * i));
         metrics->Unauthenticated(i % 2 == 0);
         depth.fetch_sub(1);

@@ -29,7 +29,7 @@
 #         (tests/sanitizers/concurrency_test.cc). Not the in-process gRPC
 #         service tests: Debian's gRPC and protobuf are not built with TSan,
 #         and the hand-offs inside them (their own atomics) are invisible.
-#         server/api/attention_service_test gave 2,391 reports in a first trial
+#         server/typed/attention_service_test gave 2,391 reports in a first trial
 #         and still 157 with the instrumented Abseil below, none with a
 #         frame of ours among the top two of either access (sendmsg,
 #         memcpy, free and new inside gRPC's and protobuf's frames); a

@@ -332,15 +332,15 @@ def integer_literal(text):
 
 def parse_server_main(repo):
     """The server's flags {name: integer default or None} (server/flags.cc)
-    and the service names its health service reports ("" included;
-    server/api/grpc_server.cc)."""
+    and the service names its health service reports ("" included: the
+    services server/main.cc hands the gRPC server, each under its name)."""
     with open(os.path.join(repo, "server", "flags.cc")) as f:
         text = f.read()
     flags = {name: integer_literal(default) for name, default in re.findall(
         r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*([^,]+?)\s*,", text)}
-    with open(os.path.join(repo, "server", "api", "grpc_server.cc")) as f:
+    with open(os.path.join(repo, "server", "main.cc")) as f:
         text = f.read()
-    health = {""} | set(re.findall(r'SetServingStatus\(\s*"([^"]+)"', text))
+    health = {""} | set(re.findall(r'\{"([\w.]+)",\s*&\w+\}', text))
     return flags, health
 
 

@@ -1,0 +1,118 @@
+// The serving core, assembled once: the one place that wires the clock, the
+// worker pool, the batcher (with the production availability check, idle
+// callback and observer), admission, metrics and the CallRunner together.
+// The server process (server/main.cc), the in-process service tests, the
+// core benchmark and the fuzz harness all build it through Create, so the
+// configuration they test or measure is the one that serves.
+//
+// What it does not hold: the engine's construction (the caller picks its
+// backends and warms them up, then hands the engine over), the models
+// (server/models/, over the repository; the core knows no protocol and no
+// model) and the front ends (server/typed/, server/kserve/), which borrow
+// calls() and, where they need them, metrics(), admission() and ready().
+//
+// Thread-safe after Create: the accessors return objects that are
+// themselves thread-safe. Shutdown (and the destructor) block until the
+// scheduler and the workers have stopped; every front end must have
+// stopped handing calls in before the core is destroyed.
+#ifndef ATTNSERVE_SERVER_CORE_EXECUTION_STACK_H_
+#define ATTNSERVE_SERVER_CORE_EXECUTION_STACK_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "attn/engine.h"
+#include "server/core/admission.h"
+#include "server/core/batcher.h"
+#include "server/core/call_runner.h"
+#include "server/core/clock.h"
+#include "server/core/metrics.h"
+#include "server/core/worker_pool.h"
+
+namespace attnserve {
+
+class ExecutionStack {
+ public:
+  struct Options {
+    WorkerPool::Options workers;
+    // Server-side batching of every batchable operation
+    // (server/core/batchable.h); nullopt: off. When on, the batcher's queue
+    // bound is its max_queue_size, and freed blocks are kept for the next
+    // batch (server/core/malloc_policy.h; process-wide).
+    std::optional<BatchingOptions> batching;
+    Admission::Options admission;
+    ServiceLimits limits;
+    // Gives freed memory back to the system once a burst is over
+    // (malloc_trim from a thread of the core's: see server_core.cc). The
+    // server process turns it on; tests and benchmarks need not.
+    bool return_memory_when_idle = false;
+    // Not owned; must outlive the core. Null: the wall clock.
+    const Clock* clock = nullptr;
+  };
+
+  // Takes `engine` and assembles the rest. INVALID_ARGUMENT naming the
+  // option for options out of range (workers, admission, batching).
+  static absl::StatusOr<std::unique_ptr<ExecutionStack>> Create(
+      const Options& options, std::unique_ptr<attn::Engine> engine);
+
+  ExecutionStack(const ExecutionStack&) = delete;
+  ExecutionStack& operator=(const ExecutionStack&) = delete;
+  ~ExecutionStack();  // Shutdown()
+
+  CallRunner& calls() { return *calls_; }
+  ServiceMetrics& metrics() { return *metrics_; }
+  Admission& admission() { return *admission_; }
+  attn::Engine& engine() { return *engine_; }
+  // Requests waiting: for a worker, and for a batch when batching is on.
+  int queue_depth() const;
+  // The batcher's options when batching is on, else null.
+  const BatchingOptions* batching() const {
+    return options_.batching.has_value() ? &*options_.batching : nullptr;
+  }
+
+  // Readiness, as every front end reports it (KServe's ServerReady,
+  // ModelReady, the repository index; REST's health/ready): true from Create
+  // until GiveDrainNotice, which starts the drain notice: ready says no so
+  // that load balancers stop sending, while calls are still served.
+  void GiveDrainNotice() { ready_.store(false); }
+  bool ready() const { return ready_.load(); }
+
+  // The drain: from StartDraining on, new calls are answered UNAVAILABLE
+  // before they are decoded; WaitUntilIdle blocks until every call accepted
+  // before has been answered and its response released, or `deadline`
+  // (false then).
+  void StartDraining() { admission_->StartDraining(); }
+  bool WaitUntilIdle(absl::Time deadline) {
+    return admission_->WaitUntilIdle(deadline);
+  }
+
+  // Refuses new work (UNAVAILABLE), hands queued batches to the workers,
+  // lets every accepted task run, then stops the threads. Blocks for that;
+  // idempotent.
+  void Shutdown();
+
+ private:
+  explicit ExecutionStack(const Options& options) : options_(options) {}
+  void ReturnMemoryWhileRunning();
+
+  const Options options_;
+  std::atomic<bool> ready_{true};
+  RealClock real_clock_;
+  std::unique_ptr<attn::Engine> engine_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<CallRunner> calls_;
+  absl::Notification stop_memory_return_;
+  std::thread memory_return_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_CORE_EXECUTION_STACK_H_

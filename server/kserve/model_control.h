@@ -1,0 +1,30 @@
+// KServe's face of the model repository extension (Triton's): the index,
+// load and unload requests of both KServe front ends decoded into the
+// catalogue's calls (server/models/model_catalogue.h), and its index
+// encoded back.
+//
+// Pure functions of their arguments; thread-compatible; none blocks.
+#ifndef ATTNSERVE_SERVER_KSERVE_MODEL_CONTROL_H_
+#define ATTNSERVE_SERVER_KSERVE_MODEL_CONTROL_H_
+
+#include <string>
+#include <vector>
+
+#include "inference/grpc_service.pb.h"
+#include "server/models/model_catalogue.h"
+
+namespace attnserve {
+
+// The names of a load or unload request's parameters.
+std::vector<std::string> ParameterNames(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+        parameters);
+
+// The catalogue's index as a RepositoryIndexResponse, each model at the
+// served version.
+void EncodeIndex(const std::vector<ModelCatalogue::ModelState>& index,
+                 inference::RepositoryIndexResponse* response);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_KSERVE_MODEL_CONTROL_H_

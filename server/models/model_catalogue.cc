@@ -1,0 +1,181 @@
+#include "server/models/model_catalogue.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "attn/status_macros.h"
+#include "server/models/model_kinds.h"
+
+namespace attnserve {
+
+absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
+    ModelRepository::Options options) {
+  options.check_model = CheckStoredModel;
+  return ModelRepository::Load(options);
+}
+
+absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
+    const std::string& dir) {
+  ModelRepository::Options options;
+  options.dir = dir;
+  return LoadModelRepository(std::move(options));
+}
+
+absl::StatusOr<ServedModel> ModelCatalogue::Resolve(
+    const std::string& name, const std::string& version) const {
+  ServedModel served;
+  for (const ModelKind* kind : BuiltInModelKinds()) {
+    if (kind->signature.name == name) {
+      served.signature = kind->signature;
+      served.kind = kind;
+    }
+  }
+  if (served.kind == nullptr && repository_ != nullptr) {
+    served.stored = repository_->Find(name);
+    if (served.stored != nullptr) {
+      served.kind = KindOfBackend(served.stored->config.backend());
+      if (served.kind == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "model '", name, "': backend '", served.stored->config.backend(),
+            "' is not one the repository loads"));
+      }
+      served.signature = served.kind->signature;
+      served.signature.name = name;
+    }
+  }
+  if (served.kind == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model '", name,
+                                            "' is not served; served: ",
+                                            absl::StrJoin(Names(), ", ")));
+  }
+  if (!version.empty() && version != kServedModelVersion) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' version '",
+                                            version, "' is not served; served: 1"));
+  }
+  return served;
+}
+
+absl::StatusOr<ServedModel> ModelCatalogue::ResolveStored(
+    absl::string_view field, const std::string& name,
+    const ModelKind& kind) const {
+  ServedModel served;
+  if (repository_ != nullptr) served.stored = repository_->Find(name);
+  if (served.stored == nullptr ||
+      KindOfBackend(served.stored->config.backend()) != &kind) {
+    return absl::NotFoundError(absl::StrCat(field, ": no ", kind.backend,
+                                            " model '", name,
+                                            "' in the model repository"));
+  }
+  served.kind = &kind;
+  served.signature = kind.signature;
+  served.signature.name = name;
+  return served;
+}
+
+std::vector<std::string> ModelCatalogue::Names() const {
+  std::vector<std::string> names;
+  for (const ModelKind* kind : BuiltInModelKinds()) {
+    names.push_back(kind->signature.name);
+  }
+  if (repository_ != nullptr) {
+    for (const std::string& name : repository_->Names()) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+bool ModelCatalogue::IsBuiltIn(const std::string& name) {
+  for (const ModelKind* kind : BuiltInModelKinds()) {
+    if (kind->signature.name == name) return true;
+  }
+  return false;
+}
+
+absl::Status ModelCatalogue::SaveFittedBandwidth(const std::string& name,
+                                                 float bandwidth) {
+  if (repository_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "save_as: the server runs without --model_repository");
+  }
+  return repository_->SaveModel({"save_as", "fitted bandwidth"}, name,
+                                FittedNadarayaWatsonModel(name, bandwidth));
+}
+
+std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
+    bool server_ready, bool ready_only) const {
+  std::vector<ModelRepository::ModelState> index;
+  auto add = [&](const std::string& name, const std::string& state,
+                 const std::string& reason) {
+    if (ready_only && state != "READY") return;
+    index.push_back({name, state, reason});
+  };
+  for (const ModelKind* kind : BuiltInModelKinds()) {
+    add(kind->signature.name, server_ready ? "READY" : "UNAVAILABLE",
+        server_ready ? "" : "the server is draining");
+  }
+  if (repository_ != nullptr) {
+    for (const ModelRepository::ModelState& model :
+         repository_->Index()) {
+      const bool serving = model.state == "READY";
+      add(model.name, serving && !server_ready ? "UNAVAILABLE" : model.state,
+          serving && !server_ready ? "the server is draining" : model.reason);
+    }
+  }
+  return index;
+}
+
+absl::Status ModelCatalogue::CheckControlAllowed(
+    bool may_control_models, const std::string& model_name,
+    const std::vector<std::string>& parameters) const {
+  if (!control_.explicit_mode) {
+    return absl::FailedPreconditionError(
+        "model control is off: start the server with "
+        "--model_control_mode=explicit to load and unload models");
+  }
+  if (control_.needs_permission && !may_control_models) {
+    return absl::PermissionDeniedError(
+        "this token may not load or unload models; give it the permission "
+        "model_control in --auth_tokens_file");
+  }
+  if (repository_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the server runs without --model_repository");
+  }
+  if (model_name.empty()) {
+    return absl::InvalidArgumentError("model_name: empty");
+  }
+  // Parameters Triton's clients send that mean nothing here are accepted;
+  // others (a config override, model files) are refused rather than
+  // ignored.
+  for (const std::string& name : parameters) {
+    if (name == "unload_dependents") continue;  // no model depends on another
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", name,
+        "': not supported; put the model's config.pbtxt and "
+        "weights.safetensors in its repository folder and load it by name"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelCatalogue::Load(bool may_control_models,
+                                   const std::string& model_name,
+                                   const std::vector<std::string>& parameters) {
+  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name, parameters));
+  if (IsBuiltIn(model_name)) return absl::OkStatus();
+  return repository_->LoadModel(model_name);
+}
+
+absl::Status ModelCatalogue::Unload(
+    bool may_control_models, const std::string& model_name,
+    const std::vector<std::string>& parameters) {
+  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name, parameters));
+  if (IsBuiltIn(model_name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_name: '", model_name, "' is built in and always served"));
+  }
+  return repository_->UnloadModel(model_name);
+}
+
+}  // namespace attnserve

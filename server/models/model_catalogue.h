@@ -1,0 +1,124 @@
+// The catalogue of served models, one per process, lent to every front end:
+// the built-in models and the repository's stored ones; the resolution of a
+// model name (and version) to what serves it: its signature under that
+// name, its kind (server/models/model_kind.h) and, for a stored model, what
+// it holds; the models' index; and live model control (Triton's
+// model_repository extension): loading, reloading and unloading stored
+// models, and storing fitted ones. Front ends only decode their requests
+// into these calls and encode the answers.
+//
+// Thread-safe: the built-in models never change; the repository is read
+// under its own lock and serializes loads, unloads and saves
+// (server/repository/model_repository.h). Load, Unload and
+// SaveFittedBandwidth block on file I/O; everything else only for the
+// repository's lock.
+#ifndef ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
+#define ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/models/model_kind.h"
+#include "server/repository/model_repository.h"
+
+namespace attnserve {
+
+// A model as one call found it.
+struct ServedModel {
+  ModelSignature signature;  // under the name the call gave
+  const ModelKind* kind = nullptr;  // never null once resolved; immortal
+  // The stored model, held for as long as the call needs what it holds (an
+  // unload meanwhile does not free it); null for a built-in.
+  std::shared_ptr<const RepositoryModel> stored;
+};
+
+// The model repository as the server runs it: `options` with every stored
+// model checked against its kind (CheckStoredModel,
+// server/models/model_kinds.h) when it is loaded or saved.
+// ModelRepository::Load's statuses.
+absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
+    ModelRepository::Options options);
+absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
+    const std::string& dir);
+
+// Triton's --model-control-mode: with `explicit_mode`, loads and unloads
+// change what is served (calls in flight on an unloaded model finish with
+// it); without it they answer FAILED_PRECONDITION. With `needs_permission`
+// (token authentication on), only tokens with the model_control permission
+// may (server/transport/auth.h); others get PERMISSION_DENIED. Built-in
+// models are always served: loading one is a no-op, unloading one
+// INVALID_ARGUMENT.
+struct ModelControl {
+  bool explicit_mode = false;
+  bool needs_permission = false;
+};
+
+class ModelCatalogue {
+ public:
+  // `repository` may be null (the built-in models only); it is borrowed
+  // and must outlive the catalogue.
+  explicit ModelCatalogue(ModelRepository* repository,
+                          const ModelControl& control = {})
+      : repository_(repository), control_(control) {}
+
+  // The model `name` at `version` (empty: the served one). NOT_FOUND naming
+  // the served models, or the served version; INTERNAL for a stored model
+  // of a backend no kind has (the repository never loads one).
+  absl::StatusOr<ServedModel> Resolve(const std::string& name,
+                                      const std::string& version) const;
+  // The stored model `name` of `kind`, for a call that names one in a
+  // request field (the typed API's weights_name): NOT_FOUND naming `field`
+  // and the kind's backend when there is none.
+  absl::StatusOr<ServedModel> ResolveStored(absl::string_view field,
+                                            const std::string& name,
+                                            const ModelKind& kind) const;
+  // Every model served now: the built-in ones, then the repository's.
+  std::vector<std::string> Names() const;
+  static bool IsBuiltIn(const std::string& name);
+
+  // Every model with its state: the built-in ones READY (UNAVAILABLE, "the
+  // server is draining", while not `server_ready`), then the repository's
+  // as it reports them (a READY one UNAVAILABLE while draining); only the
+  // READY ones when `ready_only`.
+  using ModelState = ModelRepository::ModelState;
+  std::vector<ModelState> Index(bool server_ready, bool ready_only) const;
+
+  // Live model control. `may_control_models`: the call's token grants
+  // model_control (or tokens are off); `parameters`: the names of the
+  // request's parameters. OK, or why not: FAILED_PRECONDITION (model
+  // control off, no repository), PERMISSION_DENIED (the call's token),
+  // INVALID_ARGUMENT (no name, an unsupported parameter, unloading a
+  // built-in model), or the repository's own error (NOT_FOUND, a broken
+  // model's INVALID_ARGUMENT).
+  absl::Status Load(bool may_control_models, const std::string& model_name,
+                    const std::vector<std::string>& parameters);
+  absl::Status Unload(bool may_control_models, const std::string& model_name,
+                      const std::vector<std::string>& parameters);
+
+  // Stores a fitted Nadaraya-Watson model `name` with `bandwidth` and
+  // serves it at once: the repository's crash-safe save and its statuses
+  // (ModelRepository::SaveModel), FAILED_PRECONDITION without a
+  // repository. Blocks on file I/O and on other saves.
+  absl::Status SaveFittedBandwidth(const std::string& name, float bandwidth);
+
+  // Null without --model_repository.
+  ModelRepository* repository() const { return repository_; }
+  bool explicit_model_control() const { return control_.explicit_mode; }
+
+ private:
+  // Why a load or unload of `model_name` may not happen, if it may not.
+  absl::Status CheckControlAllowed(
+      bool may_control_models, const std::string& model_name,
+      const std::vector<std::string>& parameters) const;
+
+  ModelRepository* const repository_;
+  const ModelControl control_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_

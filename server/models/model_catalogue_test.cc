@@ -1,0 +1,188 @@
+#include "server/models/model_catalogue.h"
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/models/model_kinds.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class ModelCatalogueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/attnserve-models-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    repository_ = LoadModelRepository(dir_).value();
+  }
+  void TearDown() override {
+    EXPECT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+
+  RepositoryModel Additive(const std::string& name, int h_k) {
+    RepositoryModel model;
+    model.config.set_name(name);
+    model.config.set_backend(AdditiveAttentionKind().backend);
+    model.tensors["W_q"] = attn::Tensor::Zeros({4, 2});
+    model.tensors["W_k"] = attn::Tensor::Zeros({h_k, 3});
+    model.tensors["w_v"] = attn::Tensor::Zeros({4});
+    return model;
+  }
+
+  std::string dir_;
+  std::unique_ptr<ModelRepository> repository_;
+};
+
+TEST_F(ModelCatalogueTest, ResolvesBuiltInAndStoredModelsByTheirKind) {
+  ModelCatalogue catalogue(repository_.get());
+  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  ASSERT_TRUE(repository_->SaveModel({"test", "weights"}, "mlp",
+                                     Additive("mlp", 4))
+                  .ok());
+  EXPECT_THAT(catalogue.Names(),
+              ElementsAre("masked_softmax", "batch_matmul",
+                          "dot_product_attention", "nadaraya_watson",
+                          "fitted", "mlp"));
+
+  absl::StatusOr<ServedModel> built_in =
+      catalogue.Resolve("dot_product_attention", "1");
+  ASSERT_TRUE(built_in.ok()) << built_in.status();
+  EXPECT_TRUE(built_in->kind->built_in());
+  EXPECT_EQ(built_in->stored, nullptr);
+  EXPECT_EQ(built_in->signature.operation,
+            Operation::kScaledDotProductAttention);
+
+  absl::StatusOr<ServedModel> fitted = catalogue.Resolve("fitted", "");
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(fitted->kind, &FittedNadarayaWatsonKind());
+  EXPECT_EQ(fitted->signature.name, "fitted");
+  EXPECT_EQ(fitted->stored->tensors.at("bandwidth").data[0], 0.5f);
+
+  EXPECT_EQ(catalogue.Resolve("mlp", "")->kind, &AdditiveAttentionKind());
+  EXPECT_EQ(catalogue.Resolve("mlp", "2").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(catalogue.Resolve("absent", "").status().message()),
+              HasSubstr("served: masked_softmax"));
+
+  // A stored model named in a request field must be of the kind it needs.
+  EXPECT_TRUE(catalogue.ResolveStored("weights_name", "mlp",
+                                      AdditiveAttentionKind())
+                  .ok());
+  const absl::Status wrong_kind =
+      catalogue.ResolveStored("weights_name", "fitted", AdditiveAttentionKind())
+          .status();
+  EXPECT_EQ(wrong_kind.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(wrong_kind.message()),
+              HasSubstr("weights_name: no additive_attention model 'fitted'"));
+}
+
+// What a stored model holds is checked once, by its kind, whether it is
+// saved or loaded: nothing half-made is served.
+TEST_F(ModelCatalogueTest, EachKindChecksWhatItsModelsHold) {
+  const absl::Status mismatched =
+      repository_->SaveModel({"test", "weights"}, "mlp", Additive("mlp", 5));
+  EXPECT_EQ(mismatched.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mismatched.message()),
+              HasSubstr("must share their first dimension h"));
+  RepositoryModel unknown = Additive("odd", 4);
+  unknown.config.set_backend("no_such_backend");
+  EXPECT_THAT(std::string(CheckStoredModel("odd", unknown).message()),
+              HasSubstr("backend 'no_such_backend' is not one of"));
+  EXPECT_EQ(ModelCatalogue(repository_.get())
+                .SaveFittedBandwidth("w", -1.0f)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(repository_->Find("mlp"), nullptr);
+  EXPECT_EQ(repository_->Find("w"), nullptr);
+  EXPECT_EQ(ModelCatalogue(nullptr).SaveFittedBandwidth("w", 1.0f).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The kinds read their parameters whatever wire they came by, with the
+// types the protocol has.
+TEST_F(ModelCatalogueTest, KindsReadTheirParameters) {
+  ModelCatalogue catalogue(repository_.get());
+  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  const ModelKind& built_in = *catalogue.Resolve("nadaraya_watson", "")->kind;
+  const ServedModel fitted = *catalogue.Resolve("fitted", "");
+  ModelInputs inputs;
+  auto build = [&](const ServedModel* model, const ModelParameters& parameters,
+                   const ModelKind& kind) {
+    return kind.build_request(KindArguments{
+        "m", parameters, inputs,
+        model == nullptr ? nullptr : model->stored.get(), false});
+  };
+  auto nadaraya_watson = [](const absl::StatusOr<OperationRequest>& request) {
+    return std::get<attn::NadarayaWatsonRequest>(*request);
+  };
+  EXPECT_EQ(nadaraya_watson(build(nullptr, {}, built_in)).bandwidth, 1.0f);
+  EXPECT_EQ(nadaraya_watson(build(nullptr, {{"bandwidth", 2.5}}, built_in))
+                .bandwidth,
+            2.5f);
+  EXPECT_EQ(nadaraya_watson(
+                build(nullptr, {{"bandwidth", int64_t{3}}}, built_in))
+                .bandwidth,
+            3.0f);
+  EXPECT_THAT(std::string(build(nullptr, {{"bandwidth", std::string("x")}},
+                                built_in)
+                              .status()
+                              .message()),
+              HasSubstr("parameter 'bandwidth': must be a number"));
+  EXPECT_EQ(nadaraya_watson(build(nullptr,
+                                  {{"kernel", std::string("boxcar")}},
+                                  built_in))
+                .kernel,
+            attn::RegressionKernel::kBoxcar);
+  EXPECT_THAT(std::string(build(nullptr, {{"kernel", int64_t{1}}}, built_in)
+                              .status()
+                              .message()),
+              HasSubstr("parameter 'kernel': '' is not one of"));
+  // A fitted model serves its own bandwidth and refuses another.
+  EXPECT_EQ(nadaraya_watson(build(&fitted, {}, *fitted.kind)).bandwidth, 0.5f);
+  EXPECT_THAT(std::string(build(&fitted, {{"bandwidth", 2.0}}, *fitted.kind)
+                              .status()
+                              .message()),
+              HasSubstr("serves its fitted bandwidth"));
+}
+
+TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
+  ModelCatalogue off(repository_.get());
+  EXPECT_EQ(off.Load(true, "m", {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ModelCatalogue catalogue(repository_.get(),
+                           ModelControl{/*explicit_mode=*/true,
+                                        /*needs_permission=*/true});
+  EXPECT_EQ(catalogue.Load(false, "m", {}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(catalogue.Load(true, "m", {"config"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(catalogue.Load(true, "masked_softmax", {"unload_dependents"}).ok());
+  EXPECT_EQ(catalogue.Unload(true, "masked_softmax", {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  ASSERT_TRUE(catalogue.Unload(true, "fitted", {}).ok());
+  EXPECT_EQ(catalogue.Resolve("fitted", "").status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(catalogue.Load(true, "fitted", {}).ok());
+  EXPECT_TRUE(catalogue.Resolve("fitted", "").ok());
+
+  EXPECT_EQ(catalogue.Index(/*server_ready=*/true, /*ready_only=*/true).size(),
+            5u);
+  for (const ModelRepository::ModelState& model :
+       catalogue.Index(/*server_ready=*/false, /*ready_only=*/false)) {
+    EXPECT_EQ(model.state, "UNAVAILABLE") << model.name;
+    EXPECT_EQ(model.reason, "the server is draining") << model.name;
+  }
+  EXPECT_TRUE(catalogue.Index(false, /*ready_only=*/true).empty());
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,394 @@
+#include "server/typed/attention_service.h"
+
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attn/status_macros.h"
+#include "server/transport/auth.h"
+#include "server/transport/unary_call.h"
+#include "server/models/model_kinds.h"
+
+namespace attnserve {
+namespace {
+
+namespace v1 = ::attention::v1;
+
+attn::Precision PrecisionOf(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_BFLOAT16:
+      return attn::Precision::kBFloat16;
+    case v1::PRECISION_FLOAT16:
+      return attn::Precision::kFloat16;
+    default:
+      return attn::Precision::kFloat32;
+  }
+}
+
+absl::Status CheckEnum(absl::string_view field, int value, bool valid) {
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown enum value ", value));
+}
+
+absl::Status CheckEncoding(v1::TensorEncoding encoding) {
+  return CheckEnum("output_encoding", encoding,
+                   v1::TensorEncoding_IsValid(encoding));
+}
+
+// The library names the additive weights w_q, w_k, w_v; on the wire they
+// are fields of `weights`.
+absl::Status WithWireNames(absl::Status status) {
+  for (absl::string_view name : {"w_q:", "w_k:", "w_v:"}) {
+    if (absl::StartsWith(status.message(), name)) {
+      return absl::Status(status.code(),
+                          absl::StrCat("weights.", status.message()));
+    }
+  }
+  return status;
+}
+
+attn::RegressionKernel KernelOf(v1::RegressionKernel kernel) {
+  switch (kernel) {
+    case v1::REGRESSION_KERNEL_BOXCAR:
+      return attn::RegressionKernel::kBoxcar;
+    case v1::REGRESSION_KERNEL_CONSTANT:
+      return attn::RegressionKernel::kConstant;
+    case v1::REGRESSION_KERNEL_EPANECHNIKOV:
+      return attn::RegressionKernel::kEpanechnikov;
+    default:
+      return attn::RegressionKernel::kGaussian;
+  }
+}
+
+// Encodes an OpResult's output, and its weights when there are any.
+template <typename Response>
+void EncodeResult(const attn::OpResult& result, v1::TensorEncoding encoding,
+                  Response* response) {
+  EncodeTensor(result.output, encoding, response->mutable_output());
+  if constexpr (std::is_same_v<Response, v1::AttentionResponse> ||
+                std::is_same_v<Response, v1::AdditiveAttentionResponse> ||
+                std::is_same_v<Response, v1::NadarayaWatsonResponse>) {
+    if (!result.weights.empty()) {
+      EncodeTensor(result.weights, encoding, response->mutable_weights());
+    }
+  }
+}
+
+}  // namespace
+
+AttentionService::AttentionService(CallRunner* calls,
+                                   ModelCatalogue* catalogue)
+    : calls_(calls), catalogue_(catalogue) {}
+
+bool AttentionService::BeginCall(Operation operation,
+                                 grpc::CallbackServerContext* context,
+                                 google::protobuf::Message* response,
+                                 v1::ExecutionInfo* info,
+                                 UnaryCallReactor** reactor,
+                                 CallContext* call) const {
+  *reactor = new UnaryCallReactor(
+      response,
+      [info](const CallRecord& record) {
+        info->set_implementation(record.implementation);
+        info->set_kernel_seconds(absl::ToDoubleSeconds(record.compute));
+        info->set_queue_seconds(absl::ToDoubleSeconds(record.queue));
+      },
+      calls_->limits().max_response_bytes);
+  *call = ContextOf(context);
+  if (absl::Status metadata = ApplyCallMetadata(context, call); !metadata.ok()) {
+    calls_->Refuse(operation, *call, metadata, *reactor);
+    return false;
+  }
+  return true;
+}
+
+grpc::ServerUnaryReactor* AttentionService::Serve(
+    Operation operation, grpc::CallbackServerContext* context,
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const DecodeTypedCall& prepare) {
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (!BeginCall(operation, context, response, info, &reactor, &call)) {
+    return reactor;
+  }
+  auto storage = std::make_shared<DecodeStorage>();
+  calls_->Run(operation, call,
+              [&prepare, storage](ElementBudget* budget)
+                  -> absl::StatusOr<CallRunner::Work> {
+                ASSIGN_OR_RETURN(CallRunner::Work work,
+                                 prepare(budget, storage.get()));
+                // The decoded views point into `storage`: it lives as long
+                // as the work.
+                return CallRunner::Work(
+                    [work = std::move(work), storage] { return work(); });
+              },
+              reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::ServeOp(
+    Operation operation, grpc::CallbackServerContext* context,
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const DecodeTypedOp& decode, EncodeWith encode, CallRunner::WireNames wire_names,
+    std::string model) {
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (!BeginCall(operation, context, response, info, &reactor, &call)) {
+    return reactor;
+  }
+  call.model = std::move(model);
+  // The decoded views point into `storage`: the encoding step, which the
+  // core keeps until the kernel has run, holds it.
+  auto storage = std::make_shared<DecodeStorage>();
+  calls_->RunOp(
+      operation, call,
+      [&decode, storage](ElementBudget* budget) {
+        return decode(budget, storage.get());
+      },
+      [encode = std::move(encode), storage](const attn::OpResult& result) {
+        encode(result);
+      },
+      std::move(wire_names), reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
+    grpc::CallbackServerContext* context, const v1::MaskedSoftmaxRequest* request,
+    v1::MaskedSoftmaxResponse* response) {
+  return ServeOp(
+      Operation::kMaskedSoftmax, context, response, response->mutable_info(),
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        attn::MaskedSoftmaxRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        ASSIGN_OR_RETURN(op.x, DecodeTensor("x", request->x(), budget, storage));
+        ASSIGN_OR_RETURN(op.valid_lens,
+                         DecodeLengths("valid_lens", request->valid_lens()));
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
+    grpc::CallbackServerContext* context, const v1::BatchMatmulRequest* request,
+    v1::BatchMatmulResponse* response) {
+  return ServeOp(
+      Operation::kBatchMatmul, context, response, response->mutable_info(),
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        attn::BatchMatmulRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        ASSIGN_OR_RETURN(op.a, DecodeTensor("a", request->a(), budget, storage));
+        ASSIGN_OR_RETURN(op.b, DecodeTensor("b", request->b(), budget, storage));
+        RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
+                                  v1::Precision_IsValid(request->precision())));
+        op.precision = PrecisionOf(request->precision());
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      });
+}
+
+namespace {
+
+absl::StatusOr<attn::AttentionRequest> DecodeAttentionRequest(
+    const v1::AttentionRequest& request, ElementBudget* budget,
+    DecodeStorage* storage) {
+  attn::AttentionRequest op;
+  RETURN_IF_ERROR(CheckEncoding(request.output_encoding()));
+  ASSIGN_OR_RETURN(op.queries,
+                   DecodeTensor("queries", request.queries(), budget, storage));
+  ASSIGN_OR_RETURN(op.keys,
+                   DecodeTensor("keys", request.keys(), budget, storage));
+  ASSIGN_OR_RETURN(op.values,
+                   DecodeTensor("values", request.values(), budget, storage));
+  ASSIGN_OR_RETURN(op.valid_lens,
+                   DecodeLengths("valid_lens", request.valid_lens()));
+  RETURN_IF_ERROR(CheckEnum("score", request.score(),
+                            v1::Score_IsValid(request.score())));
+  RETURN_IF_ERROR(CheckEnum("precision", request.precision(),
+                            v1::Precision_IsValid(request.precision())));
+  op.causal = request.causal();
+  if (request.has_scale()) op.scale = request.scale();
+  op.score = request.score() == v1::SCORE_GAUSSIAN
+                 ? attn::ScoreKind::kGaussian
+                 : attn::ScoreKind::kDotProduct;
+  op.return_weights = request.return_weights();
+  op.precision = PrecisionOf(request.precision());
+  return op;
+}
+
+}  // namespace
+
+absl::StatusOr<ServedModel> AttentionService::ResolveStored(
+    absl::string_view field, const std::string& name,
+    const ModelKind& kind) const {
+  if (catalogue_ == nullptr) {
+    return ModelCatalogue(nullptr).ResolveStored(field, name, kind);
+  }
+  return catalogue_->ResolveStored(field, name, kind);
+}
+
+grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
+    grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
+    v1::AttentionResponse* response) {
+  return ServeOp(
+      Operation::kScaledDotProductAttention, context, response,
+      response->mutable_info(),
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        return DecodeAttentionRequest(*request, budget, storage);
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
+    grpc::CallbackServerContext* context,
+    const v1::AdditiveAttentionRequest* request,
+    v1::AdditiveAttentionResponse* response) {
+  // A stored model's weights, kept alive (by the encoding step) while the
+  // kernel reads them, even if the model is unloaded meanwhile; the call
+  // counts in that model's statistics.
+  absl::StatusOr<ServedModel> stored = absl::NotFoundError("");
+  if (request->has_weights_name()) {
+    stored = ResolveStored("weights_name", request->weights_name(),
+                           AdditiveAttentionKind());
+  }
+  std::shared_ptr<const RepositoryModel> held =
+      stored.ok() ? stored->stored : nullptr;
+  return ServeOp(
+      Operation::kAdditiveAttention, context, response, response->mutable_info(),
+      [request, stored](ElementBudget* budget,
+                        DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        attn::AdditiveAttentionRequest op;
+        if (request->has_weights_name()) {
+          if (!stored.ok()) return stored.status();
+          BindAdditiveWeights(*stored->stored, &op);
+        }
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.keys,
+                         DecodeTensor("keys", request->keys(), budget, storage));
+        ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
+                                                 budget, storage));
+        if (!request->has_weights_name()) {
+          const v1::AdditiveWeights& weights = request->weights();
+          ASSIGN_OR_RETURN(op.w_q, DecodeTensor("weights.w_q", weights.w_q(),
+                                                budget, storage));
+          ASSIGN_OR_RETURN(op.w_k, DecodeTensor("weights.w_k", weights.w_k(),
+                                                budget, storage));
+          ASSIGN_OR_RETURN(op.w_v, DecodeTensor("weights.w_v", weights.w_v(),
+                                                budget, storage));
+        }
+        ASSIGN_OR_RETURN(op.valid_lens,
+                         DecodeLengths("valid_lens", request->valid_lens()));
+        op.return_weights = request->return_weights();
+        return op;
+      },
+      [request, response, held](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      },
+      WithWireNames, stored.ok() ? request->weights_name() : std::string());
+}
+
+grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
+    grpc::CallbackServerContext* context,
+    const v1::NadarayaWatsonRequest* request,
+    v1::NadarayaWatsonResponse* response) {
+  return ServeOp(
+      Operation::kNadarayaWatson, context, response, response->mutable_info(),
+      [request](ElementBudget* budget,
+                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        attn::NadarayaWatsonRequest op;
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.x_query, DecodeTensor("x_query", request->x_query(),
+                                                  budget, storage));
+        RETURN_IF_ERROR(
+            CheckEnum("kernel", request->kernel(),
+                      v1::RegressionKernel_IsValid(request->kernel())));
+        op.kernel = KernelOf(request->kernel());
+        if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
+        op.return_weights = request->return_weights();
+        return op;
+      },
+      [request, response](const attn::OpResult& result) {
+        EncodeResult(result, request->output_encoding(), response);
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
+    grpc::CallbackServerContext* context,
+    const v1::FitBandwidthRequest* request,
+    v1::FitBandwidthResponse* response) {
+  return Serve(
+      Operation::kFitBandwidth, context, response, response->mutable_info(),
+      [this, context, request, response](ElementBudget* budget,
+                                DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
+        attn::FitBandwidthRequest op;
+        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                  budget, storage));
+        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                  budget, storage));
+        if (request->has_initial_bandwidth()) {
+          op.initial_bandwidth = request->initial_bandwidth();
+        }
+        if (request->has_learning_rate()) {
+          op.learning_rate = request->learning_rate();
+        }
+        if (request->has_epochs()) op.epochs = request->epochs();
+        // A cancelled call (client, deadline, shutdown) stops the fit at the
+        // next epoch instead of holding a worker.
+        op.stop_requested = [context] { return context->IsCancelled(); };
+        if (!request->save_as().empty() &&
+            (catalogue_ == nullptr || catalogue_->repository() == nullptr)) {
+          return absl::FailedPreconditionError(
+              "save_as: the server runs without --model_repository");
+        }
+        if (!request->save_as().empty() && calls_->limits().save_as_needs_permission &&
+            (context->auth_context() == nullptr ||
+             context->auth_context()->FindPropertyValues(kSaveAsProperty)
+                 .empty())) {
+          return absl::PermissionDeniedError(
+              "save_as: this token may not write models; give it the "
+              "permission save_as in --auth_tokens_file");
+        }
+        return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
+                           calls_->engine()->FitBandwidth(op));
+          if (!request->save_as().empty()) {
+            // The repository's code stands (RESOURCE_EXHAUSTED: disk full;
+            // FAILED_PRECONDITION: read-only); the fit is not lost with it.
+            const absl::Status saved = catalogue_->SaveFittedBandwidth(
+                request->save_as(), result.bandwidth);
+            if (!saved.ok()) {
+              return absl::Status(saved.code(),
+                                  absl::StrCat(saved.message(),
+                                               "; the fit itself finished: "
+                                               "bandwidth ", result.bandwidth));
+            }
+          }
+          response->set_bandwidth(result.bandwidth);
+          response->mutable_loss_per_epoch()->Assign(
+              result.loss_per_epoch.begin(), result.loss_per_epoch.end());
+          response->set_final_loss(result.final_loss);
+          return std::string("reference");
+        });
+      });
+}
+
+}  // namespace attnserve

@@ -1,0 +1,709 @@
+// In-process tests of attention.v1.AttentionService: a real gRPC server on a
+// loopback port, called through the generated stub, every RPC checked
+// against the library's reference backend, and every class of bad input.
+#include "server/typed/attention_service.h"
+
+#include "server/core/execution_stack.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "attn/engine.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/error_bounds.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "prometheus/metric_family.h"
+#include "server/models/model_catalogue.h"
+#include "server/models/model_kinds.h"
+
+namespace attnserve {
+namespace {
+
+namespace v1 = ::attention::v1;
+using ::testing::HasSubstr;
+
+v1::Tensor RandomTensor(std::mt19937& rng, const std::vector<int64_t>& shape,
+                        bool raw = false) {
+  v1::Tensor tensor;
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    tensor.add_shape(dim);
+    count *= dim;
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& value : values) value = normal(rng);
+  if (raw) {
+    tensor.set_raw(reinterpret_cast<const char*>(values.data()),
+                   values.size() * sizeof(float));
+  } else {
+    tensor.mutable_values()->Assign(values.begin(), values.end());
+  }
+  return tensor;
+}
+
+attn::Tensor ToTensor(const v1::Tensor& tensor) {
+  attn::Tensor out;
+  out.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  if (!tensor.raw().empty()) {
+    out.data.resize(tensor.raw().size() / sizeof(float));
+    std::memcpy(out.data.data(), tensor.raw().data(), tensor.raw().size());
+  } else {
+    out.data.assign(tensor.values().begin(), tensor.values().end());
+  }
+  return out;
+}
+
+attn::TensorView View(const attn::Tensor& tensor) { return tensor.view(); }
+
+// Parameterized on server-side batching (on, off): every RPC must behave the
+// same either way.
+class ServiceTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    Start(/*threads=*/2, /*max_queue=*/64, /*batching=*/GetParam());
+  }
+  void TearDown() override { Stop(); }
+
+  void Start(int threads, int max_queue, bool batching) {
+    attn::EngineOptions reference_options;
+    reference_options.use_onednn = false;
+    reference_ = attn::Engine::Create(reference_options).value();
+    // The production assembly (server/core/execution_stack.h), batching
+    // included: its availability check, idle callback and observer.
+    ExecutionStack::Options options;
+    options.workers.threads = threads;
+    options.workers.max_queue = max_queue;
+    if (batching) {
+      BatchingOptions batcher;
+      batcher.max_batch_requests = 8;
+      batcher.max_queue_delay = absl::Microseconds(300);
+      batcher.max_queue_size = max_queue;
+      options.batching = batcher;
+    }
+    options.limits.max_request_elements = 100000;
+    options.limits.max_response_bytes = 4 << 20;
+    core_ = ExecutionStack::Create(
+                options, attn::Engine::Create(attn::EngineOptions{}).value())
+                .value();
+    service_ = std::make_unique<AttentionService>(&core_->calls());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::AttentionService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port),
+        grpc::InsecureChannelCredentials()));
+  }
+
+  void Stop() {
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+      server_->Wait();
+      server_.reset();
+    }
+    if (core_ != nullptr) core_->Shutdown();
+  }
+
+  // The sum of a counter family's samples whose labels include all of
+  // `labels`.
+  double CounterSum(const std::string& family,
+                    const std::map<std::string, std::string>& labels) {
+    double sum = 0;
+    for (const prometheus::MetricFamily& f : core_->metrics().registry()->Collect()) {
+      if (f.name != family) continue;
+      for (const prometheus::ClientMetric& metric : f.metric) {
+        int matched = 0;
+        for (const auto& label : metric.label) {
+          auto it = labels.find(label.name);
+          if (it != labels.end() && it->second == label.value) ++matched;
+        }
+        if (matched == static_cast<int>(labels.size())) {
+          sum += metric.counter.value;
+        }
+      }
+    }
+    return sum;
+  }
+
+  std::unique_ptr<attn::Engine> reference_;
+  std::unique_ptr<ExecutionStack> core_;
+  std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+TEST_P(ServiceTest, AttentionToyCaseMatchesReference) {
+  std::mt19937 rng(0);
+  v1::AttentionRequest request;
+  *request.mutable_queries() = RandomTensor(rng, {2, 1, 2});
+  *request.mutable_keys() = RandomTensor(rng, {2, 10, 2}, /*raw=*/true);
+  *request.mutable_values() = RandomTensor(rng, {2, 10, 4});
+  request.mutable_valid_lens()->add_shape(2);
+  request.mutable_valid_lens()->add_values(2);
+  request.mutable_valid_lens()->add_values(6);
+  request.set_return_weights(true);
+  for (auto encoding : {v1::TENSOR_ENCODING_VALUES, v1::TENSOR_ENCODING_RAW}) {
+    request.set_output_encoding(encoding);
+    grpc::ClientContext context;
+    v1::AttentionResponse response;
+    ASSERT_TRUE(stub_->ScaledDotProductAttention(&context, request, &response).ok());
+    EXPECT_EQ(response.info().implementation(), "onednn-cpu");
+    const attn::Tensor q = ToTensor(request.queries());
+    const attn::Tensor k = ToTensor(request.keys());
+    const attn::Tensor v = ToTensor(request.values());
+    const std::vector<int32_t> lens = {2, 6};
+    attn::AttentionRequest op;
+    op.queries = View(q);
+    op.keys = View(k);
+    op.values = View(v);
+    op.valid_lens = {lens.data(), {2}};
+    op.return_weights = true;
+    const attn::OpResult expected =
+        reference_->ScaledDotProductAttention(op).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AttentionBounds(op, expected);
+    const attn::Tensor weights = ToTensor(response.weights());
+    EXPECT_TRUE(attn::testing::WithinBounds(weights, expected.weights,
+                                            bounds.weights));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                            expected.output, bounds.output));
+    EXPECT_TRUE(attn::testing::AllExactly(weights, 0.0f, 2, 10));
+    EXPECT_TRUE(attn::testing::AllExactly(weights, 0.0f, 16, 20));
+  }
+}
+
+TEST_P(ServiceTest, EveryRpcMatchesReference) {
+  std::mt19937 rng(1);
+  {
+    v1::MaskedSoftmaxRequest request;
+    *request.mutable_x() = RandomTensor(rng, {3, 5, 7});
+    request.mutable_valid_lens()->add_shape(3);
+    request.mutable_valid_lens()->add_shape(5);
+    for (int i = 0; i < 15; ++i) request.mutable_valid_lens()->add_values(i % 8);
+    grpc::ClientContext context;
+    v1::MaskedSoftmaxResponse response;
+    ASSERT_TRUE(stub_->MaskedSoftmax(&context, request, &response).ok());
+    const attn::Tensor x = ToTensor(request.x());
+    attn::MaskedSoftmaxRequest op;
+    op.x = View(x);
+    op.valid_lens = {request.valid_lens().values().data(), {3, 5}};
+    const attn::OpResult expected = reference_->MaskedSoftmax(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::MaskedSoftmaxBounds(op, expected).output));
+  }
+  {
+    v1::BatchMatmulRequest request;
+    *request.mutable_a() = RandomTensor(rng, {2, 3, 4});
+    *request.mutable_b() = RandomTensor(rng, {2, 4, 5});
+    grpc::ClientContext context;
+    v1::BatchMatmulResponse response;
+    ASSERT_TRUE(stub_->BatchMatmul(&context, request, &response).ok());
+    const attn::Tensor a = ToTensor(request.a()), b = ToTensor(request.b());
+    attn::BatchMatmulRequest op;
+    op.a = View(a);
+    op.b = View(b);
+    const attn::OpResult expected = reference_->BatchMatmul(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::BatchMatmulBounds(op, expected).output));
+  }
+  {
+    v1::AdditiveAttentionRequest request;
+    *request.mutable_queries() = RandomTensor(rng, {2, 3, 5});
+    *request.mutable_keys() = RandomTensor(rng, {2, 4, 6});
+    *request.mutable_values() = RandomTensor(rng, {2, 4, 3});
+    *request.mutable_weights()->mutable_w_q() = RandomTensor(rng, {7, 5});
+    *request.mutable_weights()->mutable_w_k() = RandomTensor(rng, {7, 6});
+    *request.mutable_weights()->mutable_w_v() = RandomTensor(rng, {7});
+    request.set_return_weights(true);
+    grpc::ClientContext context;
+    v1::AdditiveAttentionResponse response;
+    ASSERT_TRUE(stub_->AdditiveAttention(&context, request, &response).ok());
+    const attn::Tensor q = ToTensor(request.queries()), k = ToTensor(request.keys()),
+                       v = ToTensor(request.values()),
+                       wq = ToTensor(request.weights().w_q()),
+                       wk = ToTensor(request.weights().w_k()),
+                       wv = ToTensor(request.weights().w_v());
+    attn::AdditiveAttentionRequest op;
+    op.queries = View(q);
+    op.keys = View(k);
+    op.values = View(v);
+    op.w_q = View(wq);
+    op.w_k = View(wk);
+    op.w_v = View(wv);
+    op.return_weights = true;
+    const attn::OpResult expected = reference_->AdditiveAttention(op).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AdditiveAttentionBounds(op, expected);
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                            expected.output, bounds.output));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.weights()),
+                                            expected.weights, bounds.weights));
+  }
+  {
+    v1::NadarayaWatsonRequest request;
+    *request.mutable_x_train() = RandomTensor(rng, {50});
+    *request.mutable_y_train() = RandomTensor(rng, {50});
+    *request.mutable_x_query() = RandomTensor(rng, {20});
+    request.set_kernel(v1::REGRESSION_KERNEL_EPANECHNIKOV);
+    request.set_bandwidth(0.7f);
+    grpc::ClientContext context;
+    v1::NadarayaWatsonResponse response;
+    ASSERT_TRUE(stub_->NadarayaWatson(&context, request, &response).ok());
+    const attn::Tensor xt = ToTensor(request.x_train()),
+                       yt = ToTensor(request.y_train()),
+                       xq = ToTensor(request.x_query());
+    attn::NadarayaWatsonRequest op;
+    op.x_train = View(xt);
+    op.y_train = View(yt);
+    op.x_query = View(xq);
+    op.kernel = attn::RegressionKernel::kEpanechnikov;
+    op.bandwidth = 0.7f;
+    op.return_weights = true;  // the bounds need them
+    const attn::OpResult expected = reference_->NadarayaWatson(op).value();
+    EXPECT_TRUE(attn::testing::WithinBounds(
+        ToTensor(response.output()), expected.output,
+        attn::testing::NadarayaWatsonBounds(op, expected).output));
+  }
+  {
+    v1::FitBandwidthRequest request;
+    std::uniform_real_distribution<float> uniform(0.0f, 5.0f);
+    std::vector<float> x(50), y(50);
+    for (float& value : x) value = uniform(rng);
+    std::sort(x.begin(), x.end());
+    std::normal_distribution<float> noise(0.0f, 0.5f);
+    for (int i = 0; i < 50; ++i) {
+      y[i] = 2 * std::sin(x[i]) + std::pow(x[i], 0.8f) + noise(rng);
+    }
+    request.mutable_x_train()->add_shape(50);
+    request.mutable_x_train()->mutable_values()->Assign(x.begin(), x.end());
+    request.mutable_y_train()->add_shape(50);
+    request.mutable_y_train()->mutable_values()->Assign(y.begin(), y.end());
+    grpc::ClientContext context;
+    v1::FitBandwidthResponse response;
+    ASSERT_TRUE(stub_->FitBandwidth(&context, request, &response).ok());
+    ASSERT_EQ(response.loss_per_epoch_size(), 5);
+    EXPECT_LT(response.final_loss(), response.loss_per_epoch(0));
+  }
+}
+
+// Each malformed request gets INVALID_ARGUMENT naming the field.
+TEST_P(ServiceTest, BadInputNamesTheField) {
+  std::mt19937 rng(2);
+  auto call = [&](const v1::AttentionRequest& request) {
+    grpc::ClientContext context;
+    v1::AttentionResponse response;
+    return stub_->ScaledDotProductAttention(&context, request, &response);
+  };
+  v1::AttentionRequest good;
+  *good.mutable_queries() = RandomTensor(rng, {2, 3, 4});
+  *good.mutable_keys() = RandomTensor(rng, {2, 5, 4});
+  *good.mutable_values() = RandomTensor(rng, {2, 5, 6});
+  ASSERT_TRUE(call(good).ok());
+
+  struct Case {
+    std::string name;
+    std::function<void(v1::AttentionRequest*)> mutate;
+    grpc::StatusCode code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"missing keys", [](auto* r) { r->clear_keys(); },
+       grpc::StatusCode::INVALID_ARGUMENT, "keys: expected shape"},
+      {"depth mismatch",
+       [&](auto* r) { *r->mutable_keys() = RandomTensor(rng, {2, 5, 3}); },
+       grpc::StatusCode::INVALID_ARGUMENT, "keys: expected shape (2, Lk, 4), got (2, 5, 3)"},
+      {"too few values",
+       [](auto* r) { r->mutable_values()->mutable_values()->RemoveLast(); },
+       grpc::StatusCode::INVALID_ARGUMENT, "values: shape (2, 5, 6) needs 60 values, got 59"},
+      {"raw size", [](auto* r) {
+         r->mutable_queries()->clear_values();
+         r->mutable_queries()->set_raw(std::string(7, '\0'));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "queries: shape (2, 3, 4) needs 96 raw bytes"},
+      {"both encodings",
+       [](auto* r) { r->mutable_queries()->set_raw(std::string(96, '\0')); },
+       grpc::StatusCode::INVALID_ARGUMENT, "queries: set exactly one of values and raw"},
+      {"nan", [](auto* r) { r->mutable_keys()->set_values(3, NAN); },
+       grpc::StatusCode::INVALID_ARGUMENT, "keys: element 3 is nan"},
+      {"infinity", [](auto* r) { r->mutable_values()->set_values(0, INFINITY); },
+       grpc::StatusCode::INVALID_ARGUMENT, "values: element 0 is inf"},
+      {"zero dimension", [](auto* r) { r->mutable_queries()->set_shape(1, 0); },
+       grpc::StatusCode::INVALID_ARGUMENT, "queries: dimension 1"},
+      {"overflowing shape", [](auto* r) {
+         r->mutable_queries()->set_shape(0, int64_t{1} << 40);
+         r->mutable_queries()->set_shape(1, int64_t{1} << 40);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "queries: shape"},
+      {"valid length too long", [](auto* r) {
+         r->mutable_valid_lens()->add_shape(2);
+         r->mutable_valid_lens()->add_values(1);
+         r->mutable_valid_lens()->add_values(6);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "valid_lens: element 1 is 6"},
+      {"valid lengths count", [](auto* r) {
+         r->mutable_valid_lens()->add_shape(2);
+         r->mutable_valid_lens()->add_values(1);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "valid_lens: shape (2) needs 2 values, got 1"},
+      {"bad scale", [](auto* r) { r->set_scale(-1.0f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "scale: must be finite and positive"},
+      {"unknown enum", [](auto* r) { r->set_score(static_cast<v1::Score>(9)); },
+       grpc::StatusCode::INVALID_ARGUMENT, "score: unknown enum value 9"},
+      {"over the element limit",
+       [&](auto* r) { *r->mutable_keys() = RandomTensor(rng, {2, 20000, 4}); },
+       grpc::StatusCode::RESOURCE_EXHAUSTED, "100000 elements per request"},
+  };
+  for (const Case& c : cases) {
+    v1::AttentionRequest request = good;
+    c.mutate(&request);
+    const grpc::Status status = call(request);
+    EXPECT_EQ(status.error_code(), c.code) << c.name << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.needle)) << c.name;
+  }
+  // The server still serves after all of that.
+  EXPECT_TRUE(call(good).ok());
+
+  v1::AdditiveAttentionRequest named;
+  named.set_weights_name("mlp-1");
+  grpc::ClientContext context;
+  v1::AdditiveAttentionResponse response;
+  // No repository in this server: named weights cannot be found.
+  EXPECT_EQ(stub_->AdditiveAttention(&context, named, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+// A call that names a stored model's weights (weights_name) is that
+// model's inference: it counts in the model's statistics, as the same call
+// through KServe does; inline weights count under no model. (Before the
+// models layer the typed API never set the call's model.)
+TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
+  char pattern[] = "/tmp/attnserve-typed-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(dir).value();
+  std::mt19937 rng(7);
+  const v1::Tensor w_q = RandomTensor(rng, {4, 2});
+  const v1::Tensor w_k = RandomTensor(rng, {4, 2});
+  const v1::Tensor w_v = RandomTensor(rng, {4});
+  RepositoryModel stored;
+  stored.config.set_name("mlp-stored");
+  stored.config.set_backend(AdditiveAttentionKind().backend);
+  stored.tensors["W_q"] = ToTensor(w_q);
+  stored.tensors["W_k"] = ToTensor(w_k);
+  stored.tensors["w_v"] = ToTensor(w_v);
+  ASSERT_TRUE(repository
+                  ->SaveModel({"test", "additive weights"}, "mlp-stored",
+                              std::move(stored))
+                  .ok());
+  ModelCatalogue catalogue(repository.get());
+  AttentionService with_models(&core_->calls(), &catalogue);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&with_models);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+
+  v1::AdditiveAttentionRequest inline_weights;
+  *inline_weights.mutable_queries() = RandomTensor(rng, {1, 2, 2});
+  *inline_weights.mutable_keys() = RandomTensor(rng, {1, 3, 2});
+  *inline_weights.mutable_values() = RandomTensor(rng, {1, 3, 4});
+  v1::AdditiveAttentionRequest named = inline_weights;
+  named.set_weights_name("mlp-stored");
+  *inline_weights.mutable_weights()->mutable_w_q() = w_q;
+  *inline_weights.mutable_weights()->mutable_w_k() = w_k;
+  *inline_weights.mutable_weights()->mutable_w_v() = w_v;
+  v1::AdditiveAttentionRequest missing = named;
+  missing.set_weights_name("absent");
+
+  auto call = [&](const v1::AdditiveAttentionRequest& request,
+                  v1::AdditiveAttentionResponse* response) {
+    grpc::ClientContext context;
+    return stub->AdditiveAttention(&context, request, response);
+  };
+  v1::AdditiveAttentionResponse by_name, by_value, none;
+  ASSERT_TRUE(call(named, &by_name).ok());
+  ASSERT_TRUE(call(named, &by_name).ok());
+  ASSERT_TRUE(call(inline_weights, &by_value).ok());
+  EXPECT_EQ(call(missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+  // The same weights, stored or sent, give the same answer.
+  EXPECT_EQ(ToTensor(by_name.output()).data, ToTensor(by_value.output()).data);
+
+  const ModelStatistics::Counts counts =
+      core_->calls().statistics().Get("mlp-stored");
+  EXPECT_EQ(counts.success_count, 2u);
+  EXPECT_EQ(counts.fail_count, 0u);
+  EXPECT_EQ(core_->calls().statistics().Get("absent").fail_count, 0u);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// A small request whose result could not be sent is refused before the
+// result is allocated or computed (fuzz/typed_request: a 370 KB BatchMatmul
+// once made an 8.5 GB product first). Both RPCs whose output can outgrow
+// the request by far, and attention whose weights can.
+TEST_P(ServiceTest, PriorityAndTimeoutMetadata) {
+  std::mt19937 rng(4);
+  v1::AttentionRequest request;
+  *request.mutable_queries() = RandomTensor(rng, {2, 1, 2});
+  *request.mutable_keys() = RandomTensor(rng, {2, 10, 2});
+  *request.mutable_values() = RandomTensor(rng, {2, 10, 4});
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("attnserve-priority", "1");
+    context.AddMetadata("attnserve-timeout-us", "10000000");
+    v1::AttentionResponse response;
+    EXPECT_TRUE(stub_->ScaledDotProductAttention(&context, request, &response).ok());
+    EXPECT_EQ(response.output().shape_size(), 3);
+  }
+  for (const char* key : {"attnserve-priority", "attnserve-timeout-us"}) {
+    grpc::ClientContext context;
+    context.AddMetadata(key, "soon");
+    v1::AttentionResponse response;
+    const grpc::Status status =
+        stub_->ScaledDotProductAttention(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << key;
+    EXPECT_NE(status.error_message().find(key), std::string::npos)
+        << status.error_message();
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("attnserve-priority", "-2");
+  v1::BatchMatmulRequest matmul;
+  *matmul.mutable_a() = RandomTensor(rng, {1, 2, 3});
+  *matmul.mutable_b() = RandomTensor(rng, {1, 3, 2});
+  v1::BatchMatmulResponse matmul_response;
+  EXPECT_EQ(stub_->BatchMatmul(&context, matmul, &matmul_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_P(ServiceTest, ResultOverTheResponseLimitIsNeverComputed) {
+  std::mt19937 rng(31);
+  const double runs_before = CounterSum("attnserve_kernel_runs_total", {});
+  v1::BatchMatmulRequest matmul;
+  *matmul.mutable_a() = RandomTensor(rng, {1, 1100, 1});
+  *matmul.mutable_b() = RandomTensor(rng, {1, 1, 1100});
+  grpc::ClientContext matmul_context;
+  v1::BatchMatmulResponse matmul_response;
+  const grpc::Status matmul_status =
+      stub_->BatchMatmul(&matmul_context, matmul, &matmul_response);
+  EXPECT_EQ(matmul_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(matmul_status.error_message(),
+              HasSubstr("output (1, 1100, 1100)"));
+  EXPECT_THAT(matmul_status.error_message(), HasSubstr("not computed"));
+
+  v1::AttentionRequest attention;
+  *attention.mutable_queries() = RandomTensor(rng, {1, 1100, 2});
+  *attention.mutable_keys() = RandomTensor(rng, {1, 1100, 2});
+  *attention.mutable_values() = RandomTensor(rng, {1, 1100, 2});
+  attention.set_return_weights(true);
+  grpc::ClientContext attention_context;
+  v1::AttentionResponse attention_response;
+  const grpc::Status attention_status = stub_->ScaledDotProductAttention(
+      &attention_context, attention, &attention_response);
+  EXPECT_EQ(attention_status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(attention_status.error_message(),
+              HasSubstr("weights (1, 1100, 1100)"));
+  EXPECT_EQ(CounterSum("attnserve_kernel_runs_total", {}), runs_before);
+
+  // Without the weights the same request fits, and is answered.
+  attention.set_return_weights(false);
+  grpc::ClientContext again;
+  EXPECT_TRUE(
+      stub_->ScaledDotProductAttention(&again, attention, &attention_response)
+          .ok());
+}
+
+// Many clients at once, with ragged shapes: every response is its own
+// request's answer (the batcher never mixes up or loses a request).
+TEST_P(ServiceTest, ConcurrentClientsEachGetTheirOwnResult) {
+  constexpr int kClients = 12;
+  constexpr int kCallsEach = 15;
+  std::vector<std::thread> clients;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(100 + c);
+      std::uniform_int_distribution<int64_t> length(1, 48);
+      for (int i = 0; i < kCallsEach; ++i) {
+        const int64_t lq = length(rng), lk = length(rng);
+        v1::AttentionRequest request;
+        *request.mutable_queries() = RandomTensor(rng, {1, lq, 16});
+        *request.mutable_keys() = RandomTensor(rng, {1, lk, 16}, i % 2 == 0);
+        *request.mutable_values() = RandomTensor(rng, {1, lk, 8});
+        request.mutable_valid_lens()->add_shape(1);
+        request.mutable_valid_lens()->add_values(
+            static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, lk)(rng)));
+        request.set_return_weights(i % 3 == 0);
+        grpc::ClientContext context;
+        v1::AttentionResponse response;
+        if (!stub_->ScaledDotProductAttention(&context, request, &response).ok()) {
+          ++failures;
+          continue;
+        }
+        const attn::Tensor q = ToTensor(request.queries()),
+                           k = ToTensor(request.keys()),
+                           v = ToTensor(request.values());
+        attn::AttentionRequest op;
+        op.queries = View(q);
+        op.keys = View(k);
+        op.values = View(v);
+        op.valid_lens = {request.valid_lens().values().data(), {1}};
+        op.return_weights = true;  // the bounds need the exact weights
+        const attn::OpResult expected =
+            reference_->ScaledDotProductAttention(op).value();
+        const attn::testing::ErrorBounds bounds =
+            attn::testing::AttentionBounds(op, expected);
+        if (!attn::testing::WithinBounds(ToTensor(response.output()),
+                                         expected.output, bounds.output) ||
+            (request.return_weights() &&
+             !attn::testing::WithinBounds(ToTensor(response.weights()),
+                                          expected.weights, bounds.weights))) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+  if (GetParam()) {
+    // Batching was on: some calls shared a batch (mean batch size > 1).
+    double batches = 0, requests = 0;
+    for (const prometheus::MetricFamily& f : core_->metrics().registry()->Collect()) {
+      if (f.name != "attnserve_batch_size") continue;
+      for (const prometheus::ClientMetric& metric : f.metric) {
+        batches += metric.histogram.sample_count;
+        requests += metric.histogram.sample_sum;
+      }
+    }
+    EXPECT_EQ(requests, kClients * kCallsEach);
+    EXPECT_GT(requests, batches);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Batching, ServiceTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "On" : "Off";
+                         });
+
+// The worker pool's own queue (batching off): a full queue answers
+// RESOURCE_EXHAUSTED at once; a call whose deadline passes while it waits is
+// never computed.
+// A call through the core whose work holds a worker until `release`.
+class BlockingCall : public CallResponder {
+ public:
+  BlockingCall(CallRunner* calls, absl::Notification* release)
+      : release_(release) {
+    calls->Run(
+        Operation::kMaskedSoftmax, CallContext{},
+        [release](ElementBudget*) -> absl::StatusOr<CallRunner::Work> {
+          return CallRunner::Work([release]() -> absl::StatusOr<std::string> {
+            release->WaitForNotification();
+            return std::string("blocker");
+          });
+        },
+        this);
+  }
+  // Releases the worker if the test has not (a failed assertion).
+  ~BlockingCall() override {
+    if (!release_->HasBeenNotified()) release_->Notify();
+    answered_.WaitForNotification();
+  }
+  absl::Status Computed(const CallRecord&) override { return absl::OkStatus(); }
+  void Answer(const absl::Status&, const CallRecord&, Admission::Ticket) override {
+    answered_.Notify();
+  }
+
+ private:
+  absl::Notification* const release_;
+  absl::Notification answered_;
+};
+
+class PoolQueueTest : public ServiceTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(PoolQueueTest, QueueFullAndDeadlineInQueue) {
+  Start(/*threads=*/1, /*max_queue=*/1, /*batching=*/false);
+  absl::Notification release;
+  BlockingCall blocker(&core_->calls(), &release);
+  // The worker is busy: wait until it has taken the blocker off the queue.
+  while (core_->queue_depth() != 0) std::this_thread::yield();
+
+  std::mt19937 rng(3);
+  v1::AttentionRequest request;
+  *request.mutable_queries() = RandomTensor(rng, {1, 2, 4});
+  *request.mutable_keys() = RandomTensor(rng, {1, 3, 4});
+  *request.mutable_values() = RandomTensor(rng, {1, 3, 4});
+
+  // This one takes the only queue slot, with a deadline that will pass.
+  grpc::ClientContext late_context;
+  late_context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::milliseconds(200));
+  v1::AttentionResponse late_response;
+  grpc::Status late_status;
+  absl::Notification late_done;
+  stub_->async()->ScaledDotProductAttention(
+      &late_context, &request, &late_response, [&](grpc::Status status) {
+        late_status = std::move(status);
+        late_done.Notify();
+      });
+  while (core_->queue_depth() != 1) std::this_thread::yield();
+
+  grpc::ClientContext full_context;
+  v1::AttentionResponse full_response;
+  const grpc::Status full =
+      stub_->ScaledDotProductAttention(&full_context, request, &full_response);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("queue is full"));
+
+  late_done.WaitForNotification();
+  EXPECT_EQ(late_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server's deadline is its receive time plus the remaining timeout,
+  // so it can trail the client's by the loopback latency: let it pass too
+  // before the worker is released.
+  const auto server_deadline_passed =
+      late_context.deadline() + std::chrono::milliseconds(50);
+  while (std::chrono::system_clock::now() < server_deadline_passed) {
+    std::this_thread::yield();
+  }
+  release.Notify();
+  // Let the worker reach the expired call, then check it was not computed.
+  while (core_->queue_depth() != 0) std::this_thread::yield();
+  core_->Shutdown();
+  EXPECT_EQ(CounterSum("attnserve_kernel_runs_total",
+                       {{"rpc", "ScaledDotProductAttention"}}),
+            0.0);
+  EXPECT_EQ(CounterSum("attnserve_requests_total",
+                       {{"rpc", "ScaledDotProductAttention"},
+                        {"code", "RESOURCE_EXHAUSTED"}}),
+            1.0);
+}
+
+}  // namespace
+}  // namespace attnserve
