@@ -118,6 +118,10 @@ ABSL_FLAG(std::string, valid_lens_shape, "",
 ABSL_FLAG(bool, causal, false, "Causal mask: query i attends to keys j <= i.");
 ABSL_FLAG(std::optional<float>, scale, std::nullopt,
           "Score scale (server default: 1/sqrt(d) for dot, 1 for gaussian).");
+ABSL_FLAG(std::string, memory_name, "",
+          "attention: a model of the server's repository with backend "
+          "attention_memory; its keys and values answer the queries, so "
+          "none are sent.");
 ABSL_FLAG(std::string, score, "",
           "dot | gaussian: q.k or -||q - k||^2 / 2 (default dot).");
 ABSL_FLAG(bool, return_weights, false,
@@ -414,7 +418,8 @@ std::vector<absl::string_view> LoadFlags() {
   std::vector<absl::string_view> flags = LoadOwnFlags();
   for (absl::string_view flag :
        {"input", "shape", "encoding", "valid_lens", "valid_lens_shape",
-        "causal", "scale", "score", "return_weights", "precision", "kernel",
+        "causal", "scale", "score", "return_weights", "precision", "memory_name",
+        "kernel",
         "bandwidth", "initial_bandwidth", "learning_rate", "epochs",
         "service"}) {
     flags.push_back(flag);
@@ -437,7 +442,7 @@ const std::vector<Subcommand>& Subcommands() {
        "ScaledDotProductAttention; queries 2x1x2, keys 2x10x2,\n"
        "values 2x10x4 (or 4-D: (B, H, L, d))",
        RpcFlags({"valid_lens", "valid_lens_shape", "causal", "scale", "score",
-                 "return_weights", "precision"}),
+                 "return_weights", "precision", "memory_name"}),
        RunAttention},
       {"additive-attention",
        "AdditiveAttention; queries 2x1x20, keys 2x10x2, values 2x10x4,\n"
@@ -731,6 +736,9 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
     options.return_weights = absl::GetFlag(FLAGS_return_weights);
   }
   options.scale = absl::GetFlag(FLAGS_scale);
+  if (given.count("memory_name")) {
+    options.memory_name = absl::GetFlag(FLAGS_memory_name);
+  }
   options.bandwidth = absl::GetFlag(FLAGS_bandwidth);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.learning_rate = absl::GetFlag(FLAGS_learning_rate);

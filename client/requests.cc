@@ -402,11 +402,19 @@ absl::Status ApplyOptions(const RequestOptions& options,
           DimsToGenerate(options, "queries", {2, 1, 2})) {
     FillNormal(*dims, rng, request->mutable_queries());
   }
-  if (std::optional<Dims> dims = DimsToGenerate(options, "keys", {2, 10, 2})) {
+  // A stored memory holds the keys and values: none are generated for it
+  // unless asked for by name.
+  RequestOptions kv_options = options;
+  if (options.memory_name.has_value()) {
+    request->set_memory_name(*options.memory_name);
+    kv_options.generate_missing = false;
+  }
+  if (std::optional<Dims> dims =
+          DimsToGenerate(kv_options, "keys", {2, 10, 2})) {
     FillNormal(*dims, rng, request->mutable_keys());
   }
   if (std::optional<Dims> dims =
-          DimsToGenerate(options, "values", {2, 10, 4})) {
+          DimsToGenerate(kv_options, "values", {2, 10, 4})) {
     FillNormal(*dims, rng, request->mutable_values());
   }
   if (options.valid_lens) *request->mutable_valid_lens() = *options.valid_lens;

@@ -70,6 +70,9 @@ struct RequestOptions {
   std::optional<int32_t> epochs;
   std::optional<float> learning_rate;
   std::optional<float> initial_bandwidth;
+  // attention: a stored memory of the server answers the queries; keys and
+  // values are then generated only when named in `shapes`.
+  std::optional<std::string> memory_name;
   // Re-encodes every request tensor and sets output_encoding (where the
   // request has one).
   std::optional<attention::v1::TensorEncoding> encoding;

@@ -227,6 +227,20 @@ absl::StatusOr<BatchClass> Classify(const attn::NadarayaWatsonRequest& r) {
       p.n_query * p.dx};
 }
 
+// Every query of every request attends to the same memory: the class is the
+// memory itself (the stored version, by identity; its contents are never
+// hashed), and the queries are stacked.
+absl::StatusOr<BatchClass> Classify(const MemoryAttentionRequest& r) {
+  ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(r.attention));
+  const auto& p = plan.params;
+  return BatchClass{
+      absl::StrCat("memory/", reinterpret_cast<uintptr_t>(r.memory), "/",
+                   p.d, "/", p.dv, "/", static_cast<int>(p.score), "/",
+                   Bits(p.scale), "/", static_cast<int>(p.precision), "/",
+                   r.attention.return_weights),
+      p.lq * p.d};
+}
+
 // Whether `r` may join a batch led by `first` (their keys are equal).
 template <typename Request>
 bool SharesOperands(const Request&, const Request&) {
@@ -496,6 +510,58 @@ Results Combine(attn::Engine& engine,
   return results;
 }
 
+// The result of attention against a memory in the call's own shape:
+// [B, Lq, v] (and weights [B, Lq, N]) from the [1, B * Lq, ...] computed.
+attn::OpResult InCallShape(attn::OpResult result,
+                           const MemoryAttentionRequest& r) {
+  result.output.shape = {r.batch, r.queries, result.output.shape.back()};
+  if (!result.weights.empty()) {
+    result.weights.shape = {r.batch, r.queries, result.weights.shape.back()};
+  }
+  return result;
+}
+
+Results Combine(attn::Engine& engine,
+                const std::vector<const MemoryAttentionRequest*>& members,
+                CombinedWork* work) {
+  const attn::AttentionRequest& like = members.front()->attention;
+  const int64_t d = like.queries.shape.back();
+  const int64_t n = like.keys.shape[1];
+  const int64_t dv = like.values.shape.back();
+  int64_t total = 0;
+  for (const auto* r : members) total += r->attention.queries.shape[1];
+  const Staging::Staged queries = Staging::Get(0, {1, total, d}, false);
+  int64_t offset = 0;
+  for (const auto* r : members) {
+    const int64_t rows = r->attention.queries.shape[1];
+    CopyFloats(r->attention.queries.data, rows * d,
+               queries.data() + offset * d);
+    offset += rows;
+  }
+  work->computed_elements = total * n;
+  work->useful_elements = total * n;
+  attn::AttentionRequest combined = like;
+  combined.queries = queries.view();
+  absl::StatusOr<attn::OpResult> all = engine.ScaledDotProductAttention(combined);
+  if (!all.ok()) return {};
+  Results results;
+  offset = 0;
+  for (const auto* r : members) {
+    const int64_t rows = r->attention.queries.shape[1];
+    attn::OpResult result;
+    result.implementation = all->implementation;
+    result.output = SlicePadded(all->output, offset, rows, 1, dv, 1, dv,
+                                {r->batch, r->queries, dv});
+    if (!all->weights.empty()) {
+      result.weights = SlicePadded(all->weights, offset, rows, 1, n, 1, n,
+                                   {r->batch, r->queries, n});
+    }
+    offset += rows;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
 // A request's own score (or output) elements, for CombinedWork.
 int64_t WorkElements(const attn::MaskedSoftmaxRequest& r) {
   const auto p = ParamsOf(r);
@@ -516,6 +582,9 @@ int64_t WorkElements(const attn::AdditiveAttentionRequest& r) {
 int64_t WorkElements(const attn::NadarayaWatsonRequest& r) {
   const auto p = ParamsOf(r);
   return p.n_query * p.n_train;
+}
+int64_t WorkElements(const MemoryAttentionRequest& r) {
+  return WorkElements(r.attention);
 }
 
 // The members that share the first one's operands run as one call; the
@@ -586,6 +655,12 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
     }
     auto operator()(const attn::NadarayaWatsonRequest& r) {
       return engine.NadarayaWatson(r);
+    }
+    absl::StatusOr<attn::OpResult> operator()(const MemoryAttentionRequest& r) {
+      absl::StatusOr<attn::OpResult> result =
+          engine.ScaledDotProductAttention(r.attention);
+      if (!result.ok()) return result;
+      return InCallShape(*std::move(result), r);
     }
   };
   return std::visit(Visitor{engine}, request);

@@ -19,6 +19,10 @@
 // - Nadaraya-Watson: the training set itself (x_train, y_train contents),
 //   kernel, bandwidth, weights flag and layout; the queries are
 //   concatenated.
+// - attention against a stored memory (MemoryAttentionRequest): the stored
+//   version itself, by identity (its contents are never hashed: a memory may
+//   hold gigabytes), d, v, score, scale, precision and the weights flag; the
+//   queries are stacked, so the batch reads the memory once.
 // Operands that must be equal are keyed by a hash of their contents and
 // compared in full before they are combined: a request whose operands only
 // collide in the hash runs alone.

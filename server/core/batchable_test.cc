@@ -5,6 +5,7 @@
 // a batch get different class keys.
 #include "server/core/batchable.h"
 
+#include <algorithm>
 #include <deque>
 #include <random>
 #include <vector>
@@ -226,6 +227,92 @@ TEST_F(BatchableTest, NadarayaWatsonConcatenatesQueriesOfOneTrainingSet) {
     const CombinedWork work = ExpectEachAsAlone(requests);
     EXPECT_EQ(work.computed_elements, work.useful_elements);  // no padding
   }
+}
+
+// Queries against one stored memory stack into one pass over it; each
+// answer is, within its bound, the plain reference of the same queries
+// against the memory repeated for every batch entry (keys [B, N, d]), so the
+// reshapes in and out are checked too.
+TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
+  const int64_t n = 37, d = 8, dv = 5;
+  const attn::Tensor keys = RandomNormal(rng_, {1, n, d});
+  const attn::Tensor values = RandomNormal(rng_, {1, n, dv});
+  for (attn::ScoreKind score :
+       {attn::ScoreKind::kDotProduct, attn::ScoreKind::kGaussian}) {
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "gaussian " << (score ==
+                   attn::ScoreKind::kGaussian) << " weights " << weights);
+      std::vector<OperationRequest> requests;
+      std::vector<const OperationRequest*> pointers;
+      for (int i = 0; i < 4; ++i) {
+        MemoryAttentionRequest r;
+        r.memory = &keys;
+        r.batch = Uniform(1, 3);
+        r.queries = Uniform(1, 4);
+        r.attention.queries = Normal({1, r.batch * r.queries, d});
+        r.attention.keys = keys.view();
+        r.attention.values = values.view();
+        r.attention.score = score;
+        r.attention.return_weights = weights;
+        requests.push_back(r);
+        EXPECT_EQ(ClassifyForBatching(requests.back())->key,
+                  ClassifyForBatching(requests.front())->key);
+      }
+      for (const OperationRequest& r : requests) pointers.push_back(&r);
+      CombinedWork work;
+      std::vector<absl::StatusOr<attn::OpResult>> results =
+          RunTogether(*engine_, pointers, &work);
+      EXPECT_EQ(work.combined_requests, 4);
+      ASSERT_EQ(results.size(), requests.size());
+      for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << "request " << i);
+        ASSERT_TRUE(results[i].ok()) << results[i].status();
+        const auto& r = std::get<MemoryAttentionRequest>(requests[i]);
+        // The same queries as B batch entries, each with its own copy of
+        // the memory.
+        attn::Tensor repeated_keys = attn::Tensor::Zeros({r.batch, n, d});
+        attn::Tensor repeated_values = attn::Tensor::Zeros({r.batch, n, dv});
+        for (int64_t b = 0; b < r.batch; ++b) {
+          std::copy(keys.data.begin(), keys.data.end(),
+                    repeated_keys.data.begin() + b * n * d);
+          std::copy(values.data.begin(), values.data.end(),
+                    repeated_values.data.begin() + b * n * dv);
+        }
+        attn::AttentionRequest plain = r.attention;
+        plain.queries.shape = {r.batch, r.queries, d};
+        plain.keys = repeated_keys.view();
+        plain.values = repeated_values.view();
+        plain.return_weights = true;  // the bounds are derived from them
+        const attn::OpResult exact =
+            attn::testing::ReferenceEngine().ScaledDotProductAttention(plain)
+                .value();
+        const attn::testing::ErrorBounds bounds =
+            attn::testing::AttentionBounds(plain, exact);
+        EXPECT_EQ(results[i]->output.shape, exact.output.shape);
+        EXPECT_TRUE(
+            WithinBounds(results[i]->output, exact.output, bounds.output));
+        EXPECT_EQ(results[i]->weights.empty(), !weights);
+        if (weights) {
+          EXPECT_EQ(results[i]->weights.shape, exact.weights.shape);
+          EXPECT_TRUE(
+              WithinBounds(results[i]->weights, exact.weights, bounds.weights));
+        }
+        // Alone, the same shapes.
+        const attn::OpResult alone = RunAlone(*engine_, requests[i]).value();
+        EXPECT_EQ(alone.output.shape, exact.output.shape);
+        EXPECT_TRUE(WithinBounds(alone.output, exact.output, bounds.output));
+      }
+    }
+  }
+  // Another memory, or another stored version of it, is another class.
+  MemoryAttentionRequest other;
+  other.memory = &values;
+  other.attention.queries = Normal({1, 2, d});
+  other.attention.keys = keys.view();
+  other.attention.values = values.view();
+  MemoryAttentionRequest same = other;
+  same.memory = &keys;
+  EXPECT_NE(ClassifyForBatching(other)->key, ClassifyForBatching(same)->key);
 }
 
 TEST_F(BatchableTest, OperandsThatDifferRunAloneWhateverTheirKey) {

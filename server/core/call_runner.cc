@@ -160,8 +160,7 @@ void CallRunner::RunOp(Operation operation, const CallContext& context,
   auto prepare = [this, &decode, &wire_names](
                      ElementBudget* budget) -> absl::StatusOr<OperationRequest> {
     ASSIGN_OR_RETURN(OperationRequest op, decode(budget));
-    absl::StatusOr<attn::ResultSize> size = std::visit(
-        [](const auto& request) { return attn::SizeOfResult(request); }, op);
+    absl::StatusOr<attn::ResultSize> size = ResultSizeOf(op);
     if (!size.ok()) return wire_names(size.status());
     RETURN_IF_ERROR(CheckResultFits(size, budget));
     return op;

@@ -35,8 +35,35 @@ Operation OperationOf(const OperationRequest& request) {
     Operation operator()(const attn::NadarayaWatsonRequest&) {
       return Operation::kNadarayaWatson;
     }
+    Operation operator()(const MemoryAttentionRequest&) {
+      return Operation::kScaledDotProductAttention;
+    }
   };
   return std::visit(Visitor{}, request);
+}
+
+namespace {
+
+absl::StatusOr<attn::ResultSize> SizeOf(const MemoryAttentionRequest& r) {
+  absl::StatusOr<attn::ResultSize> size = attn::SizeOfResult(r.attention);
+  if (size.ok()) {
+    size->output_shape = {r.batch, r.queries, size->output_shape.back()};
+    if (!size->weights_shape.empty()) {
+      size->weights_shape = {r.batch, r.queries, size->weights_shape.back()};
+    }
+  }
+  return size;
+}
+
+template <typename Request>
+absl::StatusOr<attn::ResultSize> SizeOf(const Request& r) {
+  return attn::SizeOfResult(r);
+}
+
+}  // namespace
+
+absl::StatusOr<attn::ResultSize> ResultSizeOf(const OperationRequest& request) {
+  return std::visit([](const auto& r) { return SizeOf(r); }, request);
 }
 
 }  // namespace attnserve

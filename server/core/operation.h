@@ -22,9 +22,12 @@
 #ifndef ATTNSERVE_SERVER_CORE_OPERATION_H_
 #define ATTNSERVE_SERVER_CORE_OPERATION_H_
 
+#include <cstdint>
 #include <variant>
 
+#include "absl/status/statusor.h"
 #include "attn/ops.h"
+#include "attn/validate.h"
 
 namespace attnserve {
 
@@ -41,16 +44,35 @@ inline constexpr int kOperationCount = 6;
 // The operation's name, e.g. "ScaledDotProductAttention". Thread-safe.
 const char* OperationName(Operation operation);
 
+// Scaled dot-product attention against a memory a model holds
+// (server/models/model_kinds.h, backend attention_memory): every query of
+// the call, all of its B x Lq, attends to the same N keys and values, so
+// `attention` is one batch entry: queries [1, B * Lq, d], keys [1, N, d],
+// values [1, N, v]; the result is reshaped to the call's [B, Lq, v] (and
+// weights [B, Lq, N]). `memory` identifies the stored version the views
+// point into: requests with the same identity share their keys and values,
+// so the batcher stacks their queries into one pass over the memory.
+struct MemoryAttentionRequest {
+  attn::AttentionRequest attention;
+  const void* memory = nullptr;
+  int64_t batch = 1;    // B
+  int64_t queries = 0;  // Lq
+};
+
 // One request of any operation the serving core runs, batched or alone
 // (FitBandwidth, which is never batched, runs as a call's own work). Its
 // views must stay valid until it has run.
 using OperationRequest =
     std::variant<attn::MaskedSoftmaxRequest, attn::BatchMatmulRequest,
                  attn::AttentionRequest, attn::AdditiveAttentionRequest,
-                 attn::NadarayaWatsonRequest>;
+                 attn::NadarayaWatsonRequest, MemoryAttentionRequest>;
 
 // The request's operation, for metrics.
 Operation OperationOf(const OperationRequest& request);
+
+// The shape and size of the request's result, or the library's
+// INVALID_ARGUMENT for a request it refuses (attn::SizeOfResult).
+absl::StatusOr<attn::ResultSize> ResultSizeOf(const OperationRequest& request);
 
 // The protocol a call came by: the `protocol` label of the request metrics.
 enum class Protocol { kGrpc, kHttp };

@@ -73,9 +73,11 @@ absl::StatusOr<OperationRequest> KServeInferCall::Decode(ElementBudget* budget) 
       std::find(outputs_.begin(), outputs_.end(), "attention_weights") !=
       outputs_.end();
   const ModelParameters parameters = ModelParametersOf(*request_);
-  return model_.kind->build_request(KindArguments{
-      model_.signature.name, parameters, inputs_, model_.stored.get(),
-      return_weights});
+  absl::StatusOr<OperationRequest> op = model_.kind->build_request(
+      KindArguments{model_.signature.name, parameters, inputs_,
+                    model_.stored.get(), return_weights});
+  if (!op.ok()) return model_.kind->WithInputNames(op.status());
+  return op;
 }
 
 void KServeInferCall::Encode(const attn::OpResult& result) const {

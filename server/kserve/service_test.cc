@@ -2,12 +2,18 @@
 // (server/core/execution_stack.h) and a catalogue: what the Python suites
 // (tests/kserve/) cannot see from outside.
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/notification.h"
 #include "attn/engine.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
+#include "attn/testing/error_bounds.h"
+#include "attn/testing/random.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -17,6 +23,7 @@
 #include "server/kserve/inference_service.h"
 #include "server/kserve/rest_service.h"
 #include "server/models/model_catalogue.h"
+#include "server/models/model_kinds.h"
 
 namespace attnserve {
 namespace {
@@ -28,7 +35,11 @@ class KServeServiceTest : public ::testing::Test {
                  ExecutionStack::Options{},
                  attn::Engine::Create(attn::EngineOptions{}).value())
                  .value();
-    catalogue_ = std::make_unique<ModelCatalogue>(nullptr);
+    char pattern[] = "/tmp/attnserve-kserve-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    repository_ = LoadModelRepository(dir_).value();
+    catalogue_ = std::make_unique<ModelCatalogue>(repository_.get());
     kserve_ = std::make_unique<InferenceService>(stack_.get(), catalogue_.get(),
                                                  /*max_batch_size=*/32);
     rest_ = std::make_unique<KServeRestService>(stack_.get(), catalogue_.get(),
@@ -49,6 +60,7 @@ class KServeServiceTest : public ::testing::Test {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
     stack_->Shutdown();
+    EXPECT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0);
   }
 
   // attnserve_requests_total's sample with exactly these labels.
@@ -93,7 +105,9 @@ class KServeServiceTest : public ::testing::Test {
     return responder.status;
   }
 
+  std::string dir_;
   std::unique_ptr<ExecutionStack> stack_;
+  std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<ModelCatalogue> catalogue_;
   std::unique_ptr<InferenceService> kserve_;
   std::unique_ptr<KServeRestService> rest_;
@@ -159,6 +173,96 @@ TEST_F(KServeServiceTest, ReadinessFollowsTheStacksDrainNotice) {
   EXPECT_FALSE(response.ready());
   EXPECT_EQ(Rest("GET", "/v2/health/ready", ""), 503);
   EXPECT_EQ(Rest("GET", "/v2/health/live", ""), 200);
+}
+
+
+// A stored memory answers queries alone: output [B, Lq, v] and, on request,
+// attention_weights [B, Lq, N], each within its bound of the plain
+// reference of the same queries against the memory repeated per batch
+// entry; queries of another d are refused naming both shapes; the calls
+// count in the model's statistics.
+TEST_F(KServeServiceTest, AStoredMemoryAnswersQueriesAlone) {
+  std::mt19937 rng(5);
+  const int64_t n = 23, d = 6, dv = 3, batch = 2, lq = 3;
+  RepositoryModel memory;
+  memory.config.set_name("memory");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  (*memory.config.mutable_parameters())["score"].set_string_value("gaussian");
+  (*memory.config.mutable_parameters())["scale"].set_string_value("0.5");
+  memory.tensors["keys"] = attn::testing::RandomNormal(rng, {n, d});
+  memory.tensors["values"] = attn::testing::RandomNormal(rng, {n, dv});
+  const attn::Tensor keys = memory.tensors["keys"];
+  const attn::Tensor values = memory.tensors["values"];
+  ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
+                                     std::move(memory))
+                  .ok());
+  const attn::Tensor queries = attn::testing::RandomNormal(rng, {batch, lq, d});
+
+  inference::ModelInferRequest request;
+  request.set_model_name("memory");
+  auto* input = request.add_inputs();
+  input->set_name("queries");
+  input->set_datatype("FP32");
+  for (int64_t dim : queries.shape) input->add_shape(dim);
+  request.add_raw_input_contents(
+      reinterpret_cast<const char*>(queries.data.data()),
+      queries.data.size() * sizeof(float));
+  request.add_outputs()->set_name("output");
+  request.add_outputs()->set_name("attention_weights");
+  inference::ModelInferResponse response;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->ModelInfer(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  ASSERT_EQ(response.outputs_size(), 2);
+  auto tensor = [&](int i) {
+    attn::Tensor t;
+    t.shape.assign(response.outputs(i).shape().begin(),
+                   response.outputs(i).shape().end());
+    t.data.resize(response.raw_output_contents(i).size() / sizeof(float));
+    std::memcpy(t.data.data(), response.raw_output_contents(i).data(),
+                response.raw_output_contents(i).size());
+    return t;
+  };
+  attn::Tensor repeated_keys = attn::Tensor::Zeros({batch, n, d});
+  attn::Tensor repeated_values = attn::Tensor::Zeros({batch, n, dv});
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(keys.data.begin(), keys.data.end(),
+              repeated_keys.data.begin() + b * n * d);
+    std::copy(values.data.begin(), values.data.end(),
+              repeated_values.data.begin() + b * n * dv);
+  }
+  attn::AttentionRequest plain;
+  plain.queries = queries.view();
+  plain.keys = repeated_keys.view();
+  plain.values = repeated_values.view();
+  plain.score = attn::ScoreKind::kGaussian;
+  plain.scale = 0.5f;
+  plain.return_weights = true;
+  const attn::OpResult exact =
+      attn::testing::ReferenceEngine().ScaledDotProductAttention(plain).value();
+  const attn::testing::ErrorBounds bounds =
+      attn::testing::AttentionBounds(plain, exact);
+  EXPECT_TRUE(attn::testing::WithinBounds(tensor(0), exact.output, bounds.output));
+  EXPECT_TRUE(
+      attn::testing::WithinBounds(tensor(1), exact.weights, bounds.weights));
+  EXPECT_EQ(tensor(1).shape, (attn::Shape{batch, lq, n}));
+
+  inference::ModelInferRequest wrong_d = request;
+  wrong_d.mutable_inputs(0)->set_shape(2, d + 1);
+  wrong_d.set_raw_input_contents(
+      0, std::string(batch * lq * (d + 1) * sizeof(float), '\0'));
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->ModelInfer(&context, wrong_d, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(),
+                ::testing::HasSubstr("input 'queries': shape (2, 3, 7) must be "
+                                     "(B, Lq, 6): model 'memory' holds keys "
+                                     "(23, 6)"));
+  }
+  EXPECT_EQ(stack_->calls().statistics().Get("memory").success_count, 1u);
 }
 
 }  // namespace

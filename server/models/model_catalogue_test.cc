@@ -1,5 +1,6 @@
 #include "server/models/model_catalogue.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -104,6 +105,61 @@ TEST_F(ModelCatalogueTest, EachKindChecksWhatItsModelsHold) {
   EXPECT_EQ(repository_->Find("w"), nullptr);
   EXPECT_EQ(ModelCatalogue(nullptr).SaveFittedBandwidth("w", 1.0f).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A stored memory holds keys [N, d] and values [N, v] of one N, finite, and
+// a score and scale it can use; anything else is refused naming the model
+// and the tensor or parameter, and nothing half-made is served.
+TEST_F(ModelCatalogueTest, AnAttentionMemoryIsCheckedWhenStored) {
+  auto memory = [](attn::Shape keys, attn::Shape values) {
+    RepositoryModel model;
+    model.config.set_name("memory");
+    model.config.set_backend(AttentionMemoryKind().backend);
+    model.tensors["keys"] = attn::Tensor::Zeros(std::move(keys));
+    model.tensors["values"] = attn::Tensor::Zeros(std::move(values));
+    return model;
+  };
+  auto refusal = [&](RepositoryModel model) {
+    return std::string(repository_
+                           ->SaveModel({"test", "a memory"}, "memory",
+                                       std::move(model))
+                           .message());
+  };
+  EXPECT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
+                                     memory({5, 4}, {5, 3}))
+                  .ok());
+  EXPECT_EQ(repository_->Find("memory")->tensors.at("keys").shape,
+            (attn::Shape{5, 4}));
+  EXPECT_THAT(refusal(memory({5, 4}, {6, 3})),
+              HasSubstr("memory: keys (5, 4) and values (6, 3) must be"));
+  EXPECT_THAT(refusal(memory({5}, {5, 3})),
+              HasSubstr("memory: backend attention_memory needs a rank-2 "
+                        "tensor 'keys'"));
+  RepositoryModel missing = memory({5, 4}, {5, 3});
+  missing.tensors.erase("values");
+  EXPECT_THAT(refusal(std::move(missing)), HasSubstr("tensor 'values'"));
+  RepositoryModel nan = memory({5, 4}, {5, 3});
+  nan.tensors["values"].data[7] = std::nanf("");
+  EXPECT_THAT(refusal(std::move(nan)),
+              HasSubstr("memory: tensor 'values' element 7 is nan"));
+  RepositoryModel infinite = memory({5, 4}, {5, 3});
+  infinite.tensors["keys"].data[0] = INFINITY;
+  EXPECT_THAT(refusal(std::move(infinite)),
+              HasSubstr("memory: tensor 'keys' element 0 is inf"));
+  RepositoryModel score = memory({5, 4}, {5, 3});
+  (*score.config.mutable_parameters())["score"].set_string_value("cosine");
+  EXPECT_THAT(refusal(std::move(score)),
+              HasSubstr("memory: parameter 'score': 'cosine' is not one of"));
+  for (const char* bad : {"0", "-1", "x", "1e99", "nan", ""}) {
+    RepositoryModel scale = memory({5, 4}, {5, 3});
+    (*scale.config.mutable_parameters())["scale"].set_string_value(bad);
+    EXPECT_THAT(refusal(std::move(scale)),
+                HasSubstr("memory: parameter 'scale'")) << bad;
+  }
+  // The first, whole version still serves.
+  EXPECT_EQ(repository_->Find("memory")->tensors.at("values").shape,
+            (attn::Shape{5, 3}));
+  EXPECT_TRUE(ModelCatalogue(repository_.get()).Resolve("memory", "").ok());
 }
 
 // The kinds read their parameters whatever wire they came by, with the

@@ -1,6 +1,9 @@
 #include "server/models/model_kinds.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +11,15 @@
 
 namespace attnserve {
 namespace {
+
+// A config parameter's text as a number, the whole of it.
+std::optional<double> ParseNumber(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return value;
+}
 
 // The parameters the Nadaraya-Watson kinds read. A parameter of the wrong
 // type or value is INVALID_ARGUMENT naming it; parameters no kind reads are
@@ -189,6 +201,104 @@ absl::StatusOr<OperationRequest> BuildFittedNadarayaWatson(
   return op;
 }
 
+// An attention memory's score and scale, from its config's parameters:
+// `score` dot_product (the default) or gaussian; `scale` a finite positive
+// number (default: 1/sqrt(d) for the dot product, 1 for the Gaussian, as
+// the typed API's).
+struct MemoryScoring {
+  attn::ScoreKind score = attn::ScoreKind::kDotProduct;
+  std::optional<float> scale;
+};
+
+absl::StatusOr<MemoryScoring> ScoringOf(const std::string& where,
+                                        const RepositoryModel& model) {
+  MemoryScoring scoring;
+  const auto& parameters = model.config.parameters();
+  if (auto it = parameters.find("score"); it != parameters.end()) {
+    const std::string& score = it->second.string_value();
+    if (score == "gaussian") {
+      scoring.score = attn::ScoreKind::kGaussian;
+    } else if (score != "dot_product") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parameter 'score': '", score,
+          "' is not one of dot_product, gaussian"));
+    }
+  }
+  if (auto it = parameters.find("scale"); it != parameters.end()) {
+    const std::optional<double> scale = ParseNumber(it->second.string_value());
+    if (!scale.has_value() || !(*scale > 0) || !std::isfinite(*scale) ||
+        !std::isfinite(static_cast<float>(*scale))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parameter 'scale': '", it->second.string_value(),
+          "' is not a finite positive number"));
+    }
+    scoring.scale = static_cast<float>(*scale);
+  }
+  return scoring;
+}
+
+absl::Status CheckFinite(const std::string& where, const std::string& name,
+                         const attn::Tensor& tensor) {
+  for (size_t i = 0; i < tensor.data.size(); ++i) {
+    if (!std::isfinite(tensor.data[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": tensor '", name, "' element ", i, " is ", tensor.data[i],
+          "; a memory holds finite values only"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttentionMemory(const std::string& where,
+                                  const RepositoryModel& model) {
+  ASSIGN_OR_RETURN(const attn::Tensor* keys,
+                   StoredTensor(where, model, "keys", 2));
+  ASSIGN_OR_RETURN(const attn::Tensor* values,
+                   StoredTensor(where, model, "values", 2));
+  if (keys->shape[0] != values->shape[0] || keys->shape[0] < 1 ||
+      keys->shape[1] < 1 || values->shape[1] < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": keys ", attn::ShapeToString(keys->shape), " and values ",
+        attn::ShapeToString(values->shape),
+        " must be [N, d] and [N, v] with the same N, each at least 1"));
+  }
+  RETURN_IF_ERROR(CheckFinite(where, "keys", *keys));
+  RETURN_IF_ERROR(CheckFinite(where, "values", *values));
+  return ScoringOf(where, model).status();
+}
+
+// Every query of the call attends to the memory: the call's [B, Lq, d]
+// queries are one batch entry of B * Lq rows (server/core/operation.h).
+absl::StatusOr<OperationRequest> BuildAttentionMemory(
+    const KindArguments& arguments) {
+  const RepositoryModel& memory = *arguments.stored;
+  const attn::Tensor& keys = memory.tensors.at("keys");
+  const attn::Tensor& values = memory.tensors.at("values");
+  const attn::TensorView queries = arguments.inputs.Float("queries");
+  if (queries.shape.size() != 3 || queries.shape[2] != keys.shape[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "queries: shape ", attn::ShapeToString(queries.shape),
+        " must be (B, Lq, ", keys.shape[1], "): model '", arguments.model_name,
+        "' holds keys ", attn::ShapeToString(keys.shape)));
+  }
+  ASSIGN_OR_RETURN(const MemoryScoring scoring,
+                   ScoringOf(arguments.model_name, memory));
+  MemoryAttentionRequest op;
+  op.memory = &memory;
+  op.batch = queries.shape[0];
+  op.queries = queries.shape[1];
+  op.attention.queries = queries;
+  op.attention.queries.shape = {1, op.batch * op.queries, queries.shape[2]};
+  op.attention.keys = keys.view();
+  op.attention.keys.shape = {1, keys.shape[0], keys.shape[1]};
+  op.attention.values = values.view();
+  op.attention.values.shape = {1, values.shape[0], values.shape[1]};
+  op.attention.score = scoring.score;
+  op.attention.scale = scoring.scale;
+  op.attention.return_weights = arguments.return_weights;
+  return op;
+}
+
 ModelKind* NewKind(ModelSignature signature, ModelKind::BuildRequest build,
                    std::string result_output, std::string weights_output) {
   auto* kind = new ModelKind;
@@ -282,9 +392,29 @@ const ModelKind& FittedNadarayaWatsonKind() {
   return *kind;
 }
 
+const ModelKind& AttentionMemoryKind() {
+  // The signature's name is a placeholder: every stored memory has its own.
+  static const ModelKind* const kind = [] {
+    ModelKind* kind = NewKind(
+        {"attention_memory",
+         Operation::kScaledDotProductAttention,
+         {{"queries", "FP32", {-1, -1, -1}}},
+         {{"output", "FP32", {-1, -1, -1}},
+          {"attention_weights", "FP32", {-1, -1, -1}}},
+         {"output"}},
+        BuildAttentionMemory, "output", "attention_weights");
+    kind->backend = "attention_memory";
+    kind->check_stored = CheckAttentionMemory;
+    kind->argument_inputs = {{"queries:", "queries"}};
+    return kind;
+  }();
+  return *kind;
+}
+
 const ModelKind* KindOfBackend(absl::string_view backend) {
   for (const ModelKind* kind :
-       {&AdditiveAttentionKind(), &FittedNadarayaWatsonKind()}) {
+       {&AdditiveAttentionKind(), &FittedNadarayaWatsonKind(),
+        &AttentionMemoryKind()}) {
     if (kind->backend == backend) return kind;
   }
   return nullptr;
@@ -296,7 +426,8 @@ absl::Status CheckStoredModel(const std::string& where,
   if (kind == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": backend '", model.config.backend(),
-        "' is not one of additive_attention, nadaraya_watson"));
+        "' is not one of additive_attention, nadaraya_watson, "
+        "attention_memory"));
   }
   return kind->check_stored(where, model);
 }

@@ -9,7 +9,15 @@
 // - fitted Nadaraya-Watson: stored models of backend nadaraya_watson,
 //   holding a fitted bandwidth (one finite positive value), with the
 //   tensors of the built-in nadaraya_watson (which refuses a "bandwidth"
-//   parameter).
+//   parameter);
+// - attention memory: stored models of backend attention_memory, holding a
+//   memory of N key-value pairs, keys [N, d] and values [N, v] (finite), and
+//   in their config's parameters the `score` (dot_product, the default, or
+//   gaussian) and `scale` (default 1/sqrt(d) for the dot product, 1 for the
+//   Gaussian); a call sends queries [B, Lq, d] alone and gets output
+//   [B, Lq, v] and, on request, attention_weights [B, Lq, N]. Calls on one
+//   stored version share its memory: the batcher stacks their queries into
+//   one pass over it (server/core/operation.h, MemoryAttentionRequest).
 //
 // A new kind is one new entry here: the repository checks stored models
 // through CheckStoredModel, the catalogue resolves them through
@@ -35,6 +43,7 @@ const std::vector<const ModelKind*>& BuiltInModelKinds();
 // The kinds of stored models.
 const ModelKind& AdditiveAttentionKind();
 const ModelKind& FittedNadarayaWatsonKind();
+const ModelKind& AttentionMemoryKind();
 
 // The kind stored models of `backend` are served as; null for a backend
 // no kind has.

@@ -240,16 +240,65 @@ absl::StatusOr<ServedModel> AttentionService::ResolveStored(
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
+  if (request->memory_name().empty()) {
+    return ServeOp(
+        Operation::kScaledDotProductAttention, context, response,
+        response->mutable_info(),
+        [request](ElementBudget* budget,
+                  DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+          return DecodeAttentionRequest(*request, budget, storage);
+        },
+        [request, response](const attn::OpResult& result) {
+          EncodeResult(result, request->output_encoding(), response);
+        });
+  }
+  // Queries against a stored memory: its kind builds the request, as for a
+  // KServe call on the same model; the encoding step holds the memory until
+  // the kernel has run, and the call counts in the model's statistics.
+  absl::StatusOr<ServedModel> memory = ResolveStored(
+      "memory_name", request->memory_name(), AttentionMemoryKind());
+  std::shared_ptr<const RepositoryModel> held =
+      memory.ok() ? memory->stored : nullptr;
   return ServeOp(
       Operation::kScaledDotProductAttention, context, response,
       response->mutable_info(),
-      [request](ElementBudget* budget,
-                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
-        return DecodeAttentionRequest(*request, budget, storage);
+      [request, memory](ElementBudget* budget, DecodeStorage* storage)
+          -> absl::StatusOr<OperationRequest> {
+        if (!memory.ok()) return memory.status();
+        for (const auto& [set, field] :
+             {std::pair<bool, const char*>{request->has_keys(), "keys"},
+              {request->has_values(), "values"},
+              {request->has_valid_lens(), "valid_lens"},
+              {request->causal(), "causal"},
+              {request->has_scale(), "scale"},
+              {request->score() != v1::SCORE_DOT_PRODUCT, "score"}}) {
+          if (set) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                field, ": model '", request->memory_name(),
+                "' holds the keys and values, and its score and scale; "
+                "leave ", field, " unset with memory_name"));
+          }
+        }
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        RETURN_IF_ERROR(CheckEnum("precision", request->precision(),
+                                  v1::Precision_IsValid(request->precision())));
+        ModelInputs inputs;
+        ASSIGN_OR_RETURN(inputs.floats["queries"],
+                         DecodeTensor("queries", request->queries(), budget,
+                                      storage));
+        ASSIGN_OR_RETURN(
+            OperationRequest op,
+            memory->kind->build_request(KindArguments{
+                request->memory_name(), ModelParameters{}, inputs,
+                memory->stored.get(), request->return_weights()}));
+        std::get<MemoryAttentionRequest>(op).attention.precision =
+            PrecisionOf(request->precision());
+        return op;
       },
-      [request, response](const attn::OpResult& result) {
+      [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
-      });
+      },
+      {}, memory.ok() ? request->memory_name() : std::string());
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(

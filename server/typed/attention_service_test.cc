@@ -5,6 +5,7 @@
 
 #include "server/core/execution_stack.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -457,6 +458,96 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   EXPECT_EQ(counts.success_count, 2u);
   EXPECT_EQ(counts.fail_count, 0u);
   EXPECT_EQ(core_->calls().statistics().Get("absent").fail_count, 0u);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// ScaledDotProductAttention with memory_name: the stored memory's keys,
+// values, score and scale answer the queries alone (within the reference's
+// bound of the same queries against the memory repeated per batch entry);
+// what the memory holds may not be sent beside it; an unknown memory is
+// NOT_FOUND.
+TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
+  char pattern[] = "/tmp/attnserve-typed-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(dir).value();
+  std::mt19937 rng(9);
+  const int64_t n = 17, d = 4, dv = 2;
+  RepositoryModel memory;
+  memory.config.set_name("memory");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  memory.tensors["keys"] = ToTensor(RandomTensor(rng, {n, d}));
+  memory.tensors["values"] = ToTensor(RandomTensor(rng, {n, dv}));
+  const attn::Tensor keys = memory.tensors["keys"];
+  const attn::Tensor values = memory.tensors["values"];
+  ASSERT_TRUE(repository
+                  ->SaveModel({"test", "a memory"}, "memory", std::move(memory))
+                  .ok());
+  ModelCatalogue catalogue(repository.get());
+  AttentionService with_models(&core_->calls(), &catalogue);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&with_models);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto call = [&](const v1::AttentionRequest& request,
+                  v1::AttentionResponse* response) {
+    grpc::ClientContext context;
+    return stub->ScaledDotProductAttention(&context, request, response);
+  };
+
+  v1::AttentionRequest request;
+  request.set_memory_name("memory");
+  *request.mutable_queries() = RandomTensor(rng, {3, 2, d});
+  request.set_return_weights(true);
+  v1::AttentionResponse response;
+  const grpc::Status status = call(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  attn::Tensor repeated_keys = attn::Tensor::Zeros({3, n, d});
+  attn::Tensor repeated_values = attn::Tensor::Zeros({3, n, dv});
+  for (int64_t b = 0; b < 3; ++b) {
+    std::copy(keys.data.begin(), keys.data.end(),
+              repeated_keys.data.begin() + b * n * d);
+    std::copy(values.data.begin(), values.data.end(),
+              repeated_values.data.begin() + b * n * dv);
+  }
+  const attn::Tensor queries = ToTensor(request.queries());
+  attn::AttentionRequest plain;
+  plain.queries = View(queries);
+  plain.keys = View(repeated_keys);
+  plain.values = View(repeated_values);
+  plain.return_weights = true;
+  const attn::OpResult exact =
+      reference_->ScaledDotProductAttention(plain).value();
+  const attn::testing::ErrorBounds bounds =
+      attn::testing::AttentionBounds(plain, exact);
+  EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                          exact.output, bounds.output));
+  EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.weights()),
+                                          exact.weights, bounds.weights));
+
+  v1::AttentionRequest with_keys = request;
+  *with_keys.mutable_keys() = RandomTensor(rng, {3, n, d});
+  EXPECT_THAT(call(with_keys, &response).error_message(),
+              HasSubstr("keys: model 'memory' holds the keys and values"));
+  v1::AttentionRequest causal = request;
+  causal.set_causal(true);
+  EXPECT_EQ(call(causal, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::AttentionRequest wrong_d = request;
+  *wrong_d.mutable_queries() = RandomTensor(rng, {3, 2, d + 1});
+  EXPECT_THAT(call(wrong_d, &response).error_message(),
+              HasSubstr("queries: shape (3, 2, 5) must be (B, Lq, 4)"));
+  v1::AttentionRequest unknown = request;
+  unknown.set_memory_name("absent");
+  EXPECT_EQ(call(unknown, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(core_->calls().statistics().Get("memory").success_count, 1u);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Whether batching pays against a stored memory (backend attention_memory):
+# writes memories of N key-value pairs (d = v = 64, float32) into a fresh
+# model repository, starts attnserve (batching off, then on) over it, and
+# drives single-query requests (queries 1x1x64, memory_name) at 64 in flight
+# with `attnctl load`; prints one row per N: throughput and p99 with batching
+# off and on, and their ratio. Not part of the test suite (minutes).
+#
+# Usage: bench/memory_batching_bench.sh [DURATION] [N...]
+#   (default 5s per row; N: 4096 65536 262144 1048576; build first)
+# Extra server flags for both runs: ATTNSERVE_FLAGS='--max_queue_delay_us=300'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+server=${ATTNSERVE:-build/server/attnserve}
+ctl=${ATTNCTL:-build/client/attnctl}
+duration="${1:-5s}"
+shift || true
+sizes=("$@")
+[[ ${#sizes[@]} -gt 0 ]] || sizes=(4096 65536 262144 1048576)
+[[ -x "$server" && -x "$ctl" ]] || { echo "build first: make build" >&2; exit 1; }
+out=$(mktemp -d -t attnserve-memory.XXXXXX)
+pid=""
+cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" ]] || rm -rf "$out"; }
+trap cleanup EXIT
+
+# The memories: keys and values N(0, 1)-like (a block of Gaussian draws,
+# tiled; the kernel's time does not depend on the values), standard library
+# only.
+python3 - "$out/models" "${sizes[@]}" <<'PY'
+import array, json, os, random, struct, sys
+root, sizes = sys.argv[1], [int(n) for n in sys.argv[2:]]
+rng = random.Random(7)
+block = array.array("f", (rng.gauss(0, 1) for _ in range(1 << 16)))
+def tensor(count):
+    data = array.array("f", block) * (count // len(block) + 1)
+    return data[:count].tobytes()
+d = 64
+for n in sizes:
+    name = "memory_%d" % n
+    folder = os.path.join(root, name)
+    os.makedirs(folder)
+    keys, values = tensor(n * d), tensor(n * d)
+    header = {"keys": {"dtype": "F32", "shape": [n, d],
+                       "data_offsets": [0, len(keys)]},
+              "values": {"dtype": "F32", "shape": [n, d],
+                         "data_offsets": [len(keys), len(keys) + len(values)]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(folder, "weights.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + keys + values)
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write('name: "%s"\nbackend: "attention_memory"\n' % name)
+PY
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start_server() {  # flags...
+  grpc_port=$(free_port)
+  # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
+  "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port=0 \
+    --http_port=0 --drain_notice_ms=0 --model_repository="$out/models" \
+    ${ATTNSERVE_FLAGS:-} "$@" >"$out/server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do
+    "$ctl" --target="127.0.0.1:$grpc_port" health >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  echo "attnserve did not start:" >&2
+  cat "$out/server.log" >&2
+  exit 1
+}
+
+stop_server() {
+  kill -TERM "$pid"
+  wait "$pid" || true
+  pid=""
+}
+
+for mode in off on; do
+  echo "batching $mode:" >&2
+  start_server "--batching=$([[ $mode == on ]] && echo true || echo false)"
+  for n in "${sizes[@]}"; do
+    echo "  N = $n" >&2
+    "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load \
+      --rpc=attention --memory_name="memory_$n" --shape=queries=1x1x64 \
+      --concurrency=64 --duration="$duration" --warmup=2s \
+      --output_format=json >"$out/${n}_$mode.json"
+  done
+  stop_server
+done
+
+python3 - "$out" "${sizes[@]}" <<'PY'
+import json, os, sys
+out, sizes = sys.argv[1], sys.argv[2:]
+def row(n, mode):
+    with open(os.path.join(out, "%s_%s.json" % (n, mode))) as f:
+        return json.load(f)
+print("| N | off: req/s | off: p99 ms | on: req/s | on: p99 ms | on / off |")
+print("|---:|---:|---:|---:|---:|---:|")
+for n in sizes:
+    off, on = row(n, "off"), row(n, "on")
+    rate = lambda r: r["throughput_rps"]
+    p99 = lambda r: r["latency_ms"]["p99"]
+    print("| %s | %.0f | %.1f | %.0f | %.1f | %.1fx |" % (
+        n, rate(off), p99(off), rate(on), p99(on), rate(on) / rate(off)))
+PY
