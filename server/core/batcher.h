@@ -11,8 +11,11 @@
 //
 // The batcher is work-conserving: while an executor thread is free, queued
 // requests are handed on at once (holding them would only add latency), and
-// batches grow while every thread is busy. Otherwise a class's batch is
-// handed to the executor as soon as it is full (max_batch_requests, or
+// batches grow while every thread is busy: where the executor reports free
+// threads, a batch that no thread could start waits here, growing, not in
+// the executor's queue (at most one of the batcher's batches waits there, so
+// a wrong report cannot hold a request for good). Otherwise a class's batch
+// is handed to the executor as soon as it is full (max_batch_requests, or
 // max_batch_elements of input), or when its pending count reaches a
 // preferred batch size, or when its oldest request has waited
 // max_queue_delay. Call OnExecutorIdle whenever an executor thread frees up.
@@ -42,6 +45,7 @@
 #ifndef ATTNSERVE_SERVER_CORE_BATCHER_H_
 #define ATTNSERVE_SERVER_CORE_BATCHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -185,7 +189,8 @@ class Batcher {
           ExecutorAvailable executor_available);
 
   // Takes the tasks of the next batch off `queue` if one is due at `now`.
-  std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now)
+  std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now,
+                                    int taken_this_pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a handed-on batch needs to run, shared by the executor's closures
   // so that they do not depend on the batcher's lifetime.
@@ -217,6 +222,10 @@ class Batcher {
   // Batches taken off the queues by FormDueBatches and not yet handed to
   // the executor (Shutdown waits for them).
   int in_hand_ ABSL_GUARDED_BY(mu_) = 0;
+  // Batches handed to the executor that have not started yet; shared with
+  // their closures, which may run after the batcher is gone.
+  const std::shared_ptr<std::atomic<int>> waiting_to_start_ =
+      std::make_shared<std::atomic<int>>(0);
   // Serialises StartScheduler and Shutdown (the std::thread is not
   // thread-safe). Taken before mu_, never while holding it.
   absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);
