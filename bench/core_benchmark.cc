@@ -1,4 +1,4 @@
-// The serving core without gRPC (server/core/call_runner.h): 64 single
+// The execution stack without gRPC (server/core/call_runner.h): 64 single
 // requests (B = 1) of each batchable operation in flight through
 // CallRunner::RunOp, with the server's defaults (2 workers, kernels on 1
 // thread each), batching off and on; and an empty call (the core's own cost).

@@ -11,7 +11,7 @@
 //
 // The start, in order: flags -> ServerConfig (server/flags.h) -> the
 // engine, warmed up -> the fd limit and the accept guard
-// (server/core/accept_guard.h) -> the serving core
+// (server/core/accept_guard.h) -> the execution stack
 // (server/core/execution_stack.h) -> metrics -> the model repository ->
 // the token store and the catalogue of models, one each, lent to every
 // front end -> the front ends (server/typed/, server/kserve/) -> the gRPC

@@ -1,4 +1,4 @@
-// The serving core: the one way a call goes from decoded to answered,
+// A call through the execution stack: the one way from decoded to answered,
 // whatever API it came by. Front ends (server/typed/: the typed attention.v1
 // service; server/kserve/: KServe v2 over gRPC and REST) only decode, hand
 // over and encode.

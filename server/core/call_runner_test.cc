@@ -1,4 +1,4 @@
-// The serving core without gRPC: a call's way from Prepare to its
+// The execution stack without gRPC: a call's way from Prepare to its
 // responder, with a responder that records what it is told.
 #include "server/core/call_runner.h"
 

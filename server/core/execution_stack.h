@@ -1,4 +1,4 @@
-// The serving core, assembled once: the one place that wires the clock, the
+// The execution stack, assembled once: the one place that wires the clock, the
 // worker pool, the batcher (with the production availability check, idle
 // callback and observer), admission, metrics and the CallRunner together.
 // The server process (server/main.cc), the in-process service tests, the
@@ -48,7 +48,7 @@ class ExecutionStack {
     Admission::Options admission;
     ServiceLimits limits;
     // Gives freed memory back to the system once a burst is over
-    // (malloc_trim from a thread of the core's: see server_core.cc). The
+    // (malloc_trim from a thread of the core's: see execution_stack.cc). The
     // server process turns it on; tests and benchmarks need not.
     bool return_memory_when_idle = false;
     // Not owned; must outlive the core. Null: the wall clock.

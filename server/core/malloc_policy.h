@@ -11,7 +11,7 @@
 // this on. KeepFreedMemoryForReuse fixes the thresholds so that blocks under
 // 1 MiB come from malloc's arenas and up to 16 MiB free at a heap's top
 // stays there; memory still goes back to the system when the server is idle
-// (malloc_trim in server/core/server_core.cc). Its cost, measured with the policy
+// (malloc_trim in server/core/execution_stack.cc). Its cost, measured with the policy
 // forced on for fault_test's memory scenario (--quick --only=memory, two
 // runs each): peak RSS 425-498 MiB against 395-416 with the defaults (bound
 // ~590), RSS 2 s after the load 64-135 against 36-38 MiB.

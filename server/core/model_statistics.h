@@ -1,7 +1,7 @@
 // Per-model statistics since start-up, as Triton's ModelStatistics reports
 // them: requests inferred, kernel executions (a batched execution is
 // apportioned among its requests), success and failure counts with their
-// whole-call time, queue time and compute time. The serving core counts
+// whole-call time, queue time and compute time. The execution stack counts
 // every call that names a model (server/core/call_runner.h).
 //
 // Thread-safe.

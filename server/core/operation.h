@@ -59,7 +59,7 @@ struct MemoryAttentionRequest {
   int64_t queries = 0;  // Lq
 };
 
-// One request of any operation the serving core runs, batched or alone
+// One request of any operation the execution stack runs, batched or alone
 // (FitBandwidth, which is never batched, runs as a call's own work). Its
 // views must stay valid until it has run.
 using OperationRequest =

@@ -1,7 +1,7 @@
 // One KServe v2 inference (a ModelInfer call, or one request of a
 // ModelStreamInfer stream) from request to response: the model resolved,
 // the request's structure checked (server/kserve/request.h), its
-// priority and timeout applied, then the call handed to the serving core
+// priority and timeout applied, then the call handed to the execution stack
 // (CallRunner::RunOp), whose decode step and encode step are this object's
 // Decode and Encode. The model's kind (server/models/model_kinds.h)
 // decides what the decoded inputs become and what the result's tensors are

@@ -18,7 +18,7 @@
 //   typed contents (FP32; INT32 or INT64 for valid_lens); outputs always go
 //   back as raw_output_contents, one per output in order.
 //   attention_weights are computed only when requested by name. Inference
-//   is a front end of the serving core (server/core/call_runner.h), like
+//   is a front end of the execution stack (server/core/call_runner.h), like
 //   the typed API: the same pool, batcher, limits and metrics. With
 //   batching on, the calls of every model (every built-in model and every
 //   repository model) go through the batcher, batched on their first

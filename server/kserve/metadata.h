@@ -1,6 +1,6 @@
 // What the KServe service says about itself and its models: ServerMetadata,
 // ModelMetadata and Triton's ModelConfig, each filled from the catalogue's
-// description of a model (server/api/kserve_models.h).
+// description of a model (server/models/model_catalogue.h).
 //
 // Pure functions of their arguments; thread-compatible; none blocks.
 #ifndef ATTNSERVE_SERVER_KSERVE_METADATA_H_

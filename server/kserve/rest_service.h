@@ -1,6 +1,6 @@
 // The KServe v2 REST front end: the Open Inference Protocol's HTTP
 // endpoints and Triton's extensions that the gRPC KServe service also
-// serves, over the same serving core, catalogue and model control. A thin
+// serves, over the same execution stack, catalogue and model control. A thin
 // front end like server/kserve/inference_service.h: each request is routed to
 // the concept it asks for; inference is decoded into the ModelInferRequest
 // the gRPC service would have received (server/kserve/rest.h) and run

@@ -1,4 +1,4 @@
-// Triton's ModelStatistics for one model, from the serving core's counts
+// Triton's ModelStatistics for one model, from the execution stack's counts
 // (server/core/model_statistics.h): requests inferred (inference_count),
 // kernel executions (execution_count; a batched execution is apportioned
 // among its requests, so the count is rounded), success and failure counts

@@ -1,4 +1,4 @@
-// What the gRPC front ends share to hand a call to the serving core
+// What the gRPC front ends share to hand a call to the execution stack
 // (server/core/call_runner.h): the call's context in the core's terms, the
 // response size check, and the reactor that answers a unary call.
 //

@@ -1,5 +1,5 @@
 // attention.v1.AttentionService on gRPC's callback API: a front end of the
-// serving core (server/core/call_runner.h).
+// execution stack (server/core/call_runner.h).
 //
 // Each handler decodes and checks the request's tensors on the gRPC thread
 // (cheap, and malformed requests never take a queue slot) and hands the call
