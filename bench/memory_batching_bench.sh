@@ -4,7 +4,9 @@
 # model repository, starts attnserve (batching off, then on) over it, and
 # drives single-query requests (queries 1x1x64, memory_name) at 64 in flight
 # with `attnctl load`; prints one row per N: throughput and p99 with batching
-# off and on, and their ratio. Not part of the test suite (minutes).
+# off (--batch_stored_memories=false) and on (the server's defaults, which
+# batch the calls on stored memories), and their ratio. Not part of the test
+# suite (minutes).
 #
 # Usage: bench/memory_batching_bench.sh [DURATION] [N...]
 #   (default 5s per row; N: 4096 65536 262144 1048576; build first)
@@ -80,7 +82,7 @@ stop_server() {
 
 for mode in off on; do
   echo "batching $mode:" >&2
-  start_server "--batching=$([[ $mode == on ]] && echo true || echo false)"
+  start_server "--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
   for n in "${sizes[@]}"; do
     echo "  N = $n" >&2
     "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load \

@@ -176,6 +176,12 @@ ABSL_FLAG(bool, batching, false,
           "additive attention, Nadaraya-Watson; ragged batching by padding). "
           "Off by default: on the CPU backend "
           "it measured ~10% slower (bench/batching_bench.sh; see docs/batching.md).");
+ABSL_FLAG(bool, batch_stored_memories, true,
+          "Without --batching: batch the calls on stored memories (models of "
+          "backend attention_memory) alone, whose queries a batch stacks into "
+          "one pass over the memory (3.6-4.9x the throughput on the CPU, "
+          "docs/batching.md); the other calls run alone. false: they run "
+          "alone too.");
 ABSL_FLAG(int32_t, max_batch_size, 32,
           "Most requests one batch may hold.");
 ABSL_FLAG(int64_t, max_batch_elements, int64_t{1} << 24,
@@ -352,7 +358,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
       cpu_budget.cpus, cpu_budget.reason, absl::GetFlag(FLAGS_worker_threads),
       core.workers.threads, absl::GetFlag(FLAGS_kernel_threads),
       engine.max_threads);
-  if (absl::GetFlag(FLAGS_batching)) {
+  if (absl::GetFlag(FLAGS_batching) ||
+      absl::GetFlag(FLAGS_batch_stored_memories)) {
     BatchingOptions batching;
     batching.max_batch_requests = absl::GetFlag(FLAGS_max_batch_size);
     batching.max_batch_elements = absl::GetFlag(FLAGS_max_batch_elements);
@@ -367,7 +374,11 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
       }
       batching.preferred_batch_sizes.push_back(value);
     }
-    core.batching = batching;
+    if (absl::GetFlag(FLAGS_batching)) {
+      core.batching = batching;
+    } else {
+      core.gainful_batching = batching;
+    }
   }
   core.limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   core.limits.max_response_bytes = grpc.max_message_bytes;

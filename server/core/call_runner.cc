@@ -98,10 +98,12 @@ void ApplyTimeout(int64_t timeout_us, CallContext* context) {
 
 CallRunner::CallRunner(attn::Engine* engine, WorkerPool* pool,
                        Batcher* batcher, ServiceMetrics* metrics,
-                       const ServiceLimits& limits, Admission* admission)
+                       const ServiceLimits& limits, Admission* admission,
+                       bool batch_everything)
     : engine_(engine),
       pool_(pool),
       batcher_(batcher),
+      batch_everything_(batch_everything),
       metrics_(metrics),
       limits_(limits),
       admission_(admission) {}
@@ -165,7 +167,8 @@ void CallRunner::RunOp(Operation operation, const CallContext& context,
     RETURN_IF_ERROR(CheckResultFits(size, budget));
     return op;
   };
-  if (batcher_ == nullptr) {
+  if (batcher_ == nullptr ||
+      (!batch_everything_ && !context.gains_from_batching)) {
     Run(operation, context,
         [this, &prepare, encode, wire_names](
             ElementBudget* budget) -> absl::StatusOr<Work> {

@@ -70,6 +70,11 @@ struct CallContext {
   // then 2, ...; 0 (none given) after every explicit level.
   uint64_t priority = 0;
   Protocol protocol = Protocol::kGrpc;  // the metrics' `protocol` label
+  // The call gains from batching whatever else runs (queries against a
+  // stored memory: a batch reads the memory once for all of them), so it is
+  // batched even where only such calls are (CallRunner's batch_everything
+  // false).
+  bool gains_from_batching = false;
 };
 
 // Applies a per-request timeout (Triton's, in microseconds; 0: none): a call
@@ -119,10 +124,12 @@ class CallRunner {
 
   // `batcher` may be null: attention calls then run alone like the others.
   // `admission` may be null: every decoded call is admitted (no bound on
-  // bytes in flight, no drain).
+  // bytes in flight, no drain). Without `batch_everything`, only calls that
+  // gain from batching (CallContext::gains_from_batching) go through the
+  // batcher.
   CallRunner(attn::Engine* engine, WorkerPool* pool, Batcher* batcher,
              ServiceMetrics* metrics, const ServiceLimits& limits,
-             Admission* admission = nullptr);
+             Admission* admission = nullptr, bool batch_everything = true);
 
   // Runs one call (see the file comment); `responder` must live until its
   // Answer has been called (which may happen before Run returns).
@@ -160,6 +167,7 @@ class CallRunner {
   attn::Engine* const engine_;
   WorkerPool* const pool_;
   Batcher* const batcher_;
+  const bool batch_everything_;
   ServiceMetrics* const metrics_;
   const ServiceLimits limits_;
   Admission* const admission_;

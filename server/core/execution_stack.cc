@@ -23,13 +23,16 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
                    ServiceMetrics::Create(core->engine_->backend_names()));
   ASSIGN_OR_RETURN(core->pool_, WorkerPool::Create(options.workers));
   ExecutionStack* raw = core.get();
-  if (options.batching.has_value()) {
-    // A batch frees several large buffers at once: keep them for the next.
-    KeepFreedMemoryForReuse();
+  const std::optional<BatchingOptions>& batching =
+      options.batching.has_value() ? options.batching : options.gainful_batching;
+  if (batching.has_value()) {
+    // A batch of every operation frees several large buffers at once: keep
+    // them for the next. (Stored-memory batches stack queries alone: small.)
+    if (options.batching.has_value()) KeepFreedMemoryForReuse();
     ASSIGN_OR_RETURN(
         core->batcher_,
         Batcher::Create(
-            *options.batching, core->engine_.get(),
+            *batching, core->engine_.get(),
             options.clock != nullptr ? options.clock : &core->real_clock_,
             [raw](std::function<void()> work, uint64_t priority) {
               return raw->pool_->Schedule(std::move(work), priority);
@@ -51,7 +54,8 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
       [raw] { return raw->admission_->inflight_bytes(); });
   core->calls_ = std::make_unique<CallRunner>(
       core->engine_.get(), core->pool_.get(), core->batcher_.get(),
-      core->metrics_.get(), options.limits, core->admission_.get());
+      core->metrics_.get(), options.limits, core->admission_.get(),
+      /*batch_everything=*/options.batching.has_value());
   if (options.return_memory_when_idle) {
     core->memory_return_ =
         std::thread([raw] { raw->ReturnMemoryWhileRunning(); });

@@ -45,6 +45,11 @@ class ExecutionStack {
     // bound is its max_queue_size, and freed blocks are kept for the next
     // batch (server/core/malloc_policy.h; process-wide).
     std::optional<BatchingOptions> batching;
+    // When `batching` is off: batching of the calls that gain from it alone
+    // (CallContext::gains_from_batching: queries against a stored memory,
+    // which a batch reads once for all), the others running alone; nullopt:
+    // those run alone too. The server's default (--batch_stored_memories).
+    std::optional<BatchingOptions> gainful_batching;
     Admission::Options admission;
     ServiceLimits limits;
     // Gives freed memory back to the system once a burst is over

@@ -38,6 +38,7 @@ void KServeInferCall::Start(const ModelCatalogue& catalogue, CallRunner* runner,
   }
   std::vector<std::string> outputs = RequestedOutputs(*request, model->signature);
   context.model = model->signature.name;
+  context.gains_from_batching = model->kind->gains_from_batching;
   if (absl::Status status = ApplyPriorityAndTimeout(*request, &context);
       !status.ok()) {
     runner->Refuse(operation, context, status, responder);

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "attn/engine.h"
@@ -30,9 +32,11 @@ namespace {
 
 class KServeServiceTest : public ::testing::Test {
  protected:
+  virtual ExecutionStack::Options StackOptions() const { return {}; }
+
   void SetUp() override {
     stack_ = ExecutionStack::Create(
-                 ExecutionStack::Options{},
+                 StackOptions(),
                  attn::Engine::Create(attn::EngineOptions{}).value())
                  .value();
     char pattern[] = "/tmp/attnserve-kserve-XXXXXX";
@@ -79,6 +83,23 @@ class KServeServiceTest : public ::testing::Test {
       }
     }
     ADD_FAILURE() << "no series rpc=" << rpc << " code=" << code;
+    return -1;
+  }
+
+  // attnserve_batch_size_count for ScaledDotProductAttention: batches run.
+  double AttentionBatches() {
+    for (const prometheus::MetricFamily& family :
+         stack_->metrics().registry()->Collect()) {
+      if (family.name != "attnserve_batch_size") continue;
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        for (const auto& label : metric.label) {
+          if (label.name == "rpc" && label.value == "ScaledDotProductAttention") {
+            return static_cast<double>(metric.histogram.sample_count);
+          }
+        }
+      }
+    }
+    ADD_FAILURE() << "no attnserve_batch_size series";
     return -1;
   }
 
@@ -263,6 +284,58 @@ TEST_F(KServeServiceTest, AStoredMemoryAnswersQueriesAlone) {
                                      "(23, 6)"));
   }
   EXPECT_EQ(stack_->calls().statistics().Get("memory").success_count, 1u);
+}
+
+// The server's default (--batch_stored_memories without --batching): calls
+// on a stored memory go through the batcher, every other call runs alone.
+class GainfulBatchingTest : public KServeServiceTest {
+ protected:
+  ExecutionStack::Options StackOptions() const override {
+    ExecutionStack::Options options;
+    options.gainful_batching = BatchingOptions{};
+    return options;
+  }
+};
+
+TEST_F(GainfulBatchingTest, OnlyStoredMemoryCallsAreBatched) {
+  RepositoryModel memory;
+  memory.config.set_name("memory");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  memory.tensors["keys"] = attn::Tensor::Zeros({8, 4});
+  memory.tensors["values"] = attn::Tensor::Zeros({8, 2});
+  ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
+                                     std::move(memory))
+                  .ok());
+  EXPECT_EQ(stack_->batching(), nullptr);  // ModelConfig reports none
+  auto infer = [&](const std::string& model,
+                   const std::vector<std::pair<std::string, attn::Shape>>&
+                       inputs) {
+    inference::ModelInferRequest request;
+    request.set_model_name(model);
+    for (const auto& [name, shape] : inputs) {
+      auto* input = request.add_inputs();
+      input->set_name(name);
+      input->set_datatype("FP32");
+      int64_t count = 1;
+      for (int64_t dim : shape) {
+        input->add_shape(dim);
+        count *= dim;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        input->mutable_contents()->add_fp32_contents(0.5f);
+      }
+    }
+    inference::ModelInferResponse response;
+    grpc::ClientContext context;
+    return stub_->ModelInfer(&context, request, &response);
+  };
+  ASSERT_TRUE(infer("dot_product_attention", {{"queries", {1, 2, 4}},
+                                              {"keys", {1, 3, 4}},
+                                              {"values", {1, 3, 2}}})
+                  .ok());
+  EXPECT_EQ(AttentionBatches(), 0);
+  ASSERT_TRUE(infer("memory", {{"queries", {1, 2, 4}}}).ok());
+  EXPECT_EQ(AttentionBatches(), 1);
 }
 
 }  // namespace

@@ -123,6 +123,10 @@ struct ModelKind {
   // (max_batch_size, dynamic_batching): dot_product_attention's only, as
   // Triton's tools expect it. The batcher batches every kind regardless.
   bool config_batch_dimension = false;
+  // Its calls gain from batching whatever else runs (a stored memory's: a
+  // batch reads the memory once for all its queries), so the server batches
+  // them by default (CallContext::gains_from_batching).
+  bool gains_from_batching = false;
 
   bool built_in() const { return backend.empty(); }
   // The result's tensors by output name.

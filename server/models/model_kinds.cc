@@ -406,6 +406,7 @@ const ModelKind& AttentionMemoryKind() {
     kind->backend = "attention_memory";
     kind->check_stored = CheckAttentionMemory;
     kind->argument_inputs = {{"queries:", "queries"}};
+    kind->gains_from_batching = true;
     return kind;
   }();
   return *kind;

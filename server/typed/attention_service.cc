@@ -135,13 +135,14 @@ grpc::ServerUnaryReactor* AttentionService::ServeOp(
     Operation operation, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
     const DecodeTypedOp& decode, EncodeWith encode, CallRunner::WireNames wire_names,
-    std::string model) {
+    std::string model, bool gains_from_batching) {
   CallContext call;
   UnaryCallReactor* reactor = nullptr;
   if (!BeginCall(operation, context, response, info, &reactor, &call)) {
     return reactor;
   }
   call.model = std::move(model);
+  call.gains_from_batching = gains_from_batching;
   // The decoded views point into `storage`: the encoding step, which the
   // core keeps until the kernel has run, holds it.
   auto storage = std::make_shared<DecodeStorage>();
@@ -298,7 +299,8 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      {}, memory.ok() ? request->memory_name() : std::string());
+      {}, memory.ok() ? request->memory_name() : std::string(),
+      /*gains_from_batching=*/memory.ok() && memory->kind->gains_from_batching);
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(

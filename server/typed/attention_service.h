@@ -90,7 +90,8 @@ class AttentionService final
                                     attention::v1::ExecutionInfo* info,
                                     const DecodeTypedOp& decode, EncodeWith encode,
                                     CallRunner::WireNames wire_names = {},
-                                    std::string model = {});
+                                    std::string model = {},
+                                    bool gains_from_batching = false);
   // The stored model `name` of `kind` that a request field names
   // (ModelCatalogue::ResolveStored; NOT_FOUND without a catalogue too).
   absl::StatusOr<ServedModel> ResolveStored(absl::string_view field,
