@@ -21,32 +21,8 @@ pid=""
 cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" ]] || rm -rf "$out"; }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-start_server() {  # flags...
-  grpc_port=$(free_port)
-  metrics_port=$(free_port)
-  # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
-  "$server" --host=127.0.0.1 --grpc_port="$grpc_port" \
-    --metrics_port="$metrics_port" --drain_notice_ms=0 ${ATTNSERVE_FLAGS:-} \
-    "$@" >"$out/server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 100); do
-    "$ctl" --target="127.0.0.1:$grpc_port" health >/dev/null 2>&1 && return
-    sleep 0.1
-  done
-  echo "attnserve did not start:" >&2
-  cat "$out/server.log" >&2
-  exit 1
-}
-
-stop_server() {
-  kill -TERM "$pid"
-  wait "$pid" || true
-  pid=""
-}
+# shellcheck source=bench/serve.sh
+source bench/serve.sh
 
 scrape() {  # the metrics, with curl or, on machines without it, Python
   local url="http://127.0.0.1:$metrics_port/metrics"

@@ -54,35 +54,13 @@ for n in sizes:
         f.write('name: "%s"\nbackend: "attention_memory"\n' % name)
 PY
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-start_server() {  # flags...
-  grpc_port=$(free_port)
-  # shellcheck disable=SC2086  # ATTNSERVE_FLAGS is a flag list
-  "$server" --host=127.0.0.1 --grpc_port="$grpc_port" --metrics_port=0 \
-    --http_port=0 --drain_notice_ms=0 --model_repository="$out/models" \
-    ${ATTNSERVE_FLAGS:-} "$@" >"$out/server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 600); do
-    "$ctl" --target="127.0.0.1:$grpc_port" health >/dev/null 2>&1 && return
-    sleep 0.1
-  done
-  echo "attnserve did not start:" >&2
-  cat "$out/server.log" >&2
-  exit 1
-}
-
-stop_server() {
-  kill -TERM "$pid"
-  wait "$pid" || true
-  pid=""
-}
+# shellcheck source=bench/serve.sh
+source bench/serve.sh
 
 for mode in off on; do
   echo "batching $mode:" >&2
-  start_server "--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
+  START_TRIES=600 start_server --http_port=0 --model_repository="$out/models" \
+    "--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
   for n in "${sizes[@]}"; do
     echo "  N = $n" >&2
     "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load \

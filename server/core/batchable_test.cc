@@ -270,14 +270,10 @@ TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
         const auto& r = std::get<MemoryAttentionRequest>(requests[i]);
         // The same queries as B batch entries, each with its own copy of
         // the memory.
-        attn::Tensor repeated_keys = attn::Tensor::Zeros({r.batch, n, d});
-        attn::Tensor repeated_values = attn::Tensor::Zeros({r.batch, n, dv});
-        for (int64_t b = 0; b < r.batch; ++b) {
-          std::copy(keys.data.begin(), keys.data.end(),
-                    repeated_keys.data.begin() + b * n * d);
-          std::copy(values.data.begin(), values.data.end(),
-                    repeated_values.data.begin() + b * n * dv);
-        }
+        const attn::Tensor repeated_keys =
+            attn::testing::RepeatAsBatch(keys, r.batch);
+        const attn::Tensor repeated_values =
+            attn::testing::RepeatAsBatch(values, r.batch);
         attn::AttentionRequest plain = r.attention;
         plain.queries.shape = {r.batch, r.queries, d};
         plain.keys = repeated_keys.view();

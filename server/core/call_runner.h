@@ -159,7 +159,6 @@ class CallRunner {
   attn::Engine* engine() const { return engine_; }
   const ServiceLimits& limits() const { return limits_; }
   const ModelStatistics& statistics() const { return statistics_; }
-  bool batching() const { return batcher_ != nullptr; }
 
  private:
   class Call;

@@ -246,14 +246,10 @@ TEST_F(KServeServiceTest, AStoredMemoryAnswersQueriesAlone) {
                 response.raw_output_contents(i).size());
     return t;
   };
-  attn::Tensor repeated_keys = attn::Tensor::Zeros({batch, n, d});
-  attn::Tensor repeated_values = attn::Tensor::Zeros({batch, n, dv});
-  for (int64_t b = 0; b < batch; ++b) {
-    std::copy(keys.data.begin(), keys.data.end(),
-              repeated_keys.data.begin() + b * n * d);
-    std::copy(values.data.begin(), values.data.end(),
-              repeated_values.data.begin() + b * n * dv);
-  }
+  const attn::Tensor repeated_keys =
+      attn::testing::RepeatAsBatch(keys, batch);
+  const attn::Tensor repeated_values =
+      attn::testing::RepeatAsBatch(values, batch);
   attn::AttentionRequest plain;
   plain.queries = queries.view();
   plain.keys = repeated_keys.view();

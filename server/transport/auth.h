@@ -54,7 +54,8 @@ class TokenStore {
 
   // Polls the file every second (one stat()) from a thread of its own and
   // reloads it when it changed, so that an edit takes effect without a
-  // signal; each reload, or its failure, is logged on stderr.
+  // signal; each reload, or its failure, is logged on stderr. Call at most
+  // once; the destructor stops the thread.
   void StartWatching();
   // Reload(), and a line for the log saying what happened (SIGHUP).
   std::string ReloadForLog();

@@ -83,7 +83,7 @@ void EncodeResult(const attn::OpResult& result, v1::TensorEncoding encoding,
 
 AttentionService::AttentionService(CallRunner* calls,
                                    ModelCatalogue* catalogue)
-    : calls_(calls), catalogue_(catalogue) {}
+    : calls_(calls), catalogue_(catalogue != nullptr ? catalogue : &no_models_) {}
 
 bool AttentionService::BeginCall(Operation operation,
                                  grpc::CallbackServerContext* context,
@@ -229,15 +229,6 @@ absl::StatusOr<attn::AttentionRequest> DecodeAttentionRequest(
 
 }  // namespace
 
-absl::StatusOr<ServedModel> AttentionService::ResolveStored(
-    absl::string_view field, const std::string& name,
-    const ModelKind& kind) const {
-  if (catalogue_ == nullptr) {
-    return ModelCatalogue(nullptr).ResolveStored(field, name, kind);
-  }
-  return catalogue_->ResolveStored(field, name, kind);
-}
-
 grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
     grpc::CallbackServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResponse* response) {
@@ -256,7 +247,7 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
   // Queries against a stored memory: its kind builds the request, as for a
   // KServe call on the same model; the encoding step holds the memory until
   // the kernel has run, and the call counts in the model's statistics.
-  absl::StatusOr<ServedModel> memory = ResolveStored(
+  absl::StatusOr<ServedModel> memory = catalogue_->ResolveStored(
       "memory_name", request->memory_name(), AttentionMemoryKind());
   std::shared_ptr<const RepositoryModel> held =
       memory.ok() ? memory->stored : nullptr;
@@ -312,7 +303,7 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
   // counts in that model's statistics.
   absl::StatusOr<ServedModel> stored = absl::NotFoundError("");
   if (request->has_weights_name()) {
-    stored = ResolveStored("weights_name", request->weights_name(),
+    stored = catalogue_->ResolveStored("weights_name", request->weights_name(),
                            AdditiveAttentionKind());
   }
   std::shared_ptr<const RepositoryModel> held =
@@ -406,7 +397,7 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
         // next epoch instead of holding a worker.
         op.stop_requested = [context] { return context->IsCancelled(); };
         if (!request->save_as().empty() &&
-            (catalogue_ == nullptr || catalogue_->repository() == nullptr)) {
+            catalogue_->repository() == nullptr) {
           return absl::FailedPreconditionError(
               "save_as: the server runs without --model_repository");
         }

@@ -92,11 +92,6 @@ class AttentionService final
                                     CallRunner::WireNames wire_names = {},
                                     std::string model = {},
                                     bool gains_from_batching = false);
-  // The stored model `name` of `kind` that a request field names
-  // (ModelCatalogue::ResolveStored; NOT_FOUND without a catalogue too).
-  absl::StatusOr<ServedModel> ResolveStored(absl::string_view field,
-                                            const std::string& name,
-                                            const ModelKind& kind) const;
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Operation operation, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,
@@ -104,7 +99,9 @@ class AttentionService final
                                   const DecodeTypedCall& prepare);
 
   CallRunner* const calls_;
-  ModelCatalogue* const catalogue_;
+  // The built-in models only: the catalogue when none is given.
+  ModelCatalogue no_models_{nullptr};
+  ModelCatalogue* const catalogue_;  // never null
 };
 
 }  // namespace attnserve

@@ -22,6 +22,7 @@
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
 #include "attn/testing/error_bounds.h"
+#include "attn/testing/random.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -392,16 +393,55 @@ TEST_P(ServiceTest, BadInputNamesTheField) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+// A second typed service over the fixture's core, with a catalogue over a
+// model repository of its own (a fresh folder, removed at the end) and a
+// loopback server of its own.
+class WithModels {
+ public:
+  explicit WithModels(CallRunner* calls) {
+    char pattern[] = "/tmp/attnserve-typed-XXXXXX";
+    EXPECT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    repository_ = LoadModelRepository(dir_).value();
+    catalogue_ = std::make_unique<ModelCatalogue>(repository_.get());
+    service_ = std::make_unique<AttentionService>(calls, catalogue_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+    stub_ = v1::AttentionService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port),
+        grpc::InsecureChannelCredentials()));
+  }
+  ~WithModels() {
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+    }
+    EXPECT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+
+  ModelRepository& repository() { return *repository_; }
+  v1::AttentionService::Stub* stub() { return stub_.get(); }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<ModelRepository> repository_;
+  std::unique_ptr<ModelCatalogue> catalogue_;
+  std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
 // A call that names a stored model's weights (weights_name) is that
 // model's inference: it counts in the model's statistics, as the same call
 // through KServe does; inline weights count under no model. (Before the
 // models layer the typed API never set the call's model.)
 TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
-  char pattern[] = "/tmp/attnserve-typed-XXXXXX";
-  ASSERT_NE(mkdtemp(pattern), nullptr);
-  const std::string dir = pattern;
-  std::unique_ptr<ModelRepository> repository =
-      LoadModelRepository(dir).value();
+  WithModels models(&core_->calls());
   std::mt19937 rng(7);
   const v1::Tensor w_q = RandomTensor(rng, {4, 2});
   const v1::Tensor w_k = RandomTensor(rng, {4, 2});
@@ -412,21 +452,11 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   stored.tensors["W_q"] = ToTensor(w_q);
   stored.tensors["W_k"] = ToTensor(w_k);
   stored.tensors["w_v"] = ToTensor(w_v);
-  ASSERT_TRUE(repository
-                  ->SaveModel({"test", "additive weights"}, "mlp-stored",
+  ASSERT_TRUE(models.repository()
+                  .SaveModel({"test", "additive weights"}, "mlp-stored",
                               std::move(stored))
                   .ok());
-  ModelCatalogue catalogue(repository.get());
-  AttentionService with_models(&core_->calls(), &catalogue);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&with_models);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  v1::AttentionService::Stub* stub = models.stub();
 
   v1::AdditiveAttentionRequest inline_weights;
   *inline_weights.mutable_queries() = RandomTensor(rng, {1, 2, 2});
@@ -458,8 +488,6 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   EXPECT_EQ(counts.success_count, 2u);
   EXPECT_EQ(counts.fail_count, 0u);
   EXPECT_EQ(core_->calls().statistics().Get("absent").fail_count, 0u);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 // ScaledDotProductAttention with memory_name: the stored memory's keys,
@@ -468,11 +496,7 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
 // what the memory holds may not be sent beside it; an unknown memory is
 // NOT_FOUND.
 TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
-  char pattern[] = "/tmp/attnserve-typed-XXXXXX";
-  ASSERT_NE(mkdtemp(pattern), nullptr);
-  const std::string dir = pattern;
-  std::unique_ptr<ModelRepository> repository =
-      LoadModelRepository(dir).value();
+  WithModels models(&core_->calls());
   std::mt19937 rng(9);
   const int64_t n = 17, d = 4, dv = 2;
   RepositoryModel memory;
@@ -482,20 +506,10 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   memory.tensors["values"] = ToTensor(RandomTensor(rng, {n, dv}));
   const attn::Tensor keys = memory.tensors["keys"];
   const attn::Tensor values = memory.tensors["values"];
-  ASSERT_TRUE(repository
-                  ->SaveModel({"test", "a memory"}, "memory", std::move(memory))
+  ASSERT_TRUE(models.repository()
+                  .SaveModel({"test", "a memory"}, "memory", std::move(memory))
                   .ok());
-  ModelCatalogue catalogue(repository.get());
-  AttentionService with_models(&core_->calls(), &catalogue);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&with_models);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  v1::AttentionService::Stub* stub = models.stub();
   auto call = [&](const v1::AttentionRequest& request,
                   v1::AttentionResponse* response) {
     grpc::ClientContext context;
@@ -509,14 +523,10 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   v1::AttentionResponse response;
   const grpc::Status status = call(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  attn::Tensor repeated_keys = attn::Tensor::Zeros({3, n, d});
-  attn::Tensor repeated_values = attn::Tensor::Zeros({3, n, dv});
-  for (int64_t b = 0; b < 3; ++b) {
-    std::copy(keys.data.begin(), keys.data.end(),
-              repeated_keys.data.begin() + b * n * d);
-    std::copy(values.data.begin(), values.data.end(),
-              repeated_values.data.begin() + b * n * dv);
-  }
+  const attn::Tensor repeated_keys =
+      attn::testing::RepeatAsBatch(keys, 3);
+  const attn::Tensor repeated_values =
+      attn::testing::RepeatAsBatch(values, 3);
   const attn::Tensor queries = ToTensor(request.queries());
   attn::AttentionRequest plain;
   plain.queries = View(queries);
@@ -548,8 +558,6 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   unknown.set_memory_name("absent");
   EXPECT_EQ(call(unknown, &response).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(core_->calls().statistics().Get("memory").success_count, 1u);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 // A small request whose result could not be sent is refused before the

@@ -1,5 +1,6 @@
 #include "attn/testing/random.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace attn::testing {
@@ -21,6 +22,17 @@ std::vector<int32_t> RandomLengths(std::mt19937& rng, int64_t count,
 
 LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape) {
   return LengthsView{lengths.data(), std::move(shape)};
+}
+
+Tensor RepeatAsBatch(const Tensor& tensor, int64_t batch) {
+  const int64_t rows = tensor.shape[tensor.shape.size() - 2];
+  const int64_t cols = tensor.shape.back();
+  Tensor out = Tensor::Zeros({batch, rows, cols});
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(tensor.data.begin(), tensor.data.end(),
+              out.data.begin() + b * rows * cols);
+  }
+  return out;
 }
 
 }  // namespace attn::testing

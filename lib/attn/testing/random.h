@@ -17,6 +17,11 @@ Tensor RandomNormal(std::mt19937& rng, Shape shape, float stddev = 1.0f);
 std::vector<int32_t> RandomLengths(std::mt19937& rng, int64_t count,
                                    int32_t low, int32_t high);
 
+// `tensor` ([rows, cols], or [1, rows, cols]) repeated as `batch` entries:
+// [batch, rows, cols]. (A stored memory's keys as a plain attention call
+// would send them with every batch entry.)
+Tensor RepeatAsBatch(const Tensor& tensor, int64_t batch);
+
 // A LengthsView over `lengths` with the given shape.
 LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape);
 
