@@ -105,15 +105,36 @@ __device__ __forceinline__ void MmaTf32(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// c += a * b to float32 accuracy from split operands.
-__device__ __forceinline__ void Mma3xTf32(float (&c)[4],
-                                          const uint32_t (&a_big)[4],
-                                          const uint32_t (&a_small)[4],
-                                          const uint32_t (&b_big)[2],
-                                          const uint32_t (&b_small)[2]) {
-  MmaTf32(c, a_small, b_big);
-  MmaTf32(c, a_big, b_small);
-  MmaTf32(c, a_big, b_big);
+// acc += a * b to float32 accuracy from split operands, all three products
+// straight into acc.
+__device__ __forceinline__ void Mma3xTf32Into(float (&acc)[4],
+                                              const uint32_t (&a_big)[4],
+                                              const uint32_t (&a_small)[4],
+                                              const uint32_t (&b_big)[2],
+                                              const uint32_t (&b_small)[2]) {
+  MmaTf32(acc, a_small, b_big);
+  MmaTf32(acc, a_big, b_small);
+  MmaTf32(acc, a_big, b_big);
+}
+
+// The tensor cores do not round a sum to nearest: they truncate it to
+// float32 at the scale of its largest term, always toward zero. Products
+// accumulated straight into a long running sum are truncated at that sum's
+// scale on every instruction; on an H100 that bias alone put a 97 x 257
+// float32 attention at ~1.5x its error bound (twice a naive float32
+// computation's error). So each running sum takes its products in slices
+// summed from zero, added with one ordinary, correctly rounded add: the
+// scores per 8 dimensions (Mma3xTf32Sliced), the output per key tile (its
+// loop keeps a slice per output column tile).
+__device__ __forceinline__ void Mma3xTf32Sliced(float (&c)[4],
+                                                const uint32_t (&a_big)[4],
+                                                const uint32_t (&a_small)[4],
+                                                const uint32_t (&b_big)[2],
+                                                const uint32_t (&b_small)[2]) {
+  float slice[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  Mma3xTf32Into(slice, a_big, a_small, b_big, b_small);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] += slice[e];
 }
 
 // ---- bfloat16 / float16 ----------------------------------------------------
@@ -347,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t b_big[2], b_small[2];
         SplitTf32(kv.x, b_big[0], b_small[0]);
         SplitTf32(kv.y, b_big[1], b_small[1]);
-        Mma3xTf32(s[n], a_big, a_small, b_big, b_small);
+        Mma3xTf32Sliced(s[n], a_big, a_small, b_big, b_small);
       }
     }
 
@@ -360,22 +381,29 @@ __global__ void __launch_bounds__(kThreads)
     }
     CopyAsyncCommit();
 
+    // P's fragments for the tile's eight 8-key slices, split once.
+    uint32_t p_big[8][4], p_small[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      uint32_t a_big[4], a_small[4];
-      SplitTf32(s[kk][0], a_big[0], a_small[0]);
-      SplitTf32(s[kk][2], a_big[1], a_small[1]);
-      SplitTf32(s[kk][1], a_big[2], a_small[2]);
-      SplitTf32(s[kk][3], a_big[3], a_small[3]);
+      SplitTf32(s[kk][0], p_big[kk][0], p_small[kk][0]);
+      SplitTf32(s[kk][2], p_big[kk][1], p_small[kk][1]);
+      SplitTf32(s[kk][1], p_big[kk][2], p_small[kk][2]);
+      SplitTf32(s[kk][3], p_big[kk][3], p_small[kk][3]);
+    }
 #pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
+    for (int n = 0; n < kDTiles; ++n) {
+      float slice[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
         uint32_t b_big[2], b_small[2];
         SplitTf32(v_tile[(kk * 8 + 2 * t) * kVStride + n * 8 + g], b_big[0],
                   b_small[0]);
         SplitTf32(v_tile[(kk * 8 + 2 * t + 1) * kVStride + n * 8 + g],
                   b_big[1], b_small[1]);
-        Mma3xTf32(o[n], a_big, a_small, b_big, b_small);
+        Mma3xTf32Into(slice, p_big[kk], p_small[kk], b_big, b_small);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] += slice[e];
     }
   }
   CopyAsyncWait<0>();
