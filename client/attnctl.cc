@@ -122,6 +122,15 @@ ABSL_FLAG(std::string, memory_name, "",
           "attention: a model of the server's repository with backend "
           "attention_memory; its keys and values answer the queries, so "
           "none are sent.");
+ABSL_FLAG(std::string, model_name, "",
+          "nadaraya-watson: a model of the server's repository with backend "
+          "nadaraya_watson (fit-bandwidth --save_as saves one); its fitted "
+          "bandwidth, and training set when it holds one, answer the "
+          "queries, so no training set is sent unless named in --shape.");
+ABSL_FLAG(std::string, save_as, "",
+          "fit-bandwidth: saves the fitted model, with its training set, "
+          "into the server's model repository under this name (the server "
+          "needs --model_repository).");
 ABSL_FLAG(std::string, score, "",
           "dot | gaussian: q.k or -||q - k||^2 / 2 (default dot).");
 ABSL_FLAG(bool, return_weights, false,
@@ -419,7 +428,7 @@ std::vector<absl::string_view> LoadFlags() {
   for (absl::string_view flag :
        {"input", "shape", "encoding", "valid_lens", "valid_lens_shape",
         "causal", "scale", "score", "return_weights", "precision", "memory_name",
-        "kernel",
+        "model_name", "kernel",
         "bandwidth", "initial_bandwidth", "learning_rate", "epochs",
         "service"}) {
     flags.push_back(flag);
@@ -452,9 +461,10 @@ const std::vector<Subcommand>& Subcommands() {
        RunAdditiveAttention},
       {"nadaraya-watson",
        "NadarayaWatson; x_train 50, y_train 50, x_query 50 (textbook data)",
-       RpcFlags({"kernel", "bandwidth", "return_weights"}), RunNadarayaWatson},
+       RpcFlags({"kernel", "bandwidth", "return_weights", "model_name"}),
+       RunNadarayaWatson},
       {"fit-bandwidth", "FitBandwidth; x_train 50, y_train 50 (textbook data)",
-       RpcFlags({"initial_bandwidth", "learning_rate", "epochs"}),
+       RpcFlags({"initial_bandwidth", "learning_rate", "epochs", "save_as"}),
        RunFitBandwidth},
       {"load",
        "drives --rpc at a loopback server and reports throughput and\n"
@@ -739,6 +749,10 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
   if (given.count("memory_name")) {
     options.memory_name = absl::GetFlag(FLAGS_memory_name);
   }
+  if (given.count("model_name")) {
+    options.model_name = absl::GetFlag(FLAGS_model_name);
+  }
+  if (given.count("save_as")) options.save_as = absl::GetFlag(FLAGS_save_as);
   options.bandwidth = absl::GetFlag(FLAGS_bandwidth);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.learning_rate = absl::GetFlag(FLAGS_learning_rate);

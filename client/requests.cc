@@ -487,7 +487,14 @@ absl::Status ApplyOptions(const RequestOptions& options,
     return status;
   }
   std::mt19937 rng(options.seed);
-  if (absl::Status status = MaybeFillTrainingData(options, rng, request);
+  // A stored model may hold the training set: none is generated for it
+  // unless asked for by name.
+  RequestOptions train_options = options;
+  if (options.model_name.has_value()) {
+    request->set_model_name(*options.model_name);
+    train_options.generate_missing = false;
+  }
+  if (absl::Status status = MaybeFillTrainingData(train_options, rng, request);
       !status.ok()) {
     return status;
   }
@@ -527,6 +534,7 @@ absl::Status ApplyOptions(const RequestOptions& options,
   }
   if (options.learning_rate) request->set_learning_rate(*options.learning_rate);
   if (options.epochs) request->set_epochs(*options.epochs);
+  if (options.save_as) request->set_save_as(*options.save_as);
   return ApplyEncoding(options, request);
 }
 

@@ -73,6 +73,12 @@ struct RequestOptions {
   // attention: a stored memory of the server answers the queries; keys and
   // values are then generated only when named in `shapes`.
   std::optional<std::string> memory_name;
+  // nadaraya-watson: a stored nadaraya_watson model serves its bandwidth
+  // (and training set, when it holds one); the training set is then
+  // generated only when named in `shapes`.
+  std::optional<std::string> model_name;
+  // fit-bandwidth: saves the fitted model into the server's repository.
+  std::optional<std::string> save_as;
   // Re-encodes every request tensor and sets output_encoding (where the
   // request has one).
   std::optional<attention::v1::TensorEncoding> encoding;

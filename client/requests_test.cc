@@ -225,6 +225,23 @@ TEST(ApplyOptionsTest, RegressionRejectsMismatchedRowsAndRanks) {
               HasSubstr("(n,) or (n, d)"));
 }
 
+TEST(ApplyOptionsTest, AStoredRegressionModelGetsQueriesAlone) {
+  RequestOptions options;
+  options.generate_missing = true;
+  options.model_name = "net";
+  attention::v1::NadarayaWatsonRequest request;
+  ASSERT_TRUE(ApplyOptions(options, &request).ok());
+  EXPECT_EQ(request.model_name(), "net");
+  EXPECT_FALSE(request.has_x_train());
+  EXPECT_FALSE(request.has_y_train());
+  EXPECT_THAT(request.x_query().shape(), ElementsAre(50));
+  // A model holding a bandwidth only takes the training set when named.
+  options.shapes = {{"x_train", {20}}, {"y_train", {20}}};
+  attention::v1::NadarayaWatsonRequest with_set;
+  ASSERT_TRUE(ApplyOptions(options, &with_set).ok());
+  EXPECT_THAT(with_set.x_train().shape(), ElementsAre(20));
+}
+
 TEST(ApplyOptionsTest, FitBandwidthTakesItsHyperparameters) {
   RequestOptions options;
   options.epochs = 20;
@@ -236,6 +253,10 @@ TEST(ApplyOptionsTest, FitBandwidthTakesItsHyperparameters) {
   EXPECT_FLOAT_EQ(request.learning_rate(), 1.0f);
   EXPECT_FLOAT_EQ(request.initial_bandwidth(), 2.0f);
   EXPECT_FALSE(request.has_x_train());
+  EXPECT_EQ(request.save_as(), "");
+  options.save_as = "net";
+  ASSERT_TRUE(ApplyOptions(options, &request).ok());
+  EXPECT_EQ(request.save_as(), "net");
 }
 
 }  // namespace

@@ -216,15 +216,30 @@ absl::StatusOr<BatchClass> Classify(const attn::AdditiveAttentionRequest& r) {
       p.batch * (p.lq * p.dq + p.lk * (p.dk + p.dv))};
 }
 
-absl::StatusOr<BatchClass> Classify(const attn::NadarayaWatsonRequest& r) {
+// `training_set`: what the requests' x_train and y_train must be to share
+// a class, their contents' hash or a stored version's identity.
+absl::StatusOr<BatchClass> ClassifyRegression(
+    const attn::NadarayaWatsonRequest& r, absl::string_view training_set) {
   ASSIGN_OR_RETURN(auto plan, attn::ValidateNadarayaWatson(r));
   const auto& p = plan.params;
   return BatchClass{
       absl::StrCat("nadaraya_watson/", r.x_query.rank(), "/", r.y_train.rank(),
                    "/", p.dx, "/", p.dy, "/", static_cast<int>(p.kernel), "/",
                    Bits(p.bandwidth), "/", r.return_weights, "/",
-                   ContentHash({r.x_train, r.y_train})),
+                   training_set),
       p.n_query * p.dx};
+}
+
+absl::StatusOr<BatchClass> Classify(const attn::NadarayaWatsonRequest& r) {
+  return ClassifyRegression(r, absl::StrCat(ContentHash({r.x_train, r.y_train})));
+}
+
+// A stored training set is keyed by identity: never hashed, never compared
+// (it may hold millions of points).
+absl::StatusOr<BatchClass> Classify(const StoredRegressionRequest& r) {
+  return ClassifyRegression(
+      r.regression,
+      absl::StrCat("stored/", reinterpret_cast<uintptr_t>(r.training_set)));
 }
 
 // Every query of every request attends to the same memory: the class is the
@@ -510,6 +525,15 @@ Results Combine(attn::Engine& engine,
   return results;
 }
 
+Results Combine(attn::Engine& engine,
+                const std::vector<const StoredRegressionRequest*>& members,
+                CombinedWork* work) {
+  std::vector<const attn::NadarayaWatsonRequest*> regressions;
+  regressions.reserve(members.size());
+  for (const auto* r : members) regressions.push_back(&r->regression);
+  return Combine(engine, regressions, work);
+}
+
 // The result of attention against a memory in the call's own shape:
 // [B, Lq, v] (and weights [B, Lq, N]) from the [1, B * Lq, ...] computed.
 attn::OpResult InCallShape(attn::OpResult result,
@@ -586,6 +610,9 @@ int64_t WorkElements(const attn::NadarayaWatsonRequest& r) {
 int64_t WorkElements(const MemoryAttentionRequest& r) {
   return WorkElements(r.attention);
 }
+int64_t WorkElements(const StoredRegressionRequest& r) {
+  return WorkElements(r.regression);
+}
 
 // The members that share the first one's operands run as one call; the
 // others, and all of them if that call fails, run alone.
@@ -655,6 +682,9 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
     }
     auto operator()(const attn::NadarayaWatsonRequest& r) {
       return engine.NadarayaWatson(r);
+    }
+    auto operator()(const StoredRegressionRequest& r) {
+      return engine.NadarayaWatson(r.regression);
     }
     absl::StatusOr<attn::OpResult> operator()(const MemoryAttentionRequest& r) {
       absl::StatusOr<attn::OpResult> result =

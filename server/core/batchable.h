@@ -19,6 +19,8 @@
 // - Nadaraya-Watson: the training set itself (x_train, y_train contents),
 //   kernel, bandwidth, weights flag and layout; the queries are
 //   concatenated.
+// - Nadaraya-Watson over a stored training set (StoredRegressionRequest):
+//   the stored version itself, by identity, and the rest as above.
 // - attention against a stored memory (MemoryAttentionRequest): the stored
 //   version itself, by identity (its contents are never hashed: a memory may
 //   hold gigabytes), d, v, score, scale, precision and the weights flag; the

@@ -311,6 +311,57 @@ TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
   EXPECT_NE(ClassifyForBatching(other)->key, ClassifyForBatching(same)->key);
 }
 
+// Queries on one stored training set join one class by the set's identity
+// (never its contents, which are not read to classify) and are
+// concatenated; each answer is within its bound of the plain reference.
+TEST_F(BatchableTest, StoredRegressionConcatenatesQueriesOfOneTrainingSet) {
+  const int64_t n = 29, dx = 2, dy = 3;
+  const attn::Tensor x_train = RandomNormal(rng_, {n, dx});
+  const attn::Tensor y_train = RandomNormal(rng_, {n, dy});
+  std::vector<OperationRequest> requests;
+  std::vector<const OperationRequest*> pointers;
+  for (int i = 0; i < 3; ++i) {
+    StoredRegressionRequest r;
+    r.training_set = &x_train;
+    r.regression.x_train = x_train.view();
+    r.regression.y_train = y_train.view();
+    r.regression.x_query = Normal({Uniform(1, 5), dx});
+    r.regression.bandwidth = 1.3f;
+    requests.push_back(r);
+    EXPECT_EQ(ClassifyForBatching(requests.back())->key,
+              ClassifyForBatching(requests.front())->key);
+  }
+  for (const OperationRequest& r : requests) pointers.push_back(&r);
+  CombinedWork work;
+  std::vector<absl::StatusOr<attn::OpResult>> results =
+      RunTogether(*engine_, pointers, &work);
+  EXPECT_EQ(work.combined_requests, 3);
+  ASSERT_EQ(results.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    attn::NadarayaWatsonRequest plain =
+        std::get<StoredRegressionRequest>(requests[i]).regression;
+    plain.return_weights = true;  // the bounds are derived from them
+    const attn::OpResult exact =
+        attn::testing::ReferenceEngine().NadarayaWatson(plain).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::NadarayaWatsonBounds(plain, exact);
+    EXPECT_EQ(results[i]->output.shape, exact.output.shape);
+    EXPECT_TRUE(WithinBounds(results[i]->output, exact.output, bounds.output));
+    EXPECT_EQ(OperationOf(requests[i]), Operation::kNadarayaWatson);
+    EXPECT_EQ(ResultSizeOf(requests[i])->output_shape, exact.output.shape);
+  }
+  // Another stored version is another class, even with equal contents;
+  // the same contents sent by a client are a third (keyed by their hash).
+  StoredRegressionRequest other = std::get<StoredRegressionRequest>(requests[0]);
+  other.training_set = &y_train;
+  EXPECT_NE(ClassifyForBatching(other)->key,
+            ClassifyForBatching(requests[0])->key);
+  EXPECT_NE(ClassifyForBatching(other.regression)->key,
+            ClassifyForBatching(requests[0])->key);
+}
+
 TEST_F(BatchableTest, OperandsThatDifferRunAloneWhateverTheirKey) {
   // As if two training sets collided in the hash: RunTogether still gives
   // each request its own training set's answer.

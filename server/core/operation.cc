@@ -38,6 +38,9 @@ Operation OperationOf(const OperationRequest& request) {
     Operation operator()(const MemoryAttentionRequest&) {
       return Operation::kScaledDotProductAttention;
     }
+    Operation operator()(const StoredRegressionRequest&) {
+      return Operation::kNadarayaWatson;
+    }
   };
   return std::visit(Visitor{}, request);
 }
@@ -53,6 +56,10 @@ absl::StatusOr<attn::ResultSize> SizeOf(const MemoryAttentionRequest& r) {
     }
   }
   return size;
+}
+
+absl::StatusOr<attn::ResultSize> SizeOf(const StoredRegressionRequest& r) {
+  return attn::SizeOfResult(r.regression);
 }
 
 template <typename Request>

@@ -59,13 +59,25 @@ struct MemoryAttentionRequest {
   int64_t queries = 0;  // Lq
 };
 
+// Nadaraya-Watson regression over a training set a model holds
+// (server/models/model_kinds.h, backend nadaraya_watson with x_train and
+// y_train): `regression` points into the stored version that `training_set`
+// identifies. Requests with the same identity share their keys and values,
+// so the batcher concatenates their queries without reading the set to
+// compare it.
+struct StoredRegressionRequest {
+  attn::NadarayaWatsonRequest regression;
+  const void* training_set = nullptr;
+};
+
 // One request of any operation the execution stack runs, batched or alone
 // (FitBandwidth, which is never batched, runs as a call's own work). Its
 // views must stay valid until it has run.
 using OperationRequest =
     std::variant<attn::MaskedSoftmaxRequest, attn::BatchMatmulRequest,
                  attn::AttentionRequest, attn::AdditiveAttentionRequest,
-                 attn::NadarayaWatsonRequest, MemoryAttentionRequest>;
+                 attn::NadarayaWatsonRequest, MemoryAttentionRequest,
+                 StoredRegressionRequest>;
 
 // The request's operation, for metrics.
 Operation OperationOf(const OperationRequest& request);

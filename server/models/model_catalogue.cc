@@ -34,7 +34,7 @@ absl::StatusOr<ServedModel> ModelCatalogue::Resolve(
   if (served.kind == nullptr && repository_ != nullptr) {
     served.stored = repository_->Find(name);
     if (served.stored != nullptr) {
-      served.kind = KindOfBackend(served.stored->config.backend());
+      served.kind = KindOfStored(*served.stored);
       if (served.kind == nullptr) {
         return absl::InternalError(absl::StrCat(
             "model '", name, "': backend '", served.stored->config.backend(),
@@ -62,13 +62,13 @@ absl::StatusOr<ServedModel> ModelCatalogue::ResolveStored(
   ServedModel served;
   if (repository_ != nullptr) served.stored = repository_->Find(name);
   if (served.stored == nullptr ||
-      KindOfBackend(served.stored->config.backend()) != &kind) {
+      served.stored->config.backend() != kind.backend) {
     return absl::NotFoundError(absl::StrCat(field, ": no ", kind.backend,
                                             " model '", name,
                                             "' in the model repository"));
   }
-  served.kind = &kind;
-  served.signature = kind.signature;
+  served.kind = KindOfStored(*served.stored);
+  served.signature = served.kind->signature;
   served.signature.name = name;
   return served;
 }
@@ -93,14 +93,17 @@ bool ModelCatalogue::IsBuiltIn(const std::string& name) {
   return false;
 }
 
-absl::Status ModelCatalogue::SaveFittedBandwidth(const std::string& name,
-                                                 float bandwidth) {
+absl::Status ModelCatalogue::SaveFittedModel(const std::string& name,
+                                             float bandwidth,
+                                             attn::TensorView x_train,
+                                             attn::TensorView y_train) {
   if (repository_ == nullptr) {
     return absl::FailedPreconditionError(
         "save_as: the server runs without --model_repository");
   }
-  return repository_->SaveModel({"save_as", "fitted bandwidth"}, name,
-                                FittedNadarayaWatsonModel(name, bandwidth));
+  return repository_->SaveModel(
+      {"save_as", "fitted Nadaraya-Watson model"}, name,
+      TrainedNadarayaWatsonModel(name, bandwidth, x_train, y_train));
 }
 
 std::vector<ModelRepository::ModelState> ModelCatalogue::Index(

@@ -10,7 +10,7 @@
 // Thread-safe: the built-in models never change; the repository is read
 // under its own lock and serializes loads, unloads and saves
 // (server/repository/model_repository.h). Load, Unload and
-// SaveFittedBandwidth block on file I/O; everything else only for the
+// SaveFittedModel block on file I/O; everything else only for the
 // repository's lock.
 #ifndef ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
 #define ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
@@ -70,9 +70,10 @@ class ModelCatalogue {
   // of a backend no kind has (the repository never loads one).
   absl::StatusOr<ServedModel> Resolve(const std::string& name,
                                       const std::string& version) const;
-  // The stored model `name` of `kind`, for a call that names one in a
-  // request field (the typed API's weights_name): NOT_FOUND naming `field`
-  // and the kind's backend when there is none.
+  // The stored model `name` of `kind`'s backend, for a call that names one
+  // in a request field (the typed API's weights_name), served as the kind
+  // its contents make it (KindOfStored): NOT_FOUND naming `field` and the
+  // backend when there is none.
   absl::StatusOr<ServedModel> ResolveStored(absl::string_view field,
                                             const std::string& name,
                                             const ModelKind& kind) const;
@@ -99,11 +100,14 @@ class ModelCatalogue {
   absl::Status Unload(bool may_control_models, const std::string& model_name,
                       const std::vector<std::string>& parameters);
 
-  // Stores a fitted Nadaraya-Watson model `name` with `bandwidth` and
-  // serves it at once: the repository's crash-safe save and its statuses
-  // (ModelRepository::SaveModel), FAILED_PRECONDITION without a
+  // Stores a fitted Nadaraya-Watson model `name` holding `bandwidth` and
+  // the training set it was fitted on (copied), and serves it at once, to
+  // answer x_query alone: the repository's crash-safe save and its
+  // statuses (ModelRepository::SaveModel), FAILED_PRECONDITION without a
   // repository. Blocks on file I/O and on other saves.
-  absl::Status SaveFittedBandwidth(const std::string& name, float bandwidth);
+  absl::Status SaveFittedModel(const std::string& name, float bandwidth,
+                               attn::TensorView x_train,
+                               attn::TensorView y_train);
 
   // Null without --model_repository.
   ModelRepository* repository() const { return repository_; }

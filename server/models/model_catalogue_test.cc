@@ -28,6 +28,13 @@ class ModelCatalogueTest : public ::testing::Test {
     EXPECT_EQ(std::system(("rm -rf '" + dir_ + "'").c_str()), 0);
   }
 
+  // A fitted model holding its bandwidth alone (saved before fitted models
+  // held their training set).
+  absl::Status SaveBandwidthOnly(const std::string& name, float bandwidth) {
+    return repository_->SaveModel({"test", "a bandwidth"}, name,
+                                  FittedNadarayaWatsonModel(name, bandwidth));
+  }
+
   RepositoryModel Additive(const std::string& name, int h_k) {
     RepositoryModel model;
     model.config.set_name(name);
@@ -44,7 +51,7 @@ class ModelCatalogueTest : public ::testing::Test {
 
 TEST_F(ModelCatalogueTest, ResolvesBuiltInAndStoredModelsByTheirKind) {
   ModelCatalogue catalogue(repository_.get());
-  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  ASSERT_TRUE(SaveBandwidthOnly("fitted", 0.5f).ok());
   ASSERT_TRUE(repository_->SaveModel({"test", "weights"}, "mlp",
                                      Additive("mlp", 4))
                   .ok());
@@ -97,13 +104,17 @@ TEST_F(ModelCatalogueTest, EachKindChecksWhatItsModelsHold) {
   unknown.config.set_backend("no_such_backend");
   EXPECT_THAT(std::string(CheckStoredModel("odd", unknown).message()),
               HasSubstr("backend 'no_such_backend' is not one of"));
+  const float x[] = {1.0f}, y[] = {2.0f};
+  const attn::TensorView x_train{x, {1}}, y_train{y, {1}};
   EXPECT_EQ(ModelCatalogue(repository_.get())
-                .SaveFittedBandwidth("w", -1.0f)
+                .SaveFittedModel("w", -1.0f, x_train, y_train)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(repository_->Find("mlp"), nullptr);
   EXPECT_EQ(repository_->Find("w"), nullptr);
-  EXPECT_EQ(ModelCatalogue(nullptr).SaveFittedBandwidth("w", 1.0f).code(),
+  EXPECT_EQ(ModelCatalogue(nullptr)
+                .SaveFittedModel("w", 1.0f, x_train, y_train)
+                .code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -166,7 +177,7 @@ TEST_F(ModelCatalogueTest, AnAttentionMemoryIsCheckedWhenStored) {
 // types the protocol has.
 TEST_F(ModelCatalogueTest, KindsReadTheirParameters) {
   ModelCatalogue catalogue(repository_.get());
-  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  ASSERT_TRUE(SaveBandwidthOnly("fitted", 0.5f).ok());
   const ModelKind& built_in = *catalogue.Resolve("nadaraya_watson", "")->kind;
   const ServedModel fitted = *catalogue.Resolve("fitted", "");
   ModelInputs inputs;
@@ -209,6 +220,156 @@ TEST_F(ModelCatalogueTest, KindsReadTheirParameters) {
               HasSubstr("serves its fitted bandwidth"));
 }
 
+// FitBandwidth's save_as stores the training set beside the bandwidth: the
+// model takes x_query alone and computes over what it holds, with the
+// Gaussian kernel the fit used; calls on it share the stored set by
+// identity (the batcher's class), never by copying it.
+TEST_F(ModelCatalogueTest, AFittedModelHoldsItsTrainingSet) {
+  ModelCatalogue catalogue(repository_.get());
+  const float x[] = {0.0f, 1.0f, 2.0f, 3.0f}, y[] = {1.0f, 3.0f, 2.0f, 5.0f};
+  ASSERT_TRUE(catalogue
+                  .SaveFittedModel("net", 1.5f, attn::TensorView{x, {4}},
+                                   attn::TensorView{y, {4}})
+                  .ok());
+  const ServedModel net = *catalogue.Resolve("net", "");
+  EXPECT_EQ(net.kind, &TrainedNadarayaWatsonKind());
+  ASSERT_EQ(net.signature.inputs.size(), 1u);
+  EXPECT_EQ(net.signature.inputs[0].name, "x_query");
+  EXPECT_EQ(net.signature.name, "net");
+  EXPECT_EQ(net.stored->config.parameters().at("kernel").string_value(),
+            "gaussian");
+
+  const float queries[] = {0.5f, 2.5f};
+  ModelInputs inputs;
+  inputs.floats["x_query"] = attn::TensorView{queries, {2}};
+  auto build = [&](const ModelParameters& parameters) {
+    return net.kind->build_request(
+        KindArguments{"net", parameters, inputs, net.stored.get(), true});
+  };
+  absl::StatusOr<OperationRequest> built = build({});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const auto& op = std::get<StoredRegressionRequest>(*built);
+  EXPECT_EQ(op.training_set, net.stored.get());
+  EXPECT_EQ(op.regression.x_train.data,
+            net.stored->tensors.at("x_train").data.data());
+  EXPECT_EQ(op.regression.y_train.shape, (attn::Shape{4}));
+  EXPECT_EQ(op.regression.x_query.data, queries);
+  EXPECT_EQ(op.regression.bandwidth, 1.5f);
+  EXPECT_EQ(op.regression.kernel, attn::RegressionKernel::kGaussian);
+  EXPECT_TRUE(op.regression.return_weights);
+  EXPECT_FALSE(net.kind->gains_from_batching);  // measured: it does not pay
+  // Its bandwidth and kernel are what was fitted: a call's are refused.
+  EXPECT_THAT(std::string(build({{"bandwidth", 2.0}}).status().message()),
+              HasSubstr("serves its fitted bandwidth"));
+  EXPECT_THAT(std::string(build({{"kernel", std::string("boxcar")}})
+                              .status()
+                              .message()),
+              HasSubstr("model 'net' serves its own kernel, gaussian"));
+
+  // A typed call names it by its backend; a model of another backend is
+  // not one.
+  EXPECT_EQ(catalogue
+                .ResolveStored("model_name", "net", FittedNadarayaWatsonKind())
+                ->kind,
+            &TrainedNadarayaWatsonKind());
+  ASSERT_TRUE(SaveBandwidthOnly("bandwidth_only", 0.5f).ok());
+  EXPECT_EQ(catalogue
+                .ResolveStored("model_name", "bandwidth_only",
+                               FittedNadarayaWatsonKind())
+                ->kind,
+            &FittedNadarayaWatsonKind());
+}
+
+// A training set is both tensors, of one N, rank 1 or 2, finite, and a
+// kernel the library has; anything else is refused naming the model and
+// the tensor or parameter, and the version before serves on.
+TEST_F(ModelCatalogueTest, AStoredTrainingSetIsChecked) {
+  const float x[] = {0.0f, 1.0f}, y[] = {1.0f, 3.0f};
+  auto model = [&]() {
+    return TrainedNadarayaWatsonModel("net", 1.0f, attn::TensorView{x, {2}},
+                                      attn::TensorView{y, {2}});
+  };
+  auto refusal = [&](RepositoryModel bad) {
+    const absl::Status status =
+        repository_->SaveModel({"test", "a regression"}, "net", std::move(bad));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(status.message());
+  };
+  ASSERT_TRUE(repository_->SaveModel({"test", "a regression"}, "net", model())
+                  .ok());
+  RepositoryModel half = model();
+  half.tensors.erase("y_train");
+  EXPECT_THAT(refusal(std::move(half)),
+              HasSubstr("net: a nadaraya_watson model with a training set "
+                        "holds both x_train [N] or [N, dx] and y_train [N] or "
+                        "[N, dy]; 'y_train' is missing"));
+  RepositoryModel deep = model();
+  deep.tensors["x_train"] = attn::Tensor::Zeros({2, 1, 1});
+  EXPECT_THAT(refusal(std::move(deep)),
+              HasSubstr("'x_train' is of shape (2, 1, 1)"));
+  RepositoryModel mismatched = model();
+  mismatched.tensors["y_train"] = attn::Tensor::Zeros({3});
+  EXPECT_THAT(refusal(std::move(mismatched)),
+              HasSubstr("net: x_train (2) and y_train (3) must hold the same N"));
+  RepositoryModel empty = model();
+  empty.tensors["x_train"] = attn::Tensor::Zeros({0});
+  empty.tensors["y_train"] = attn::Tensor::Zeros({0});
+  EXPECT_THAT(refusal(std::move(empty)), HasSubstr("the same N >= 1"));
+  RepositoryModel no_features = model();
+  no_features.tensors["x_train"] = attn::Tensor::Zeros({2, 0});
+  EXPECT_THAT(refusal(std::move(no_features)), HasSubstr("at least one value"));
+  RepositoryModel nan = model();
+  nan.tensors["y_train"].data[1] = std::nanf("");
+  EXPECT_THAT(refusal(std::move(nan)),
+              HasSubstr("net: tensor 'y_train' element 1 is nan; a training "
+                        "set holds finite values only"));
+  RepositoryModel infinite = model();
+  infinite.tensors["x_train"].data[0] = -INFINITY;
+  EXPECT_THAT(refusal(std::move(infinite)),
+              HasSubstr("tensor 'x_train' element 0 is -inf"));
+  RepositoryModel kernel = model();
+  (*kernel.config.mutable_parameters())["kernel"].set_string_value("cosine");
+  EXPECT_THAT(refusal(std::move(kernel)),
+              HasSubstr("net: parameter 'kernel': 'cosine' is not one of"));
+  // The first, whole version still serves.
+  EXPECT_EQ(repository_->Find("net")->tensors.at("x_train").data[1], 1.0f);
+}
+
+// A bandwidth-only model whose config sets a kernel serves it, as a
+// trained one does; without one the call's kernel is used, as before.
+TEST_F(ModelCatalogueTest, AStoredKernelIsTheModels) {
+  RepositoryModel boxcar = FittedNadarayaWatsonModel("boxcar", 0.5f);
+  (*boxcar.config.mutable_parameters())["kernel"].set_string_value("boxcar");
+  ASSERT_TRUE(
+      repository_->SaveModel({"test", "a bandwidth"}, "boxcar", boxcar).ok());
+  ASSERT_TRUE(SaveBandwidthOnly("plain", 0.5f).ok());
+  ModelCatalogue catalogue(repository_.get());
+  ModelInputs inputs;
+  auto kernel_of = [&](const std::string& name,
+                       const ModelParameters& parameters) {
+    const ServedModel model = *catalogue.Resolve(name, "");
+    return model.kind
+        ->build_request(KindArguments{name, parameters, inputs,
+                                      model.stored.get(), false})
+        .value();
+  };
+  EXPECT_EQ(std::get<attn::NadarayaWatsonRequest>(kernel_of("boxcar", {})).kernel,
+            attn::RegressionKernel::kBoxcar);
+  EXPECT_EQ(std::get<attn::NadarayaWatsonRequest>(
+                kernel_of("plain", {{"kernel", std::string("constant")}}))
+                .kernel,
+            attn::RegressionKernel::kConstant);
+  const ServedModel model = *catalogue.Resolve("boxcar", "");
+  EXPECT_THAT(std::string(model.kind
+                              ->build_request(KindArguments{
+                                  "boxcar",
+                                  {{"kernel", std::string("boxcar")}},
+                                  inputs, model.stored.get(), false})
+                              .status()
+                              .message()),
+              HasSubstr("serves its own kernel, boxcar"));
+}
+
 TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
   ModelCatalogue off(repository_.get());
   EXPECT_EQ(off.Load(true, "m", {}).code(),
@@ -223,7 +384,7 @@ TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
   EXPECT_TRUE(catalogue.Load(true, "masked_softmax", {"unload_dependents"}).ok());
   EXPECT_EQ(catalogue.Unload(true, "masked_softmax", {}).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(catalogue.SaveFittedBandwidth("fitted", 0.5f).ok());
+  ASSERT_TRUE(SaveBandwidthOnly("fitted", 0.5f).ok());
   ASSERT_TRUE(catalogue.Unload(true, "fitted", {}).ok());
   EXPECT_EQ(catalogue.Resolve("fitted", "").status().code(),
             absl::StatusCode::kNotFound);

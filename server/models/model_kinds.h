@@ -10,6 +10,18 @@
 //   holding a fitted bandwidth (one finite positive value), with the
 //   tensors of the built-in nadaraya_watson (which refuses a "bandwidth"
 //   parameter);
+// - trained Nadaraya-Watson: stored models of backend nadaraya_watson that
+//   also hold the training set they were fitted on, x_train [N] or [N, dx]
+//   and y_train [N] or [N, dy] (FitBandwidth's save_as stores one): a call
+//   sends x_query alone and gets y_pred (and, on request,
+//   attention_weights), the textbook's net(x_test, keys, values). Calls on
+//   one stored version share its training set: with --batching the batcher
+//   concatenates their queries (server/core/operation.h,
+//   StoredRegressionRequest); not by default, where it was measured not to
+//   pay.
+//   Either Nadaraya-Watson model may set a `kernel` config parameter
+//   (gaussian, boxcar, constant, epanechnikov); it then serves that kernel
+//   and refuses a call's.
 // - attention memory: stored models of backend attention_memory, holding a
 //   memory of N key-value pairs, keys [N, d] and values [N, v] (finite), and
 //   in their config's parameters the `score` (dot_product, the default, or
@@ -43,11 +55,16 @@ const std::vector<const ModelKind*>& BuiltInModelKinds();
 // The kinds of stored models.
 const ModelKind& AdditiveAttentionKind();
 const ModelKind& FittedNadarayaWatsonKind();
+const ModelKind& TrainedNadarayaWatsonKind();
 const ModelKind& AttentionMemoryKind();
 
-// The kind stored models of `backend` are served as; null for a backend
-// no kind has.
+// The kind whose check stored models of `backend` pass (for
+// nadaraya_watson, the fitted kind's, which also checks a training set);
+// null for a backend no kind has.
 const ModelKind* KindOfBackend(absl::string_view backend);
+// The kind a stored model (checked) is served as: its backend's, or for a
+// nadaraya_watson model holding a training set, the trained kind.
+const ModelKind* KindOfStored(const RepositoryModel& model);
 
 // The repository's check of a stored model (ModelRepository::Options::
 // check_model), at load and at save: its backend is a kind's, and it holds
@@ -64,6 +81,12 @@ void BindAdditiveWeights(const RepositoryModel& model,
 // (ModelRepository::SaveModel checks it).
 RepositoryModel FittedNadarayaWatsonModel(const std::string& name,
                                           float bandwidth);
+// The same holding also the training set it was fitted on (copied), with
+// the Gaussian kernel the fit used: it answers x_query alone.
+RepositoryModel TrainedNadarayaWatsonModel(const std::string& name,
+                                           float bandwidth,
+                                           attn::TensorView x_train,
+                                           attn::TensorView y_train);
 
 }  // namespace attnserve
 

@@ -27,11 +27,14 @@
 namespace attnserve {
 namespace {
 
-// A fitted bandwidth saved as the server saves one (save_as), through the
-// models layer's check.
+// A fitted model saved as the server saves one (save_as: its bandwidth and
+// a training set), through the models layer's check.
 absl::Status SaveBandwidth(ModelRepository& repository, const std::string& name,
                            float bandwidth) {
-  return ModelCatalogue(&repository).SaveFittedBandwidth(name, bandwidth);
+  static const float kX[] = {0.5f, 1.5f}, kY[] = {1.0f, 2.0f};
+  return ModelCatalogue(&repository)
+      .SaveFittedModel(name, bandwidth, attn::TensorView{kX, {2}},
+                       attn::TensorView{kY, {2}});
 }
 
 using ::testing::HasSubstr;

@@ -20,11 +20,14 @@
 namespace attnserve {
 namespace {
 
-// A fitted bandwidth saved as the server saves one (save_as), through the
-// models layer's check.
+// A fitted model saved as the server saves one (save_as: its bandwidth and
+// a training set), through the models layer's check.
 absl::Status SaveBandwidth(ModelRepository& repository, const std::string& name,
                            float bandwidth) {
-  return ModelCatalogue(&repository).SaveFittedBandwidth(name, bandwidth);
+  static const float kX[] = {0.5f, 1.5f}, kY[] = {1.0f, 2.0f};
+  return ModelCatalogue(&repository)
+      .SaveFittedModel(name, bandwidth, attn::TensorView{kX, {2}},
+                       attn::TensorView{kY, {2}});
 }
 
 using ::testing::HasSubstr;
@@ -254,7 +257,7 @@ TEST(ModelRepositoryTest, SaveNeverReplacesAnotherModelsFolder) {
   ASSERT_TRUE(repository->UnloadModel("a").ok());
   const absl::Status unloaded = SaveBandwidth(*repository, "a", 2.0f);
   EXPECT_EQ(unloaded.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(unloaded.message()), HasSubstr("holds no fitted bandwidth"));
+  EXPECT_THAT(std::string(unloaded.message()), HasSubstr("holds no fitted Nadaraya-Watson model"));
   // The files are untouched: the model loads again as it was.
   ASSERT_TRUE(repository->LoadModel("a").ok());
   EXPECT_EQ(repository->Find("a")->tensors.at("W_q").data[0], 1.0f);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -348,29 +349,90 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
     grpc::CallbackServerContext* context,
     const v1::NadarayaWatsonRequest* request,
     v1::NadarayaWatsonResponse* response) {
+  if (request->model_name().empty()) {
+    return ServeOp(
+        Operation::kNadarayaWatson, context, response, response->mutable_info(),
+        [request](ElementBudget* budget,
+                  DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+          attn::NadarayaWatsonRequest op;
+          RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+          ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                    budget, storage));
+          ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                    budget, storage));
+          ASSIGN_OR_RETURN(op.x_query, DecodeTensor("x_query", request->x_query(),
+                                                    budget, storage));
+          RETURN_IF_ERROR(
+              CheckEnum("kernel", request->kernel(),
+                        v1::RegressionKernel_IsValid(request->kernel())));
+          op.kernel = KernelOf(request->kernel());
+          if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
+          op.return_weights = request->return_weights();
+          return op;
+        },
+        [request, response](const attn::OpResult& result) {
+          EncodeResult(result, request->output_encoding(), response);
+        });
+  }
+  // A stored model: its kind builds the request, as for a KServe call on
+  // the same model; the encoding step holds the model until the kernel has
+  // run, and the call counts in the model's statistics.
+  absl::StatusOr<ServedModel> model = catalogue_->ResolveStored(
+      "model_name", request->model_name(), FittedNadarayaWatsonKind());
+  std::shared_ptr<const RepositoryModel> held =
+      model.ok() ? model->stored : nullptr;
   return ServeOp(
       Operation::kNadarayaWatson, context, response, response->mutable_info(),
-      [request](ElementBudget* budget,
-                DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
-        attn::NadarayaWatsonRequest op;
+      [request, model](ElementBudget* budget, DecodeStorage* storage)
+          -> absl::StatusOr<OperationRequest> {
+        if (!model.ok()) return model.status();
+        const bool holds_set = model->kind == &TrainedNadarayaWatsonKind();
+        for (const auto& [set, field, holding] :
+             {std::tuple<bool, const char*, const char*>{
+                  request->has_bandwidth(), "bandwidth", "its fitted bandwidth"},
+              {holds_set && request->has_x_train(), "x_train",
+               "its training set"},
+              {holds_set && request->has_y_train(), "y_train",
+               "its training set"}}) {
+          if (set) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                field, ": model '", request->model_name(), "' holds ", holding,
+                "; leave ", field, " unset with model_name"));
+          }
+        }
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
-        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
-                                                  budget, storage));
-        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
-                                                  budget, storage));
-        ASSIGN_OR_RETURN(op.x_query, DecodeTensor("x_query", request->x_query(),
-                                                  budget, storage));
         RETURN_IF_ERROR(
             CheckEnum("kernel", request->kernel(),
                       v1::RegressionKernel_IsValid(request->kernel())));
-        op.kernel = KernelOf(request->kernel());
-        if (request->has_bandwidth()) op.bandwidth = request->bandwidth();
-        op.return_weights = request->return_weights();
-        return op;
+        ModelInputs inputs;
+        ASSIGN_OR_RETURN(inputs.floats["x_query"],
+                         DecodeTensor("x_query", request->x_query(), budget,
+                                      storage));
+        if (!holds_set) {
+          ASSIGN_OR_RETURN(inputs.floats["x_train"],
+                           DecodeTensor("x_train", request->x_train(), budget,
+                                        storage));
+          ASSIGN_OR_RETURN(inputs.floats["y_train"],
+                           DecodeTensor("y_train", request->y_train(), budget,
+                                        storage));
+        }
+        // A kernel other than the default is the call's, as KServe's
+        // 'kernel' parameter: the kind refuses it for a model that sets
+        // its own.
+        ModelParameters parameters;
+        if (request->kernel() != v1::REGRESSION_KERNEL_GAUSSIAN) {
+          parameters["kernel"] =
+              attn::RegressionKernelName(KernelOf(request->kernel()));
+        }
+        return model->kind->build_request(
+            KindArguments{request->model_name(), parameters, inputs,
+                          model->stored.get(), request->return_weights()});
       },
-      [request, response](const attn::OpResult& result) {
+      [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
-      });
+      },
+      {}, model.ok() ? request->model_name() : std::string(),
+      /*gains_from_batching=*/model.ok() && model->kind->gains_from_batching);
 }
 
 grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
@@ -415,8 +477,8 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
           if (!request->save_as().empty()) {
             // The repository's code stands (RESOURCE_EXHAUSTED: disk full;
             // FAILED_PRECONDITION: read-only); the fit is not lost with it.
-            const absl::Status saved = catalogue_->SaveFittedBandwidth(
-                request->save_as(), result.bandwidth);
+            const absl::Status saved = catalogue_->SaveFittedModel(
+                request->save_as(), result.bandwidth, op.x_train, op.y_train);
             if (!saved.ok()) {
               return absl::Status(saved.code(),
                                   absl::StrCat(saved.message(),

@@ -560,6 +560,94 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   EXPECT_EQ(core_->calls().statistics().Get("memory").success_count, 1u);
 }
 
+// FitBandwidth's save_as stores the fit with its training set, and
+// NadarayaWatson naming it (model_name) answers x_query alone, as the
+// textbook's net(x_test, keys, values): within the reference's bound over
+// the training set with the fitted bandwidth. What the model holds may not
+// be sent beside it; a model holding a bandwidth only takes the training
+// set (and kernel) from the call; an unknown model is NOT_FOUND.
+TEST_P(ServiceTest, AFittedModelAnswersQueriesAlone) {
+  WithModels models(&core_->calls());
+  v1::AttentionService::Stub* stub = models.stub();
+  std::mt19937 rng(10);
+  const v1::Tensor x_train = RandomTensor(rng, {30});
+  const v1::Tensor y_train = RandomTensor(rng, {30});
+  v1::FitBandwidthRequest fit;
+  *fit.mutable_x_train() = x_train;
+  *fit.mutable_y_train() = y_train;
+  fit.set_save_as("net");
+  v1::FitBandwidthResponse fitted;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub->FitBandwidth(&context, fit, &fitted);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  auto call = [&](const v1::NadarayaWatsonRequest& request,
+                  v1::NadarayaWatsonResponse* response) {
+    grpc::ClientContext context;
+    return stub->NadarayaWatson(&context, request, response);
+  };
+  auto expect_reference = [&](const v1::NadarayaWatsonResponse& response,
+                              const v1::Tensor& x, const v1::Tensor& y,
+                              const v1::Tensor& queries,
+                              attn::RegressionKernel kernel, float bandwidth) {
+    const attn::Tensor xt = ToTensor(x), yt = ToTensor(y), qt = ToTensor(queries);
+    attn::NadarayaWatsonRequest plain{View(xt), View(yt), View(qt), kernel,
+                                      bandwidth, true};
+    const attn::OpResult exact = reference_->NadarayaWatson(plain).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::NadarayaWatsonBounds(plain, exact);
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.output()),
+                                            exact.output, bounds.output));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(response.weights()),
+                                            exact.weights, bounds.weights));
+  };
+
+  v1::NadarayaWatsonRequest request;
+  request.set_model_name("net");
+  *request.mutable_x_query() = RandomTensor(rng, {7});
+  request.set_return_weights(true);
+  v1::NadarayaWatsonResponse response;
+  const grpc::Status status = call(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  expect_reference(response, x_train, y_train, request.x_query(),
+                   attn::RegressionKernel::kGaussian, fitted.bandwidth());
+
+  v1::NadarayaWatsonRequest with_set = request;
+  *with_set.mutable_x_train() = x_train;
+  EXPECT_THAT(call(with_set, &response).error_message(),
+              HasSubstr("x_train: model 'net' holds its training set; leave "
+                        "x_train unset with model_name"));
+  v1::NadarayaWatsonRequest with_bandwidth = request;
+  with_bandwidth.set_bandwidth(2.0f);
+  EXPECT_THAT(call(with_bandwidth, &response).error_message(),
+              HasSubstr("bandwidth: model 'net' holds its fitted bandwidth"));
+  v1::NadarayaWatsonRequest boxcar = request;
+  boxcar.set_kernel(v1::REGRESSION_KERNEL_BOXCAR);
+  EXPECT_THAT(call(boxcar, &response).error_message(),
+              HasSubstr("model 'net' serves its own kernel, gaussian"));
+  v1::NadarayaWatsonRequest unknown = request;
+  unknown.set_model_name("absent");
+  EXPECT_EQ(call(unknown, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  ASSERT_TRUE(models.repository()
+                  .SaveModel({"test", "a bandwidth"}, "bandwidth_only",
+                             FittedNadarayaWatsonModel("bandwidth_only", 0.8f))
+                  .ok());
+  v1::NadarayaWatsonRequest bandwidth_only = request;
+  bandwidth_only.set_model_name("bandwidth_only");
+  bandwidth_only.set_kernel(v1::REGRESSION_KERNEL_EPANECHNIKOV);
+  *bandwidth_only.mutable_x_train() = x_train;
+  *bandwidth_only.mutable_y_train() = y_train;
+  ASSERT_TRUE(call(bandwidth_only, &response).ok());
+  expect_reference(response, x_train, y_train, request.x_query(),
+                   attn::RegressionKernel::kEpanechnikov, 0.8f);
+  bandwidth_only.clear_x_train();
+  EXPECT_EQ(call(bandwidth_only, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(core_->calls().statistics().Get("net").success_count, 1u);
+}
+
 // A small request whose result could not be sent is refused before the
 // result is allocated or computed (fuzz/typed_request: a 370 KB BatchMatmul
 // once made an 8.5 GB product first). Both RPCs whose output can outgrow

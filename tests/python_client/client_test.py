@@ -453,6 +453,34 @@ class AttentionTest(Case):
         self.assertEqual(got.output.shape, (1, 2, 2))
 
 
+class StoredMemoryTest(Case):
+    """Queries against a stored memory (memory_name): run_test.sh stores the
+    textbook's toy memory as `toy_memory`."""
+
+    KEYS = np.array([(i % 5) * 0.5 - 1.0 for i in range(20)], np.float32).reshape(10, 2)
+    VALUES = np.array([0.25 * i for i in range(40)], np.float32).reshape(10, 4)
+
+    def test_queries_alone(self):
+        queries = self.randn(2, 3, 2)
+        got = CLIENT.scaled_dot_product_attention(queries, memory_name="toy_memory",
+                                                  return_weights=True)
+        keys = np.broadcast_to(self.KEYS, (2, 10, 2))
+        values = np.broadcast_to(self.VALUES, (2, 10, 4))
+        out, w, ob, wb = attention_ref(queries, keys, values)
+        self.assertWithin(got.output, out, ob, "memory output")
+        self.assertWithin(got.weights, w, wb, "memory weights")
+
+    def test_keys_beside_a_memory_are_refused(self):
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.scaled_dot_product_attention(self.randn(1, 1, 2), self.randn(1, 10, 2),
+                                                self.randn(1, 10, 4),
+                                                memory_name="toy_memory")
+        self.assertIn("holds the keys and values", caught.exception.message)
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.scaled_dot_product_attention(self.randn(1, 1, 2))
+        self.assertIn("or `memory_name`", caught.exception.message)
+
+
 class AdditiveAttentionTest(Case):
 
     def check(self, q, k, v, lens, w_q, w_k, w_v, **call):
@@ -535,6 +563,17 @@ class FitBandwidthTest(Case):
         names = {m.name: m for m in CLIENT.models()}
         self.assertIn("pyclient_fit", names, "save_as did not reach the repository")
         self.assertEqual(names["pyclient_fit"].state, "READY")
+        # The saved model holds its training set: the textbook's
+        # net(x_test, keys, values) is a call with the queries alone.
+        net = CLIENT.nadaraya_watson(x_query=d.x_query, model_name="pyclient_fit",
+                                     return_weights=True)
+        out, w, ob, wb = nadaraya_watson_ref(d.x_train, d.y_train, d.x_query,
+                                             bandwidth=got.bandwidth)
+        self.assertWithin(net.output, out, ob, "fitted model output")
+        self.assertWithin(net.weights, w, wb, "fitted model weights")
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.nadaraya_watson(x_query=d.x_query)
+        self.assertIn("or `model_name`", caught.exception.message)
 
     def test_defaults(self):
         d = textbook.regression_data(n_train=20, seed=3)

@@ -86,6 +86,17 @@ echo "run_test.sh: built and installed into a clean venv in $(((installed - star
 # --- The server. -------------------------------------------------------------
 mkdir -p "$workdir/models"
 for model in "$repo"/deploy/models/*/; do cp -r "$model" "$workdir/models/"; done
+# A stored memory for memory_name: the textbook's toy memory, keys (10, 2)
+# and values (10, 4) (client_test.py rebuilds the same numbers).
+/usr/bin/python3 - "$workdir/models" "$repo/deploy/models" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import make_examples
+keys = [(i % 5) * 0.5 - 1.0 for i in range(20)]
+values = [0.25 * i for i in range(40)]
+make_examples.write_model(sys.argv[1], "toy_memory", "attention_memory",
+                          {"keys": ([10, 2], keys), "values": ([10, 4], values)})
+PY
 start_server "$server_bin" "$workdir/server.log" --kernel_threads=1 \
   --model_repository="$workdir/models" --max_request_elements=1048576
 echo "run_test.sh: attnserve pid $SERVER_PID on 127.0.0.1:$GRPC_PORT"

@@ -4,7 +4,7 @@
 //  - the oneDNN backend's primitive cache (lib/attn/onednn_backend.cc):
 //    hits, misses and evictions from several threads, every result checked;
 //  - the model repository (server/repository/model_repository.h): Find and Names while
-//    SaveFittedBandwidth replaces models;
+//    SaveFittedModel replaces models;
 //  - the service metrics (server/core/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
@@ -142,9 +142,12 @@ TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
   }
   for (int save = 0; save < kSaves; ++save) {
     for (int m = 0; m < kModels; ++m) {
+      static const float kX[] = {0.5f, 1.5f}, kY[] = {1.0f, 2.0f};
       ASSERT_TRUE(catalogue
-                      .SaveFittedBandwidth("fitted-" + std::to_string(m),
-                                           1.0f + save + m)
+                      .SaveFittedModel("fitted-" + std::to_string(m),
+                                       1.0f + save + m,
+                                       attn::TensorView{kX, {2}},
+                                       attn::TensorView{kY, {2}})
                       .ok());
     }
   }

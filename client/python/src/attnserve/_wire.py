@@ -139,17 +139,28 @@ def batch_matmul(a: ArrayLike, b: ArrayLike, precision: Union[str, int]) -> pb.B
         output_encoding=RAW)
 
 
-def attention(queries: ArrayLike, keys: ArrayLike, values: ArrayLike,
+def attention(queries: ArrayLike, keys: Optional[ArrayLike], values: Optional[ArrayLike],
               valid_lens: Optional[LengthsLike], causal: bool,
               scale: Optional[float], score: Union[str, int],
-              return_weights: bool, precision: Union[str, int]) -> pb.AttentionRequest:
+              return_weights: bool, precision: Union[str, int],
+              memory_name: Optional[str] = None) -> pb.AttentionRequest:
+    if memory_name is None and (keys is None or values is None):
+        raise invalid("scaled_dot_product_attention: give `keys` and `values`, "
+                      "or `memory_name`")
+    if memory_name is not None and (keys is not None or values is not None):
+        raise invalid(f"scaled_dot_product_attention: memory '{memory_name}' "
+                      "holds the keys and values; leave `keys` and `values` out")
     request = pb.AttentionRequest(
-        queries=to_tensor("queries", queries), keys=to_tensor("keys", keys),
-        values=to_tensor("values", values), causal=bool(causal),
+        queries=to_tensor("queries", queries), causal=bool(causal),
         score=enum_value("score", score, _SCORES),
         return_weights=bool(return_weights),
         precision=enum_value("precision", precision, _PRECISIONS),
         output_encoding=RAW)
+    if memory_name is not None:
+        request.memory_name = memory_name
+    else:
+        request.keys.CopyFrom(to_tensor("keys", keys))
+        request.values.CopyFrom(to_tensor("values", values))
     if valid_lens is not None:
         request.valid_lens.CopyFrom(to_lengths(valid_lens))
     if scale is not None:
@@ -196,14 +207,25 @@ def additive_attention(queries: ArrayLike, keys: ArrayLike, values: ArrayLike,
     return request
 
 
-def nadaraya_watson(x_train: ArrayLike, y_train: ArrayLike, x_query: ArrayLike,
-                    kernel: Union[str, int], bandwidth: Optional[float],
-                    return_weights: bool) -> pb.NadarayaWatsonRequest:
+def nadaraya_watson(x_train: Optional[ArrayLike], y_train: Optional[ArrayLike],
+                    x_query: Optional[ArrayLike], kernel: Union[str, int],
+                    bandwidth: Optional[float], return_weights: bool,
+                    model_name: Optional[str] = None) -> pb.NadarayaWatsonRequest:
+    if x_query is None:
+        raise invalid("nadaraya_watson: `x_query` is required")
+    if model_name is None and (x_train is None or y_train is None):
+        raise invalid("nadaraya_watson: give `x_train` and `y_train`, or "
+                      "`model_name` (a fitted model that holds them)")
     request = pb.NadarayaWatsonRequest(
-        x_train=to_tensor("x_train", x_train), y_train=to_tensor("y_train", y_train),
         x_query=to_tensor("x_query", x_query),
         kernel=enum_value("kernel", kernel, _KERNELS),
         return_weights=bool(return_weights), output_encoding=RAW)
+    if x_train is not None:
+        request.x_train.CopyFrom(to_tensor("x_train", x_train))
+    if y_train is not None:
+        request.y_train.CopyFrom(to_tensor("y_train", y_train))
+    if model_name is not None:
+        request.model_name = model_name
     if bandwidth is not None:
         request.bandwidth = float(bandwidth)
     return request

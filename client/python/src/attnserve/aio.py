@@ -103,16 +103,19 @@ class Client:
                                              request, timeout, metadata))
 
     async def scaled_dot_product_attention(
-            self, queries: ArrayLike, keys: ArrayLike, values: ArrayLike,
+            self, queries: ArrayLike, keys: Optional[ArrayLike] = None,
+            values: Optional[ArrayLike] = None,
             valid_lens: Optional[LengthsLike] = None, *, causal: bool = False,
             scale: Optional[float] = None, score: str = "dot_product",
             return_weights: bool = False, precision: Precision = "float32",
+            memory_name: Optional[str] = None,
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> AttentionResult:
         """queries (B, [H,] Lq, d), keys (B, [H,] Lk, d), values (B, [H,] Lk, v),
         valid_lens None, (B,) or (B, Lq) -> output (B, [H,] Lq, v), weights
-        (B, [H,] Lq, Lk) when return_weights."""
+        (B, [H,] Lq, Lk) when return_weights; or queries (B, Lq, d) and
+        memory_name, a stored attention_memory model's keys and values."""
         request = _wire.attention(queries, keys, values, valid_lens, causal, scale,
-                                  score, return_weights, precision)
+                                  score, return_weights, precision, memory_name)
         return _wire.attention_result(await self._call(
             "ScaledDotProductAttention", self._stub.ScaledDotProductAttention,
             request, timeout, metadata))
@@ -133,15 +136,17 @@ class Client:
             metadata))
 
     async def nadaraya_watson(
-            self, x_train: ArrayLike, y_train: ArrayLike, x_query: ArrayLike, *,
+            self, x_train: Optional[ArrayLike] = None, y_train: Optional[ArrayLike] = None,
+            x_query: Optional[ArrayLike] = None, *,
             kernel: str = "gaussian", bandwidth: Optional[float] = None,
-            return_weights: bool = False,
+            return_weights: bool = False, model_name: Optional[str] = None,
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> AttentionResult:
         """x_train (n,) or (n, dx), y_train (n,) or (n, dy), x_query (m,) or
         (m, dx) -> output (m,) or (m, dy), weights (m, n) when
-        return_weights."""
+        return_weights; or x_query and model_name, a fitted model holding
+        its bandwidth and training set."""
         request = _wire.nadaraya_watson(x_train, y_train, x_query, kernel, bandwidth,
-                                        return_weights)
+                                        return_weights, model_name)
         return _wire.attention_result(await self._call(
             "NadarayaWatson", self._stub.NadarayaWatson, request, timeout, metadata))
 

@@ -147,10 +147,12 @@ class Client:
                                        request, timeout, metadata))
 
     def scaled_dot_product_attention(
-            self, queries: ArrayLike, keys: ArrayLike, values: ArrayLike,
+            self, queries: ArrayLike, keys: Optional[ArrayLike] = None,
+            values: Optional[ArrayLike] = None,
             valid_lens: Optional[LengthsLike] = None, *, causal: bool = False,
             scale: Optional[float] = None, score: str = "dot_product",
             return_weights: bool = False, precision: Precision = "float32",
+            memory_name: Optional[str] = None,
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> AttentionResult:
         """softmax(scale * Q K^T, masked) V, single- or multi-head.
 
@@ -158,6 +160,11 @@ class Client:
             queries: (B, Lq, d), or (B, H, Lq, d) for H heads.
             keys: (B, Lk, d) or (B, H, Lk, d).
             values: (B, Lk, v) or (B, H, Lk, v).
+            memory_name: instead of keys and values, a model of the server's
+                repository with backend ``attention_memory``: its keys (N, d),
+                values (N, v), score and scale answer the (B, Lq, d) queries
+                (leave keys, values, valid_lens, causal, scale and score
+                unset; NOT_FOUND if there is none of that name).
             valid_lens: None, (B,) or (B, Lq); applies to every head.
             causal: query row i attends to keys j <= i (top-left aligned).
             scale: default 1/sqrt(d) for "dot_product", 1 for "gaussian".
@@ -170,7 +177,7 @@ class Client:
             None.
         """
         request = _wire.attention(queries, keys, values, valid_lens, causal, scale,
-                                  score, return_weights, precision)
+                                  score, return_weights, precision, memory_name)
         return _wire.attention_result(self._call(
             "ScaledDotProductAttention", self._stub.ScaledDotProductAttention,
             request, timeout, metadata))
@@ -204,16 +211,22 @@ class Client:
             metadata))
 
     def nadaraya_watson(
-            self, x_train: ArrayLike, y_train: ArrayLike, x_query: ArrayLike, *,
+            self, x_train: Optional[ArrayLike] = None, y_train: Optional[ArrayLike] = None,
+            x_query: Optional[ArrayLike] = None, *,
             kernel: str = "gaussian", bandwidth: Optional[float] = None,
-            return_weights: bool = False,
+            return_weights: bool = False, model_name: Optional[str] = None,
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> AttentionResult:
         """Nadaraya-Watson kernel regression: each query's prediction is the
         kernel-weighted mean of y_train, with u = bandwidth * ||x - x_i||.
 
         Args:
             x_train: (n,) or (n, dx). y_train: (n,) or (n, dy).
-            x_query: (m,) or (m, dx).
+            x_query: (m,) or (m, dx); required.
+            model_name: a fitted model of the server's repository (``save_as``
+                of ``fit_bandwidth`` saves one): its bandwidth, and the
+                training set it holds, answer ``x_query`` alone, the
+                textbook's ``net(x_test, keys, values)``. Leave bandwidth
+                (and x_train, y_train) unset.
             kernel: "gaussian" (exp(-u^2/2), normalised as a softmax),
                 "boxcar" ([u < 1]), "constant" (1), "epanechnikov"
                 (max(0, 1 - u)).
@@ -225,7 +238,7 @@ class Client:
             None.
         """
         request = _wire.nadaraya_watson(x_train, y_train, x_query, kernel, bandwidth,
-                                        return_weights)
+                                        return_weights, model_name)
         return _wire.attention_result(self._call(
             "NadarayaWatson", self._stub.NadarayaWatson, request, timeout, metadata))
 
@@ -243,8 +256,10 @@ class Client:
             x_train: (n,) or (n, dx), n >= 2. y_train: (n,) or (n, dy).
             initial_bandwidth: default 1. learning_rate: default 0.5.
             epochs: default 5, at most 100000.
-            save_as: when set, the server saves the fitted model into its
-                repository under this name and serves it at once.
+            save_as: when set, the server saves the fitted model, with its
+                training set, into its repository under this name and serves
+                it at once: ``nadaraya_watson(x_query=..., model_name=...)``
+                then answers queries alone.
 
         Returns:
             ``FitResult``: ``bandwidth``, ``loss_per_epoch`` (epochs,),
