@@ -154,9 +154,14 @@ ABSL_FLAG(int32_t, max_queue, 1024,
           "Requests that may wait for a worker; beyond it RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, model_repository, "",
           "Folder of named models (config.pbtxt + weights.safetensors each): "
-          "additive-attention weights and fitted Nadaraya-Watson bandwidths, "
-          "served over KServe and by name in the typed API. `make run` "
-          "points it at deploy/models.");
+          "additive-attention weights, fitted Nadaraya-Watson models and "
+          "attention memories, served over KServe and by name in the typed "
+          "API. `make run` points it at deploy/models.");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30,
+          "Largest weights.safetensors a model of --model_repository may "
+          "hold: a bigger one is refused (RESOURCE_EXHAUSTED naming the "
+          "file) when loaded, saved or uploaded, before it is read. An "
+          "upload is also one message, within --max_message_bytes.");
 ABSL_FLAG(bool, exit_on_model_error, true,
           "A model folder of --model_repository that fails to load at "
           "start-up stops the server (Triton's --exit-on-error), naming the "
@@ -389,6 +394,12 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   config.repository.dir = absl::GetFlag(FLAGS_model_repository);
   config.repository.fail_on_model_error =
       absl::GetFlag(FLAGS_exit_on_model_error);
+  config.repository.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  if (config.repository.max_model_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_model_bytes must be at least 1, got ",
+        config.repository.max_model_bytes));
+  }
   return config;
 }
 

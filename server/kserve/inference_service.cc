@@ -106,9 +106,15 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context,
     const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  return Answer(context,
-                catalogue_->Load(MayControlModels(context), request->model_name(),
-                                 ParameterNames(request->parameters())));
+  const std::vector<std::string> names = ParameterNames(request->parameters());
+  absl::Status allowed = catalogue_->CheckLoadAllowed(
+      MayControlModels(context), request->model_name(), names);
+  if (!allowed.ok()) return Answer(context, allowed);
+  absl::StatusOr<std::optional<ModelUpload>> upload =
+      UploadOf(request->parameters());
+  if (!upload.ok()) return Answer(context, upload.status());
+  return Answer(context, catalogue_->Load(MayControlModels(context),
+                                          request->model_name(), names, *upload));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(

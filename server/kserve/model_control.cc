@@ -1,5 +1,9 @@
 #include "server/kserve/model_control.h"
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
 #include "server/models/model_kind.h"
 
 namespace attnserve {
@@ -10,6 +14,38 @@ std::vector<std::string> ParameterNames(
   std::vector<std::string> names;
   for (const auto& [name, value] : parameters) names.push_back(name);
   return names;
+}
+
+absl::StatusOr<std::optional<ModelUpload>> UploadOf(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+        parameters) {
+  std::optional<ModelUpload> upload;
+  for (const auto& [name, value] : parameters) {
+    if (name == "config") {
+      if (value.parameter_choice_case() !=
+          inference::ModelRepositoryParameter::kStringParam) {
+        return absl::InvalidArgumentError(
+            "parameter 'config': must be a string (the model's config as "
+            "JSON)");
+      }
+      if (!upload) upload.emplace();
+      upload->config_json = value.string_param();
+    } else if (absl::StartsWith(name, "file:")) {
+      if (!upload) upload.emplace();
+      std::string& bytes = upload->files[name];
+      if (value.parameter_choice_case() ==
+          inference::ModelRepositoryParameter::kBytesParam) {
+        bytes = value.bytes_param();
+      } else if (value.parameter_choice_case() !=
+                     inference::ModelRepositoryParameter::kStringParam ||
+                 !absl::Base64Unescape(value.string_param(), &bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", name,
+            "': must be bytes, or a string of them in base64"));
+      }
+    }
+  }
+  return upload;
 }
 
 void EncodeIndex(const std::vector<ModelCatalogue::ModelState>& index,

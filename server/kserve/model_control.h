@@ -7,8 +7,11 @@
 #ifndef ATTNSERVE_SERVER_KSERVE_MODEL_CONTROL_H_
 #define ATTNSERVE_SERVER_KSERVE_MODEL_CONTROL_H_
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "inference/grpc_service.pb.h"
 #include "server/models/model_catalogue.h"
@@ -17,6 +20,15 @@ namespace attnserve {
 
 // The names of a load or unload request's parameters.
 std::vector<std::string> ParameterNames(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+        parameters);
+
+// The model a load request uploads, if its parameters carry one: `config`
+// (a string) and each `file:<path>` (bytes; a string holds them in base64,
+// as the REST body does). INVALID_ARGUMENT naming a parameter of the wrong
+// type or not base64. The catalogue checks what they hold
+// (ModelCatalogue::Load).
+absl::StatusOr<std::optional<ModelUpload>> UploadOf(
     const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
         parameters);
 

@@ -24,8 +24,11 @@
 #include "server/core/execution_stack.h"
 #include "server/kserve/inference_service.h"
 #include "server/kserve/rest_service.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "server/models/model_catalogue.h"
 #include "server/models/model_kinds.h"
+#include "server/repository/safetensors.h"
 
 namespace attnserve {
 namespace {
@@ -33,6 +36,7 @@ namespace {
 class KServeServiceTest : public ::testing::Test {
  protected:
   virtual ExecutionStack::Options StackOptions() const { return {}; }
+  virtual ModelControl Control() const { return {}; }
 
   void SetUp() override {
     stack_ = ExecutionStack::Create(
@@ -43,7 +47,7 @@ class KServeServiceTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = pattern;
     repository_ = LoadModelRepository(dir_).value();
-    catalogue_ = std::make_unique<ModelCatalogue>(repository_.get());
+    catalogue_ = std::make_unique<ModelCatalogue>(repository_.get(), Control());
     kserve_ = std::make_unique<InferenceService>(stack_.get(), catalogue_.get(),
                                                  /*max_batch_size=*/32);
     rest_ = std::make_unique<KServeRestService>(stack_.get(), catalogue_.get(),
@@ -356,6 +360,77 @@ TEST_F(KServeServiceTest, AFittedModelAnswersQueriesAlone) {
     EXPECT_THAT(status.error_message(), ::testing::HasSubstr(message));
   }
   EXPECT_EQ(stack_->calls().statistics().Get("net").success_count, 2u);
+}
+
+// Uploads (--model_control_mode=explicit): a load with `config` and
+// `file:weights.safetensors` over gRPC (bytes) and REST (base64) writes and
+// serves the model, which answers at once; a file of the wrong type or not
+// base64 is refused naming the parameter.
+class UploadTest : public KServeServiceTest {
+ protected:
+  ModelControl Control() const override {
+    return ModelControl{/*explicit_mode=*/true};
+  }
+};
+
+TEST_F(UploadTest, AModelUploadedOverEitherProtocolServesAtOnce) {
+  std::map<std::string, attn::Tensor> tensors;
+  std::mt19937 rng(12);
+  tensors["keys"] = attn::testing::RandomNormal(rng, {6, 4});
+  tensors["values"] = attn::testing::RandomNormal(rng, {6, 2});
+  const std::string bytes = SerializeSafetensors(tensors);
+  const std::string config = R"({"backend": "attention_memory"})";
+
+  inference::RepositoryModelLoadRequest load;
+  load.set_model_name("uploaded");
+  (*load.mutable_parameters())["config"].set_string_param(config);
+  (*load.mutable_parameters())["file:weights.safetensors"].set_bytes_param(bytes);
+  inference::RepositoryModelLoadResponse loaded;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub_->RepositoryModelLoad(&context, load, &loaded);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  inference::ModelInferRequest request;
+  request.set_model_name("uploaded");
+  auto* input = request.add_inputs();
+  input->set_name("queries");
+  input->set_datatype("FP32");
+  for (int64_t dim : {1, 2, 4}) input->add_shape(dim);
+  for (int i = 0; i < 8; ++i) input->mutable_contents()->add_fp32_contents(0.5f);
+  inference::ModelInferResponse response;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->ModelInfer(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(OutputTensor(response, 0).shape, (attn::Shape{1, 2, 2}));
+
+  EXPECT_EQ(Rest("POST", "/v2/repository/models/over_rest/load",
+                 absl::StrCat(R"({"parameters": {"config": )",
+                              "\"{\\\"backend\\\": \\\"attention_memory\\\"}\", ",
+                              R"("file:weights.safetensors": ")",
+                              absl::Base64Escape(bytes), "\"}}")),
+            200);
+  EXPECT_EQ(catalogue_->Resolve("over_rest", "")->kind, &AttentionMemoryKind());
+  EXPECT_EQ(Rest("POST", "/v2/repository/models/bad/load",
+                 R"({"parameters": {"config": "{}", )"
+                 R"("file:weights.safetensors": "not base64!"}})"),
+            400);
+
+  inference::RepositoryModelLoadRequest wrong_type = load;
+  (*wrong_type.mutable_parameters())["file:weights.safetensors"]
+      .set_int64_param(3);
+  grpc::ClientContext context;
+  const grpc::Status status =
+      stub_->RepositoryModelLoad(&context, wrong_type, &loaded);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr("parameter 'file:weights.safetensors': "
+                                   "must be bytes, or a string of them in "
+                                   "base64"));
+  EXPECT_EQ(repository_->Find("bad"), nullptr);
 }
 
 // The server's default (--batch_stored_memories without --batching): calls

@@ -2,10 +2,13 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attn/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "server/models/model_kinds.h"
+#include "server/repository/safetensors.h"
 
 namespace attnserve {
 
@@ -131,7 +134,7 @@ std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
 
 absl::Status ModelCatalogue::CheckControlAllowed(
     bool may_control_models, const std::string& model_name,
-    const std::vector<std::string>& parameters) const {
+    const std::vector<std::string>& parameters, bool uploads) const {
   if (!control_.explicit_mode) {
     return absl::FailedPreconditionError(
         "model control is off: start the server with "
@@ -150,22 +153,87 @@ absl::Status ModelCatalogue::CheckControlAllowed(
     return absl::InvalidArgumentError("model_name: empty");
   }
   // Parameters Triton's clients send that mean nothing here are accepted;
-  // others (a config override, model files) are refused rather than
-  // ignored.
+  // a load's upload (config, file:*) is SaveUpload's to check; others are
+  // refused rather than ignored.
   for (const std::string& name : parameters) {
     if (name == "unload_dependents") continue;  // no model depends on another
+    if (uploads && (name == "config" || absl::StartsWith(name, "file:"))) {
+      continue;
+    }
     return absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", name,
-        "': not supported; put the model's config.pbtxt and "
-        "weights.safetensors in its repository folder and load it by name"));
+        "parameter '", name, "': not supported",
+        uploads ? "; a load takes 'config' (the model's config as JSON) and "
+                  "'file:weights.safetensors'"
+                : ""));
   }
   return absl::OkStatus();
 }
 
+absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
+                                        const ModelUpload& upload) {
+  static constexpr char kWeightsFile[] = "file:weights.safetensors";
+  if (IsBuiltIn(model_name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_name: '", model_name,
+        "' is built in; upload a model under another name"));
+  }
+  for (const auto& [name, bytes] : upload.files) {
+    if (name != kWeightsFile) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name, "': a model has one file, ", kWeightsFile,
+          " (no folders, no other names); nothing was written"));
+    }
+  }
+  auto weights = upload.files.find(kWeightsFile);
+  if (upload.config_json.empty() || weights == upload.files.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        upload.config_json.empty() ? kWeightsFile : "config",
+        ": an upload is both 'config' (the model's config as JSON) and '",
+        kWeightsFile, "'; nothing was written"));
+  }
+  const int64_t limit = repository_->max_model_bytes();
+  if (static_cast<int64_t>(weights->second.size()) > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        kWeightsFile, ": ", weights->second.size(), " bytes for model '",
+        model_name, "', over the limit of ", limit,
+        " (--max_model_bytes); nothing was written"));
+  }
+  RepositoryModel model;
+  const google::protobuf::util::Status parsed =
+      google::protobuf::util::JsonStringToMessage(upload.config_json,
+                                                  &model.config);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: not an inference.ModelConfig in JSON (",
+        std::string(parsed.message()), "); nothing was written"));
+  }
+  if (model.config.name().empty()) model.config.set_name(model_name);
+  if (model.config.name() != model_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: name '", model.config.name(), "' differs from model_name '",
+        model_name, "'; nothing was written"));
+  }
+  absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
+      ParseSafetensors(weights->second);
+  if (!tensors.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWeightsFile, ": ", tensors.status().message(),
+        "; nothing was written"));
+  }
+  model.tensors = *std::move(tensors);
+  const std::string backend = model.config.backend();
+  return repository_->SaveModel(
+      {"load", absl::StrCat("uploaded ", backend, " model")}, model_name,
+      std::move(model));
+}
+
 absl::Status ModelCatalogue::Load(bool may_control_models,
                                    const std::string& model_name,
-                                   const std::vector<std::string>& parameters) {
-  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name, parameters));
+                                   const std::vector<std::string>& parameters,
+                                   const std::optional<ModelUpload>& upload) {
+  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name,
+                                      parameters, upload.has_value()));
+  if (upload.has_value()) return SaveUpload(model_name, *upload);
   if (IsBuiltIn(model_name)) return absl::OkStatus();
   return repository_->LoadModel(model_name);
 }
@@ -173,7 +241,8 @@ absl::Status ModelCatalogue::Load(bool may_control_models,
 absl::Status ModelCatalogue::Unload(
     bool may_control_models, const std::string& model_name,
     const std::vector<std::string>& parameters) {
-  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name, parameters));
+  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name,
+                                      parameters, /*uploads=*/false));
   if (IsBuiltIn(model_name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model_name: '", model_name, "' is built in and always served"));

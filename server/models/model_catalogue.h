@@ -15,7 +15,9 @@
 #ifndef ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
 #define ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,15 @@ struct ModelControl {
   bool needs_permission = false;
 };
 
+// A model sent with its load request (Triton's model_repository extension):
+// its config as JSON (an inference.ModelConfig: the `config` parameter) and
+// its files by parameter name; a model has one, "file:weights.safetensors".
+// Front ends decode their wire's parameters into it.
+struct ModelUpload {
+  std::string config_json;
+  std::map<std::string, std::string> files;
+};
+
 class ModelCatalogue {
  public:
   // `repository` may be null (the built-in models only); it is borrowed
@@ -95,8 +106,29 @@ class ModelCatalogue {
   // INVALID_ARGUMENT (no name, an unsupported parameter, unloading a
   // built-in model), or the repository's own error (NOT_FOUND, a broken
   // model's INVALID_ARGUMENT).
+  //
+  // A load with an `upload` (the parameters `config` and
+  // `file:weights.safetensors`) writes the model into the repository with
+  // the crash-safe save (ModelRepository::SaveModel) and serves it: an
+  // upload refused or interrupted leaves the served model and the disk as
+  // they were. INVALID_ARGUMENT naming the parameter: a file without a
+  // config or a config without the file, any other file name (folders,
+  // "..", absolute paths: nothing is written outside the model's folder), a
+  // config that is not a ModelConfig in JSON or names another model, bytes
+  // that are not safetensors, a model its kind refuses, a built-in model's
+  // name; RESOURCE_EXHAUSTED for a file over --max_model_bytes; the save's
+  // own errors.
   absl::Status Load(bool may_control_models, const std::string& model_name,
-                    const std::vector<std::string>& parameters);
+                    const std::vector<std::string>& parameters,
+                    const std::optional<ModelUpload>& upload = std::nullopt);
+  // Load's checks of who may load what, before a front end decodes an
+  // upload: a caller without permission hears that first.
+  absl::Status CheckLoadAllowed(bool may_control_models,
+                                const std::string& model_name,
+                                const std::vector<std::string>& parameters) const {
+    return CheckControlAllowed(may_control_models, model_name, parameters,
+                               /*uploads=*/true);
+  }
   absl::Status Unload(bool may_control_models, const std::string& model_name,
                       const std::vector<std::string>& parameters);
 
@@ -115,9 +147,14 @@ class ModelCatalogue {
 
  private:
   // Why a load or unload of `model_name` may not happen, if it may not.
-  absl::Status CheckControlAllowed(
-      bool may_control_models, const std::string& model_name,
-      const std::vector<std::string>& parameters) const;
+  // `uploads`: a load, whose parameters may carry a model.
+  absl::Status CheckControlAllowed(bool may_control_models,
+                                   const std::string& model_name,
+                                   const std::vector<std::string>& parameters,
+                                   bool uploads) const;
+  // Writes and serves an uploaded model (Load).
+  absl::Status SaveUpload(const std::string& model_name,
+                          const ModelUpload& upload);
 
   ModelRepository* const repository_;
   const ModelControl control_;

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/models/model_kinds.h"
+#include "server/repository/safetensors.h"
 
 namespace attnserve {
 namespace {
@@ -368,6 +372,167 @@ TEST_F(ModelCatalogueTest, AStoredKernelIsTheModels) {
                               .status()
                               .message()),
               HasSubstr("serves its own kernel, boxcar"));
+}
+
+// An upload (Triton's load with `config` and `file:weights.safetensors`)
+// is written with the crash-safe save and served; whatever is wrong with
+// one is refused naming the parameter, and the model served before, and
+// its files, stay as they were.
+TEST_F(ModelCatalogueTest, UploadsAreCheckedThenSavedWhole) {
+  ModelCatalogue catalogue(repository_.get(),
+                           ModelControl{/*explicit_mode=*/true,
+                                        /*needs_permission=*/true});
+  auto memory_bytes = [](float first_key) {
+    std::map<std::string, attn::Tensor> tensors;
+    tensors["keys"] = attn::Tensor::Zeros({5, 4});
+    tensors["keys"].data[0] = first_key;
+    tensors["values"] = attn::Tensor::Zeros({5, 3});
+    return SerializeSafetensors(tensors);
+  };
+  const std::string config =
+      R"({"name": "mem", "backend": "attention_memory",)"
+      R"( "parameters": {"score": {"string_value": "gaussian"}}})";
+  auto upload = [&](std::string config_json,
+                    std::map<std::string, std::string> files) {
+    return std::optional<ModelUpload>(
+        ModelUpload{std::move(config_json), std::move(files)});
+  };
+  auto names = [](const std::optional<ModelUpload>& u) {
+    std::vector<std::string> list;
+    if (!u->config_json.empty()) list.push_back("config");
+    for (const auto& [name, bytes] : u->files) list.push_back(name);
+    return list;
+  };
+  auto load = [&](const std::optional<ModelUpload>& u, bool may = true,
+                  const std::string& name = "mem") {
+    return catalogue.Load(may, name, names(u), u);
+  };
+  const auto good = upload(config, {{"file:weights.safetensors", memory_bytes(1.0f)}});
+  EXPECT_EQ(load(good, /*may=*/false).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(repository_->Find("mem"), nullptr);
+  ASSERT_TRUE(load(good).ok()) << load(good);
+  const ServedModel served = *catalogue.Resolve("mem", "");
+  EXPECT_EQ(served.kind, &AttentionMemoryKind());
+  EXPECT_EQ(served.stored->tensors.at("keys").data[0], 1.0f);
+  EXPECT_EQ(served.stored->config.parameters().at("score").string_value(),
+            "gaussian");
+  auto on_disk = [&] {
+    std::ifstream file(dir_ + "/mem/weights.safetensors", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  };
+  const std::string saved = on_disk();
+  ASSERT_FALSE(saved.empty());
+
+  const std::string other = memory_bytes(2.0f);
+  struct Refusal {
+    std::optional<ModelUpload> upload;
+    absl::StatusCode code;
+    const char* message;
+  };
+  std::map<std::string, attn::Tensor> nan_tensors =
+      ParseSafetensors(other).value();
+  nan_tensors["values"].data[4] = std::nanf("");
+  std::map<std::string, attn::Tensor> mismatched =
+      ParseSafetensors(other).value();
+  mismatched["values"] = attn::Tensor::Zeros({6, 3});
+  const Refusal refusals[] = {
+      {upload(config, {{"file:../mem2/weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument,
+       "parameter 'file:../mem2/weights.safetensors': a model has one file"},
+      {upload(config, {{"file:/tmp/weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument, "parameter 'file:/tmp/"},
+      {upload(config, {{"file:1/weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument, "no folders, no other names"},
+      {upload(config, {{"file:config.pbtxt", "name: \"x\""},
+                       {"file:weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument, "parameter 'file:config.pbtxt'"},
+      {upload(config, {}), absl::StatusCode::kInvalidArgument,
+       "config: an upload is both"},
+      {upload("", {{"file:weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument,
+       "file:weights.safetensors: an upload is both"},
+      {upload("name: mem", {{"file:weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument,
+       "config: not an inference.ModelConfig in JSON"},
+      {upload(R"({"name": "other", "backend": "attention_memory"})",
+              {{"file:weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument,
+       "config: name 'other' differs from model_name 'mem'"},
+      {upload(R"({"backend": "no_such_backend"})",
+              {{"file:weights.safetensors", other}}),
+       absl::StatusCode::kInvalidArgument, "backend 'no_such_backend'"},
+      {upload(config, {{"file:weights.safetensors",
+                        other.substr(0, other.size() - 7)}}),
+       absl::StatusCode::kInvalidArgument, "file:weights.safetensors: "},
+      {upload(config, {{"file:weights.safetensors",
+                        SerializeSafetensors(nan_tensors)}}),
+       absl::StatusCode::kInvalidArgument,
+       "mem: tensor 'values' element 4 is nan"},
+      {upload(config, {{"file:weights.safetensors",
+                        SerializeSafetensors(mismatched)}}),
+       absl::StatusCode::kInvalidArgument, "mem: keys (5, 4) and values (6, 3)"},
+  };
+  for (const Refusal& refusal : refusals) {
+    const absl::Status status = load(refusal.upload);
+    EXPECT_EQ(status.code(), refusal.code) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(refusal.message));
+  }
+  EXPECT_THAT(std::string(load(good, true, "masked_softmax").message()),
+              HasSubstr("'masked_softmax' is built in"));
+  // Nothing was written anywhere, and the first upload still serves.
+  EXPECT_EQ(catalogue.Resolve("mem", "")->stored->tensors.at("keys").data[0],
+            1.0f);
+  EXPECT_EQ(on_disk(), saved);
+  EXPECT_FALSE(std::ifstream(dir_ + "/mem2/weights.safetensors").good());
+  EXPECT_FALSE(std::ifstream(dir_ + "/mem/1/weights.safetensors").good());
+  // An unload takes no upload.
+  EXPECT_THAT(std::string(catalogue.Unload(true, "mem", {"config"}).message()),
+              HasSubstr("parameter 'config': not supported"));
+
+  // A second upload replaces the first, whole.
+  ASSERT_TRUE(load(upload(config, {{"file:weights.safetensors", other}})).ok());
+  EXPECT_EQ(catalogue.Resolve("mem", "")->stored->tensors.at("keys").data[0],
+            2.0f);
+}
+
+// --max_model_bytes bounds what a model's file may hold, uploaded, saved or
+// read from disk, before it is read or written.
+TEST_F(ModelCatalogueTest, ModelBytesAreBounded) {
+  ModelRepository::Options options;
+  options.dir = dir_;
+  options.max_model_bytes = 64;
+  std::unique_ptr<ModelRepository> small = LoadModelRepository(options).value();
+  ModelCatalogue catalogue(small.get(), ModelControl{/*explicit_mode=*/true});
+  std::map<std::string, attn::Tensor> tensors;
+  tensors["keys"] = attn::Tensor::Zeros({8, 4});
+  tensors["values"] = attn::Tensor::Zeros({8, 4});
+  const std::string bytes = SerializeSafetensors(tensors);
+  const absl::Status uploaded = catalogue.Load(
+      true, "big", {"config", "file:weights.safetensors"},
+      ModelUpload{R"({"backend": "attention_memory"})",
+                  {{"file:weights.safetensors", bytes}}});
+  EXPECT_EQ(uploaded.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(uploaded.message()),
+              HasSubstr("over the limit of 64 (--max_model_bytes)"));
+  const float x[] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f};
+  const absl::Status saved = catalogue.SaveFittedModel(
+      "fit", 1.0f, attn::TensorView{x, {8}}, attn::TensorView{x, {8}});
+  EXPECT_EQ(saved.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(saved.message()), HasSubstr("--max_model_bytes"));
+  EXPECT_TRUE(small->Names().empty());
+
+  // On disk: the big folder is refused when loaded, naming its file.
+  RepositoryModel memory;
+  memory.config.set_name("big");
+  memory.config.set_backend("attention_memory");
+  memory.tensors = tensors;
+  ASSERT_TRUE(
+      repository_->SaveModel({"test", "a memory"}, "big", std::move(memory)).ok());
+  const absl::Status read = catalogue.Load(true, "big", {});
+  EXPECT_EQ(read.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(read.message()),
+              HasSubstr("big/weights.safetensors: "));
+  EXPECT_EQ(small->Find("big"), nullptr);
 }
 
 TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {

@@ -205,8 +205,8 @@ absl::Status FaultInjectionFileSystem::DropUnsyncedData() {
 }
 
 absl::StatusOr<std::string> FaultInjectionFileSystem::ReadFile(
-    const std::string& path) {
-  return base_->ReadFile(path);
+    const std::string& path, int64_t max_bytes) {
+  return base_->ReadFile(path, max_bytes);
 }
 
 absl::StatusOr<std::vector<FileSystem::Entry>> FaultInjectionFileSystem::ListDir(

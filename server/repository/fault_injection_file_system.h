@@ -60,7 +60,8 @@ class FaultInjectionFileSystem : public FileSystem {
   // leftover). Clears the record; the first error of the real file system.
   absl::Status DropUnsyncedData();
 
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
+  absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                       int64_t max_bytes) override;
   absl::StatusOr<std::vector<Entry>> ListDir(const std::string& path) override;
   absl::StatusOr<Entry> Stat(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(

@@ -74,9 +74,19 @@ class PosixWritableFile : public WritableFile {
 
 class PosixFileSystem : public FileSystem {
  public:
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+  absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                       int64_t max_bytes) override {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return FileSystemError("open", errno);
+    auto too_large = [&](int64_t size) {
+      ::close(fd);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          size, " bytes or more, over the limit of ", max_bytes));
+    };
+    struct stat info;
+    if (::fstat(fd, &info) == 0 && info.st_size > max_bytes) {
+      return too_large(info.st_size);
+    }
     std::string bytes;
     char buffer[1 << 16];
     for (;;) {
@@ -89,6 +99,10 @@ class PosixFileSystem : public FileSystem {
       }
       if (got == 0) break;
       bytes.append(buffer, static_cast<size_t>(got));
+      // Grown since the fstat: stop at the limit, not at the end.
+      if (static_cast<int64_t>(bytes.size()) > max_bytes) {
+        return too_large(static_cast<int64_t>(bytes.size()));
+      }
     }
     ::close(fd);
     return bytes;

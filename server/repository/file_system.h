@@ -18,6 +18,7 @@
 #ifndef ATTNSERVE_SERVER_REPOSITORY_FILE_SYSTEM_H_
 #define ATTNSERVE_SERVER_REPOSITORY_FILE_SYSTEM_H_
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,7 +59,11 @@ class FileSystem {
   virtual ~FileSystem() = default;
 
   // Reading. Not steps: they change nothing.
-  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
+  // The whole file; RESOURCE_EXHAUSTED, reading no more, when it holds more
+  // than `max_bytes` (at open, or grown past it while read).
+  virtual absl::StatusOr<std::string> ReadFile(
+      const std::string& path,
+      int64_t max_bytes = std::numeric_limits<int64_t>::max()) = 0;
   // The folder's entries without "." and "..", unsorted.
   virtual absl::StatusOr<std::vector<Entry>> ListDir(
       const std::string& path) = 0;

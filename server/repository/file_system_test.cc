@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -95,6 +96,22 @@ TEST(PosixFileSystemTest, CallsFailWithTheirErrno) {
   EXPECT_TRUE(fs.Stat(dir + "/link")->is_symlink);
   ASSERT_TRUE(RemoveTree(fs, dir + "/link").ok());
   EXPECT_TRUE(fs.ReadFile(dir + "/d/kept").ok());
+}
+
+// A file over the read's limit is refused before it is read whole: the
+// weights of a model over --max_model_bytes never fill the server's memory.
+TEST(PosixFileSystemTest, ReadFileStopsAtItsLimit) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/f";
+  std::ofstream(path, std::ios::binary) << std::string(100, 'x');
+  FileSystem& fs = *DefaultFileSystem();
+  EXPECT_EQ(fs.ReadFile(path, 100).value().size(), 100u);
+  const absl::StatusOr<std::string> over = fs.ReadFile(path, 99);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()),
+              ::testing::HasSubstr("100 bytes or more, over the limit of 99"));
+  EXPECT_EQ(fs.ReadFile(path).value().size(), 100u);
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 TEST(FaultInjectionFileSystemTest, InjectsErrnoAndCrashes) {

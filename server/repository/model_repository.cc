@@ -32,10 +32,16 @@ bool ValidName(const std::string& name) {
 // files as `name`/<file>, relative to the repository.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     FileSystem& fs, const std::string& dir, const std::string& name,
-    const ModelRepository::CheckModel& check) {
+    const ModelRepository::CheckModel& check, int64_t max_model_bytes) {
   auto model = std::make_shared<RepositoryModel>();
   auto read = [&](const std::string& file) -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::string> bytes = fs.ReadFile(dir + "/" + name + "/" + file);
+    absl::StatusOr<std::string> bytes =
+        fs.ReadFile(dir + "/" + name + "/" + file, max_model_bytes);
+    if (absl::IsResourceExhausted(bytes.status())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name, "/", file, ": ", bytes.status().message(),
+                       " (--max_model_bytes)"));
+    }
     if (!bytes.ok()) {
       return absl::Status(bytes.status().code(),
                           absl::StrCat(name, "/", file, ": cannot open (",
@@ -217,7 +223,8 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   repository->CleanUpLeftovers(options.remove_leftovers_after);
   for (const std::string& name : repository->Folders()) {
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-        ReadModel(*fs, options.dir, name, options.check_model);
+        ReadModel(*fs, options.dir, name, options.check_model,
+                  options.max_model_bytes);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
       repository->models_[name] = *std::move(model);
@@ -251,7 +258,7 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
         "model_name: no folder '", name, "' in the model repository"));
   }
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-      ReadModel(*fs_, dir_, name, check_model_);
+      ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_);
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -336,6 +343,14 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
                                                const std::string& name,
                                                const RepositoryModel& model) {
   const std::string folder = dir_ + "/" + name;
+  // What could not be read back is not written.
+  const std::string weights = SerializeSafetensors(model.tensors);
+  if (static_cast<int64_t>(weights.size()) > max_model_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, " '", name, "': weights.safetensors would hold ",
+        weights.size(), " bytes, over the limit of ", max_model_bytes_,
+        " (--max_model_bytes); the model is unchanged"));
+  }
   // A fresh hidden folder; a name taken (a leftover of an earlier process
   // with this pid, as in a container) is skipped.
   std::string id;
@@ -356,8 +371,7 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   };
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config, &config_text);
-  status = WriteDurably(*fs_, temporary + "/weights.safetensors",
-                        SerializeSafetensors(model.tensors));
+  status = WriteDurably(*fs_, temporary + "/weights.safetensors", weights);
   if (!status.ok()) return abandon("writing weights.safetensors", status);
   status = WriteDurably(*fs_, temporary + "/config.pbtxt", config_text);
   if (!status.ok()) return abandon("writing config.pbtxt", status);

@@ -90,6 +90,10 @@ class ModelRepository {
     // Run on every model loaded or saved (server/models/model_kinds.h's
     // CheckStoredModel); empty: every parseable model is accepted.
     CheckModel check_model;
+    // A model whose weights.safetensors holds more bytes is refused
+    // (RESOURCE_EXHAUSTED naming the file and --max_model_bytes) before it
+    // is read; SaveModel refuses to write one.
+    int64_t max_model_bytes = int64_t{2} << 30;
   };
 
   // Lists the folder, restores or removes leftovers of interrupted saves
@@ -145,7 +149,8 @@ class ModelRepository {
   // - INVALID_ARGUMENT: a bad name, a model the check refuses, or a name
   //   taken by a model of another backend (served, or a folder not served);
   // - RESOURCE_EXHAUSTED: the repository's file system is full (retryable
-  //   once space is freed);
+  //   once space is freed), or the weights would hold more than
+  //   max_model_bytes;
   // - FAILED_PRECONDITION: no repository folder, or it is read-only or not
   //   writable by the server (not retryable until that changes);
   // - INTERNAL: any other I/O error (EIO...).
@@ -153,12 +158,16 @@ class ModelRepository {
   absl::Status SaveModel(const SaveNames& names, const std::string& name,
                          RepositoryModel model);
 
+  // Options::max_model_bytes.
+  int64_t max_model_bytes() const { return max_model_bytes_; }
+
  private:
   ModelRepository(const Options& options, FileSystem* fs)
       : dir_(options.dir),
         fs_(fs),
         log_(options.log),
-        check_model_(options.check_model) {}
+        check_model_(options.check_model),
+        max_model_bytes_(options.max_model_bytes) {}
 
   // The repository's model folders (not hidden ones), sorted.
   std::vector<std::string> Folders() const;
@@ -182,6 +191,7 @@ class ModelRepository {
   FileSystem* const fs_;
   const std::function<void(const std::string&)> log_;
   const CheckModel check_model_;
+  const int64_t max_model_bytes_;
 
   // Held by SaveModel, LoadModel and UnloadModel for all their work, so
   // that what is on disk and what is served change together, in one order.

@@ -79,6 +79,14 @@ elif grep -q "backend must be cpu, cuda or auto" "$workdir/b.out"; then
 else
   fail "--backend=gpu: $(head -c 300 "$workdir/b.out")"
 fi
+# --max_model_bytes must leave room for a model.
+if "$server_bin" --max_model_bytes=0 --grpc_port=0 --metrics_port=0 --http_port=0 >"$workdir/m.out" 2>&1; then
+  fail "--max_model_bytes=0 started"
+elif grep -q "max_model_bytes must be at least 1, got 0" "$workdir/m.out"; then
+  pass "--max_model_bytes=0 -> exit 1, naming the flag"
+else
+  fail "--max_model_bytes=0: $(head -c 300 "$workdir/m.out")"
+fi
 # The CPU kernels' instruction set: a bad value names the choices; a cap is
 # honoured and logged with oneDNN's own (the whole suite runs under both caps
 # in the isa_* CTest variants; this checks the flag's plumbing).

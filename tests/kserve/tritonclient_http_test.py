@@ -987,6 +987,67 @@ class ModelControlTest(HttpTestCase):
             except InferenceServerException:
                 pass
 
+    @staticmethod
+    def safetensors(tensors):
+        """The bytes of a weights.safetensors holding float32 `tensors`."""
+        header, data = {}, b""
+        for name, array in tensors.items():
+            blob = np.ascontiguousarray(array, np.float32).tobytes()
+            header[name] = {"dtype": "F32", "shape": list(array.shape),
+                            "data_offsets": [len(data), len(data) + len(blob)]}
+            data += blob
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        return struct.pack("<Q", len(text)) + text + data
+
+    def test_upload_with_config_and_files(self):
+        """tritonclient's load_model(name, config=, files=), unchanged, over
+        both protocols: the model is written into the repository and served
+        at once; a file name other than weights.safetensors is refused and
+        nothing is written."""
+        keys, values = self.randn(7, 4), self.randn(7, 3)
+        files = {"file:weights.safetensors":
+                 self.safetensors({"keys": keys, "values": values})}
+        config = json.dumps({"backend": "attention_memory",
+                             "parameters": {"score": {"string_value": "gaussian"}}})
+        queries = self.randn(2, 3, 4)
+        # The reference: the queries against the memory repeated per batch
+        # entry, Gaussian scores with scale 1.
+        s = -0.5 * ((queries[:, :, None, :].astype(np.float64) - keys) ** 2).sum(-1)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        want = (w / w.sum(-1, keepdims=True)) @ values.astype(np.float64)
+        names = {"uploaded_http": self.http, "uploaded_grpc": self.grpc}
+        try:
+            for name, client in names.items():
+                client.load_model(name, config=config, files=files)
+                self.assertEqual(self.state(name), ("READY", ""))
+                got = self.infer(name, [("queries", queries)], ["output"])
+                np.testing.assert_allclose(got.as_numpy("output"), want,
+                                           atol=1e-5, err_msg=name)
+                on_disk = read_safetensors(
+                    os.path.join(REPOSITORY, name, "weights.safetensors"))
+                np.testing.assert_array_equal(on_disk["keys"], keys)
+            self.assertHttpError(
+                lambda: self.http.load_model(
+                    "uploaded_http", config=config,
+                    files={"file:../escaped/weights.safetensors":
+                           files["file:weights.safetensors"]}),
+                400, ["file:../escaped/weights.safetensors"])
+            self.assertFalse(os.path.exists(os.path.join(REPOSITORY, "escaped")))
+            self.assertFalse(os.path.exists(os.path.join(os.path.dirname(REPOSITORY),
+                                                         "escaped")))
+            with self.assertRaises(InferenceServerException) as caught:
+                self.grpc.load_model("uploaded_grpc", config=config,
+                                     files={"file:1/model.onnx": b"\0"})
+            self.assertIn("a model has one file", caught.exception.message())
+        finally:
+            for name in names:
+                try:
+                    self.http.unload_model(name)
+                except InferenceServerException:
+                    pass
+                shutil.rmtree(os.path.join(REPOSITORY, name), ignore_errors=True)
+
     def test_refusals(self):
         self.assertHttpError(lambda: self.http.unload_model("batch_matmul"),
                              400, ["built in"])
@@ -995,7 +1056,7 @@ class ModelControlTest(HttpTestCase):
         self.assertHttpError(
             lambda: self.http.load_model("additive_attention",
                                          config='{"backend": "x"}'),
-            400, ["config"])
+            400, ["config: an upload is both"])
         # "../x" percent-encoded: one path segment, a name out of bounds.
         raw = raw_request("POST", "/v2/repository/models/..%2Fx/load")
         self.assertRawError(raw, 400)

@@ -4,14 +4,17 @@
 //  - the oneDNN backend's primitive cache (lib/attn/onednn_backend.cc):
 //    hits, misses and evictions from several threads, every result checked;
 //  - the model repository (server/repository/model_repository.h): Find and Names while
-//    SaveFittedModel replaces models;
+//    SaveFittedModel replaces models; uploads, reloads and unloads of one
+//    model while it is read;
 //  - the service metrics (server/core/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
 // (server/core/batcher_test.cc, server/core/worker_pool_test.cc).
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +32,7 @@
 #include "server/core/metrics.h"
 #include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
+#include "server/repository/safetensors.h"
 
 namespace attnserve {
 namespace {
@@ -155,6 +159,78 @@ TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
   for (std::thread& reader : readers) reader.join();
   EXPECT_EQ(repository->Find("fitted-2")->tensors.at("bandwidth").data[0],
             1.0f + (kSaves - 1) + 2);
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// Uploads, reloads and unloads of one model at once, read all the while:
+// every version read is one whole upload (its keys and values all hold the
+// same number), the index names the model in one of Triton's states, and
+// what is served at the end is what is on disk.
+TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(dir).value();
+  ModelCatalogue catalogue(repository.get(),
+                           ModelControl{/*explicit_mode=*/true});
+  auto upload = [](float version) {
+    std::map<std::string, attn::Tensor> tensors;
+    tensors["keys"] = attn::Tensor::Zeros({64, 8});
+    tensors["values"] = attn::Tensor::Zeros({64, 4});
+    for (auto& [name, tensor] : tensors) {
+      std::fill(tensor.data.begin(), tensor.data.end(), version);
+    }
+    return ModelUpload{R"({"backend": "attention_memory"})",
+                       {{"file:weights.safetensors", SerializeSafetensors(tensors)}}};
+  };
+  const std::vector<std::string> names = {"config", "file:weights.safetensors"};
+  ASSERT_TRUE(catalogue.Load(true, "mem", names, upload(1.0f)).ok());
+  std::atomic<bool> running{true};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&] {
+      while (running.load()) {
+        absl::StatusOr<ServedModel> model = catalogue.Resolve("mem", "");
+        if (model.ok()) {
+          const float version = model->stored->tensors.at("keys").data[0];
+          for (const auto& [name, tensor] : model->stored->tensors) {
+            for (float value : tensor.data) ASSERT_EQ(value, version) << name;
+          }
+        } else {
+          EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+        }
+        for (const auto& state : catalogue.Index(true, false)) {
+          if (state.name != "mem") continue;
+          EXPECT_TRUE(state.state == "READY" || state.state == "UNLOADING" ||
+                      state.state == "UNAVAILABLE")
+              << state.state;
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < 10; ++i) {
+      catalogue.Unload(true, "mem", {}).IgnoreError();  // may be unloaded
+      EXPECT_TRUE(catalogue.Load(true, "mem", {}).ok());
+    }
+  });
+  for (int u = 0; u < 2; ++u) {
+    threads.emplace_back([&, u] {
+      for (int i = 0; i < 10; ++i) {
+        EXPECT_TRUE(catalogue.Load(true, "mem", names,
+                                   upload(2.0f + 2 * i + u)).ok());
+      }
+    });
+  }
+  for (size_t t = 2; t < threads.size(); ++t) threads[t].join();
+  running.store(false);
+  threads[0].join();
+  threads[1].join();
+  ASSERT_TRUE(catalogue.Load(true, "mem", {}).ok());
+  const float served =
+      catalogue.Resolve("mem", "")->stored->tensors.at("keys").data[0];
+  std::unique_ptr<ModelRepository> reread = LoadModelRepository(dir).value();
+  EXPECT_EQ(reread->Find("mem")->tensors.at("keys").data[0], served);
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
