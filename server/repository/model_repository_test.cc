@@ -56,6 +56,23 @@ TEST(SafetensorsTest, RoundTrip) {
   EXPECT_EQ(parsed->at("b").data[0], -7.25f);
 }
 
+// A tensor name that JSON must escape (an upload can carry any) is written
+// escaped and reads back the same: unescaped, the file would not parse, and
+// a saved model would fail the next start.
+TEST(SafetensorsTest, NamesThatNeedEscapingRoundTrip) {
+  std::map<std::string, attn::Tensor> tensors;
+  const std::string odd = std::string("a\"b\\c\nd\x01e") + '\0' + "f";
+  tensors[odd] = attn::Tensor::Zeros({2});
+  tensors[odd].data[1] = 3.5f;
+  tensors["plain"] = attn::Tensor::Zeros({1});
+  absl::StatusOr<std::map<std::string, attn::Tensor>> parsed =
+      ParseSafetensors(SerializeSafetensors(tensors));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->count(odd), 1u);
+  EXPECT_EQ(parsed->at(odd).data[1], 3.5f);
+  EXPECT_EQ(parsed->size(), 2u);
+}
+
 TEST(SafetensorsTest, MalformedFilesAreRefused) {
   EXPECT_THAT(std::string(ParseSafetensors("abc").status().message()),
               HasSubstr("shorter than its header"));
@@ -101,6 +118,24 @@ TEST(SafetensorsTest, MalformedFilesAreRefused) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << header;
     EXPECT_THAT(std::string(status.message()),
                 HasSubstr("must hold whole numbers")) << header;
+  }
+  // Strict JSON: a name twice, a lone surrogate, invalid UTF-8, nesting
+  // past 64 levels (protobuf's JSON reader, which fuzz/safetensors checks
+  // against, refuses each).
+  for (const std::string& header : {
+           std::string(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})"),
+           std::string(R"({"\udc00":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
+           std::string("{\"\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}"),
+           "{\"__metadata__\":" + std::string(70, '[') + std::string(70, ']') + "}",
+           std::string(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") +
+               '\0' + "x",
+       }) {
+    EXPECT_THAT(std::string(ParseSafetensors(with_header(header, eight))
+                                .status()
+                                .message()),
+                HasSubstr("not JSON"))
+        << header;
   }
   // The same file with whole numbers is read.
   EXPECT_TRUE(

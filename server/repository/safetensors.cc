@@ -2,36 +2,165 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "attn/status_macros.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
+#include "rapidjson/document.h"
+#include "rapidjson/encodedstream.h"
+#include "rapidjson/memorystream.h"
+#include "rapidjson/reader.h"
 
 namespace attnserve {
 namespace {
+
+// The header is read with RapidJSON, not protobuf's Struct: a Struct filled
+// by the shared protobuf library cannot be read by code built with
+// -fsanitize=thread (its map fields differ in layout there), and the
+// sanitizer runs read models too.
+using JsonValue = rapidjson::Value;
 
 // A JSON number that must be a count (a dimension, a byte offset): JSON
 // has only doubles, so 20.5, -1 and 1e30 parse too; each is refused rather
 // than cast (a cast truncates, and one past int64 is undefined).
 absl::StatusOr<int64_t> JsonCount(absl::string_view field,
-                                  const google::protobuf::Value& value) {
+                                  const JsonValue& value) {
   constexpr double kLargest = 9007199254740992.0;  // 2^53: exact in a double
-  const double number = value.number_value();
-  if (value.kind_case() != google::protobuf::Value::kNumberValue ||
-      !(number >= 0.0 && number <= kLargest) || std::floor(number) != number) {
+  const double number = value.IsNumber() ? value.GetDouble() : 0.0;
+  if (!value.IsNumber() || !(number >= 0.0 && number <= kLargest) ||
+      std::floor(number) != number) {
     return absl::InvalidArgumentError(absl::StrCat(
         "safetensors: ", field, " must hold whole numbers in [0, 2^53], got ",
-        value.kind_case() == google::protobuf::Value::kNumberValue
-            ? absl::StrCat(number)
-            : std::string("a non-number")));
+        value.IsNumber() ? absl::StrCat(number) : std::string("a non-number")));
   }
   return static_cast<int64_t>(number);
 }
+
+// `text` as the contents of a JSON string (quotes, backslashes and control
+// characters escaped).
+std::string JsonEscaped(absl::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x",
+                    static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// A string holding a UTF-16 surrogate (a lone one from a \\u escape, which
+// RapidJSON passes through): its UTF-8 form starts 0xED 0xA0-0xBF.
+bool HasSurrogate(const char* text, size_t length) {
+  for (size_t i = 0; i + 1 < length; ++i) {
+    if (static_cast<unsigned char>(text[i]) == 0xED &&
+        static_cast<unsigned char>(text[i + 1]) >= 0xA0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The header as strict JSON: at most kMaxDepth levels deep, no key twice in
+// one object, no surrogates in any string. Walked with a stack, never
+// recursion (a header may nest a million levels).
+bool StrictJson(const JsonValue& root) {
+  constexpr int kMaxDepth = 64;
+  std::vector<std::pair<const JsonValue*, int>> pending = {{&root, 1}};
+  while (!pending.empty()) {
+    const auto [value, depth] = pending.back();
+    pending.pop_back();
+    if (depth > kMaxDepth) return false;
+    if (value->IsString() &&
+        HasSurrogate(value->GetString(), value->GetStringLength())) {
+      return false;
+    }
+    if (value->IsArray()) {
+      for (const JsonValue& element : value->GetArray()) {
+        pending.push_back({&element, depth + 1});
+      }
+    } else if (value->IsObject()) {
+      std::set<absl::string_view> keys;
+      for (const auto& member : value->GetObject()) {
+        const absl::string_view key(member.name.GetString(),
+                                    member.name.GetStringLength());
+        if (!keys.insert(key).second ||
+            HasSurrogate(key.data(), key.size())) {
+          return false;
+        }
+        pending.push_back({&member.value, depth + 1});
+      }
+    }
+  }
+  return true;
+}
+
+// Builds the header's document: RapidJSON's iterative reader (no recursion
+// however deep the nesting), every number read by strtod as protobuf's and
+// the REST reader's are (RapidJSON's full-precision conversion has undefined
+// behaviour on some inputs, e.g. long runs of zeros).
+struct HeaderReader {
+  const char* text;
+  size_t size;
+  bool ok = false;
+
+  // Forwards to the document, numbers converted here.
+  struct Handler {
+    rapidjson::Document& document;
+    bool Null() { return document.Null(); }
+    bool Bool(bool value) { return document.Bool(value); }
+    bool Int(int value) { return document.Int(value); }
+    bool Uint(unsigned value) { return document.Uint(value); }
+    bool Int64(int64_t value) { return document.Int64(value); }
+    bool Uint64(uint64_t value) { return document.Uint64(value); }
+    bool Double(double value) { return document.Double(value); }
+    bool RawNumber(const char* number, rapidjson::SizeType length, bool) {
+      const std::string copy(number, length);
+      return document.Double(std::strtod(copy.c_str(), nullptr));
+    }
+    bool String(const char* value, rapidjson::SizeType length, bool copy) {
+      return document.String(value, length, copy);
+    }
+    bool StartObject() { return document.StartObject(); }
+    bool Key(const char* value, rapidjson::SizeType length, bool copy) {
+      return document.Key(value, length, copy);
+    }
+    bool EndObject(rapidjson::SizeType members) {
+      return document.EndObject(members);
+    }
+    bool StartArray() { return document.StartArray(); }
+    bool EndArray(rapidjson::SizeType elements) {
+      return document.EndArray(elements);
+    }
+  };
+
+  bool operator()(rapidjson::Document& document) {
+    Handler handler{document};
+    rapidjson::MemoryStream memory(text, size);
+    rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream>
+        stream(memory);
+    rapidjson::Reader reader;
+    ok = !reader
+              .Parse<rapidjson::kParseNumbersAsStringsFlag |
+                     rapidjson::kParseValidateEncodingFlag |
+                     rapidjson::kParseIterativeFlag>(stream, handler)
+              .IsError();
+    return ok;
+  }
+};
 
 }  // namespace
 
@@ -46,47 +175,62 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
     return absl::InvalidArgumentError(absl::StrCat(
         "safetensors: header of ", header_size, " bytes runs past the file"));
   }
-  google::protobuf::Struct header;
-  if (!google::protobuf::util::JsonStringToMessage(
-           bytes.substr(8, header_size), &header)
-           .ok()) {
+  // RapidJSON takes a NUL for the end of its input: one inside the header
+  // (never valid JSON) would hide what follows it.
+  if (std::memchr(bytes.data() + 8, '\0', header_size) != nullptr) {
+    return absl::InvalidArgumentError("safetensors: the header is not JSON");
+  }
+  rapidjson::Document header;
+  HeaderReader reader{bytes.data() + 8, header_size};
+  header.Populate(reader);
+  if (!reader.ok || !header.IsObject() || !StrictJson(header)) {
     return absl::InvalidArgumentError("safetensors: the header is not JSON");
   }
   const size_t data_begin = 8 + header_size;
   const size_t data_size = bytes.size() - data_begin;
   std::map<std::string, attn::Tensor> tensors;
-  for (const auto& [name, value] : header.fields()) {
+  for (const auto& member : header.GetObject()) {
+    const std::string name(member.name.GetString(),
+                           member.name.GetStringLength());
     if (name == "__metadata__") continue;
-    const auto& fields = value.struct_value().fields();
-    auto dtype = fields.find("dtype");
-    auto shape = fields.find("shape");
-    auto offsets = fields.find("data_offsets");
-    if (dtype == fields.end() || shape == fields.end() || offsets == fields.end() ||
-        offsets->second.list_value().values_size() != 2) {
+    const JsonValue& value = member.value;
+    auto field = [&](const char* key) -> const JsonValue* {
+      if (!value.IsObject()) return nullptr;
+      auto it = value.FindMember(key);
+      return it == value.MemberEnd() ? nullptr : &it->value;
+    };
+    const JsonValue* dtype = field("dtype");
+    const JsonValue* shape = field("shape");
+    const JsonValue* offsets = field("data_offsets");
+    if (dtype == nullptr || shape == nullptr || offsets == nullptr ||
+        !offsets->IsArray() || offsets->Size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors: tensor '", name, "' lacks dtype, shape or data_offsets"));
     }
-    if (dtype->second.string_value() != "F32") {
+    const std::string type =
+        dtype->IsString()
+            ? std::string(dtype->GetString(), dtype->GetStringLength())
+            : std::string();
+    if (type != "F32") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: tensor '", name, "' is ", dtype->second.string_value(),
-          "; only F32 is served"));
+          "safetensors: tensor '", name, "' is ", type, "; only F32 is served"));
     }
     attn::Tensor tensor;
-    for (const auto& dim : shape->second.list_value().values()) {
-      ASSIGN_OR_RETURN(const int64_t size,
-                       JsonCount(absl::StrCat("tensor '", name, "' shape"), dim));
-      tensor.shape.push_back(size);
+    if (shape->IsArray()) {
+      for (const JsonValue& dim : shape->GetArray()) {
+        ASSIGN_OR_RETURN(const int64_t size,
+                         JsonCount(absl::StrCat("tensor '", name, "' shape"),
+                                   dim));
+        tensor.shape.push_back(size);
+      }
     }
     ASSIGN_OR_RETURN(const int64_t count,
                      attn::CheckedNumElements(name, tensor.shape));
     const std::string offsets_field =
         absl::StrCat("tensor '", name, "' data_offsets");
     ASSIGN_OR_RETURN(const int64_t begin,
-                     JsonCount(offsets_field,
-                               offsets->second.list_value().values(0)));
-    ASSIGN_OR_RETURN(const int64_t end,
-                     JsonCount(offsets_field,
-                               offsets->second.list_value().values(1)));
+                     JsonCount(offsets_field, (*offsets)[0]));
+    ASSIGN_OR_RETURN(const int64_t end, JsonCount(offsets_field, (*offsets)[1]));
     if (end > static_cast<int64_t>(data_size) || end - begin != 4 * count) {
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors: tensor '", name, "' data_offsets [", begin, ", ", end,
@@ -111,7 +255,8 @@ std::string SerializeSafetensors(
     for (int64_t dim : tensor.shape) {
       absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
     }
-    absl::StrAppend(&header, "\"", name, "\":{\"dtype\":\"F32\",\"shape\":[",
+    absl::StrAppend(&header, "\"", JsonEscaped(name),
+                    "\":{\"dtype\":\"F32\",\"shape\":[",
                     shape, "],\"data_offsets\":[", data.size(), ",",
                     data.size() + 4 * tensor.data.size(), "]}");
     data.append(reinterpret_cast<const char*>(tensor.data.data()),

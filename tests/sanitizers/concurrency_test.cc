@@ -184,7 +184,8 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
                        {{"file:weights.safetensors", SerializeSafetensors(tensors)}}};
   };
   const std::vector<std::string> names = {"config", "file:weights.safetensors"};
-  ASSERT_TRUE(catalogue.Load(true, "mem", names, upload(1.0f)).ok());
+  const absl::Status first = catalogue.Load(true, "mem", names, upload(1.0f));
+  ASSERT_TRUE(first.ok()) << first;
   std::atomic<bool> running{true};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
