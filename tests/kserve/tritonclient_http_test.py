@@ -1048,6 +1048,72 @@ class ModelControlTest(HttpTestCase):
                     pass
                 shutil.rmtree(os.path.join(REPOSITORY, name), ignore_errors=True)
 
+    def test_uploads_unloads_and_loads_under_load(self):
+        """Versions uploaded, unloaded and loaded again while 3 clients
+        infer: every answer is one whole version (a memory whose values all
+        equal v answers v everywhere), or 404 while it is unloaded; the
+        index agrees over both protocols at the end."""
+        name = "uploaded_under_load"
+        keys = self.randn(16, 4)
+
+        def files(version):
+            values = np.full((16, 2), float(version), np.float32)
+            return {"file:weights.safetensors":
+                    self.safetensors({"keys": keys, "values": values})}
+        config = json.dumps({"backend": "attention_memory"})
+        self.http.load_model(name, config=config, files=files(1))
+        queries = self.randn(1, 3, 4)
+        stop = threading.Event()
+        outcomes, lock = [], threading.Lock()
+
+        def client_loop():
+            client = httpclient.InferenceServerClient(
+                url=HTTP_URL, network_timeout=DEADLINE_S)
+            try:
+                while not stop.is_set():
+                    try:
+                        got = client.infer(
+                            name, [make_input("queries", queries, True)],
+                            outputs=[httpclient.InferRequestedOutput(
+                                "output", binary_data=True)]).as_numpy("output")
+                        version = float(got.flat[0])
+                        whole = bool(np.allclose(got, version, rtol=0, atol=1e-5))
+                        outcome = "ok" if whole and round(version) == version \
+                            else f"mixed {got.ravel().tolist()}"
+                    except InferenceServerException as e:
+                        outcome = e.status()
+                    with lock:
+                        outcomes.append(outcome)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=client_loop) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for version in range(2, 8):
+                self.http.load_model(name, config=config, files=files(version))
+                if version % 3 == 0:
+                    self.http.unload_model(name)
+                    time.sleep(0.05)
+                    self.http.load_model(name)  # from disk: this version
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=DEADLINE_S)
+            self.assertEqual(self.state(name), ("READY", ""))
+            got = self.infer(name, [("queries", queries)], ["output"]).as_numpy("output")
+            try:
+                self.http.unload_model(name)
+            except InferenceServerException:
+                pass
+            shutil.rmtree(os.path.join(REPOSITORY, name), ignore_errors=True)
+        np.testing.assert_allclose(got, 7.0, atol=1e-5)
+        kinds = set(outcomes)
+        self.assertIn("ok", kinds)
+        self.assertLessEqual(kinds, {"ok", "404"}, kinds)
+
     def test_refusals(self):
         self.assertHttpError(lambda: self.http.unload_model("batch_matmul"),
                              400, ["built in"])
