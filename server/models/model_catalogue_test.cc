@@ -1,5 +1,8 @@
 #include "server/models/model_catalogue.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -533,6 +536,65 @@ TEST_F(ModelCatalogueTest, ModelBytesAreBounded) {
   EXPECT_THAT(std::string(read.message()),
               HasSubstr("big/weights.safetensors: "));
   EXPECT_EQ(small->Find("big"), nullptr);
+}
+
+// A served memory's file truncated, or rewritten in place, on disk (an
+// operator's mistake, a shared volume): the version served keeps its
+// values (nothing served reads the file after the load), a reload of the
+// truncated file is refused naming it while the old version serves on, and
+// only a reload of a whole file changes what is served. Whatever replaces
+// reading the file at load (mapping it) must keep this.
+TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
+  auto memory = [](float value) {
+    RepositoryModel model;
+    model.config.set_name("mem");
+    model.config.set_backend(AttentionMemoryKind().backend);
+    model.tensors["keys"] = attn::Tensor::Zeros({64, 8});
+    model.tensors["values"] = attn::Tensor::Zeros({64, 4});
+    for (auto& [name, tensor] : model.tensors) {
+      std::fill(tensor.data.begin(), tensor.data.end(), value);
+    }
+    return model;
+  };
+  ASSERT_TRUE(
+      repository_->SaveModel({"test", "a memory"}, "mem", memory(1.0f)).ok());
+  ModelCatalogue catalogue(repository_.get(),
+                           ModelControl{/*explicit_mode=*/true});
+  const std::shared_ptr<const RepositoryModel> held =
+      catalogue.Resolve("mem", "")->stored;
+  const std::string path = dir_ + "/mem/weights.safetensors";
+  auto all_equal = [](const RepositoryModel& model, float value) {
+    for (const auto& [name, tensor] : model.tensors) {
+      for (float x : tensor.data) {
+        if (x != value) return false;
+      }
+    }
+    return true;
+  };
+
+  std::ifstream in(path, std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(whole.size() / 2)), 0);
+  EXPECT_TRUE(all_equal(*held, 1.0f));
+  const absl::Status reload = catalogue.Load(true, "mem", {});
+  EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(reload.message()),
+              HasSubstr("mem/weights.safetensors"));
+  EXPECT_EQ(catalogue.Resolve("mem", "")->stored, held);
+
+  // Rewritten in place, the same size, other values: served unchanged
+  // until a reload.
+  const std::string other = SerializeSafetensors(memory(2.0f).tensors);
+  ASSERT_EQ(other.size(), whole.size());
+  {
+    std::fstream out(path, std::ios::binary | std::ios::in | std::ios::out);
+    out.write(other.data(), static_cast<std::streamsize>(other.size()));
+  }
+  EXPECT_TRUE(all_equal(*catalogue.Resolve("mem", "")->stored, 1.0f));
+  ASSERT_TRUE(catalogue.Load(true, "mem", {}).ok());
+  EXPECT_TRUE(all_equal(*catalogue.Resolve("mem", "")->stored, 2.0f));
+  EXPECT_TRUE(all_equal(*held, 1.0f));
 }
 
 TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
