@@ -219,6 +219,25 @@ expect_http "tokens over HTTP: unload by a plain token -> 403" 403 \
 expect_http "tokens over HTTP: load by a model_control token -> 200" 200 \
   --cacert "$pki/ca.crt" -H "Authorization: Bearer $token_controller" -X POST \
   "$https/v2/repository/models/additive_attention/load"
+# An upload (a load with config and file:weights.safetensors) is a load: a
+# token without model_control is refused before anything is written.
+printf '{"parameters": {"config": "{\\"backend\\": \\"additive_attention\\"}", "file:weights.safetensors": "%s"}}' \
+  "$(base64 -w0 "$repo/deploy/models/additive_attention/weights.safetensors")" \
+  >"$workdir/upload.json"
+expect_http "tokens over HTTP: an upload by a save_as token -> 403" 403 \
+  --cacert "$pki/ca.crt" -H "Authorization: Bearer $token_saver" -X POST \
+  --data-binary "@$workdir/upload.json" \
+  "$https/v2/repository/models/uploaded_by_test/load"
+[[ ! -e "$workdir/models/uploaded_by_test" ]] &&
+  pass "the refused upload wrote nothing" ||
+  fail "the refused upload wrote $workdir/models/uploaded_by_test"
+expect_http "tokens over HTTP: an upload by a model_control token -> 200" 200 \
+  --cacert "$pki/ca.crt" -H "Authorization: Bearer $token_controller" -X POST \
+  --data-binary "@$workdir/upload.json" \
+  "$https/v2/repository/models/uploaded_by_test/load"
+[[ -f "$workdir/models/uploaded_by_test/weights.safetensors" ]] &&
+  pass "the permitted upload wrote the model" ||
+  fail "the permitted upload wrote nothing under $workdir/models"
 missing=$(metric attnserve_unauthenticated_requests_total reason=missing_token)
 invalid=$(metric attnserve_unauthenticated_requests_total reason=invalid_token)
 [[ "$missing" == 3 && "$invalid" == 2 ]] &&
