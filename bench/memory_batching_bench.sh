@@ -11,6 +11,9 @@
 # Usage: bench/memory_batching_bench.sh [DURATION] [N...]
 #   (default 5s per row; N: 4096 65536 262144 1048576; build first)
 # Extra server flags for both runs: ATTNSERVE_FLAGS='--max_queue_delay_us=300'
+# KIND=regression: fitted Nadaraya-Watson models holding a 1-D training set
+# of N points instead (x_query 1 point a call, --model_name); their calls
+# run alone under the defaults, so "on" is --batching there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 server=${ATTNSERVE:-build/server/attnserve}
@@ -28,30 +31,42 @@ trap cleanup EXIT
 # The memories: keys and values N(0, 1)-like (a block of Gaussian draws,
 # tiled; the kernel's time does not depend on the values), standard library
 # only.
-python3 - "$out/models" "${sizes[@]}" <<'PY'
-import array, json, os, random, struct, sys
-root, sizes = sys.argv[1], [int(n) for n in sys.argv[2:]]
+kind=${KIND:-memory}
+[[ $kind == memory || $kind == regression ]] ||
+  { echo "KIND must be memory or regression" >&2; exit 64; }
+python3 - "$out/models" "$kind" "${sizes[@]}" <<'PY'
+import array, json, math, os, random, struct, sys
+root, kind, sizes = sys.argv[1], sys.argv[2], [int(n) for n in sys.argv[3:]]
 rng = random.Random(7)
 block = array.array("f", (rng.gauss(0, 1) for _ in range(1 << 16)))
 def tensor(count):
     data = array.array("f", block) * (count // len(block) + 1)
     return data[:count].tobytes()
-d = 64
-for n in sizes:
-    name = "memory_%d" % n
+def write(name, backend, tensors):
     folder = os.path.join(root, name)
     os.makedirs(folder)
-    keys, values = tensor(n * d), tensor(n * d)
-    header = {"keys": {"dtype": "F32", "shape": [n, d],
-                       "data_offsets": [0, len(keys)]},
-              "values": {"dtype": "F32", "shape": [n, d],
-                         "data_offsets": [len(keys), len(keys) + len(values)]}}
+    header, data = {}, b""
+    for tensor_name, shape, blob in tensors:
+        header[tensor_name] = {"dtype": "F32", "shape": shape,
+                               "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     with open(os.path.join(folder, "weights.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + keys + values)
+        f.write(struct.pack("<Q", len(text)) + text + data)
     with open(os.path.join(folder, "config.pbtxt"), "w") as f:
-        f.write('name: "%s"\nbackend: "attention_memory"\n' % name)
+        f.write('name: "%s"\nbackend: "%s"\n' % (name, backend))
+d = 64
+for n in sizes:
+    if kind == "memory":
+        write("memory_%d" % n, "attention_memory",
+              [("keys", [n, d], tensor(n * d)), ("values", [n, d], tensor(n * d))])
+    else:  # the textbook's data, spread over [0, 5)
+        x = array.array("f", (rng.uniform(0, 5) for _ in range(n)))
+        y = array.array("f", (2 * math.sin(v) + v ** 0.8 for v in x))
+        write("regression_%d" % n, "nadaraya_watson",
+              [("bandwidth", [1], array.array("f", [4.0]).tobytes()),
+               ("x_train", [n], x.tobytes()), ("y_train", [n], y.tobytes())])
 PY
 
 # shellcheck source=bench/serve.sh
@@ -59,12 +74,21 @@ source bench/serve.sh
 
 for mode in off on; do
   echo "batching $mode:" >&2
+  if [[ $kind == memory ]]; then
+    batching="--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
+  else
+    batching="--batching=$([[ $mode == on ]] && echo true || echo false)"
+  fi
   START_TRIES=600 start_server --http_port=0 --model_repository="$out/models" \
-    "--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
+    "$batching"
   for n in "${sizes[@]}"; do
     echo "  N = $n" >&2
-    "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load \
-      --rpc=attention --memory_name="memory_$n" --shape=queries=1x1x64 \
+    if [[ $kind == memory ]]; then
+      call=(--rpc=attention --memory_name="memory_$n" --shape=queries=1x1x64)
+    else
+      call=(--rpc=nadaraya-watson --model_name="regression_$n" --shape=x_query=1)
+    fi
+    "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load "${call[@]}" \
       --concurrency=64 --duration="$duration" --warmup=2s \
       --output_format=json >"$out/${n}_$mode.json"
   done
