@@ -731,6 +731,21 @@ class AsyncClientTest(Case):
             self.assertEqual(health, "SERVING")
             self.assertIn("dot_product_attention", {m.name for m in models})
 
+            # Stored models by name: the toy memory (run_test.sh) and a fit
+            # saved with its training set.
+            queries = self.randn(2, 3, 2)
+            memory = await client.scaled_dot_product_attention(
+                queries, memory_name="toy_memory")
+            out = attention_ref(queries,
+                                np.broadcast_to(StoredMemoryTest.KEYS, (2, 10, 2)),
+                                np.broadcast_to(StoredMemoryTest.VALUES, (2, 10, 4)))
+            self.assertWithin(memory.output, out[0], out[2], "aio stored memory")
+            saved = await client.fit_bandwidth(d.x_train, d.y_train, save_as="aio_fit")
+            net = await client.nadaraya_watson(x_query=d.x_query, model_name="aio_fit")
+            out = nadaraya_watson_ref(d.x_train, d.y_train, d.x_query,
+                                      bandwidth=saved.bandwidth)
+            self.assertWithin(net.output, out[0], out[2], "aio fitted model")
+
             # Errors map as in the blocking client.
             with self.assertRaises(attnserve.Error) as caught:
                 await client.scaled_dot_product_attention(toy["queries"], self.randn(3, 10, 2),
