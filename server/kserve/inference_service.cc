@@ -106,15 +106,9 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context,
     const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  const std::vector<std::string> names = ParameterNames(request->parameters());
-  absl::Status allowed = catalogue_->CheckLoadAllowed(
-      MayControlModels(context), request->model_name(), names);
-  if (!allowed.ok()) return Answer(context, allowed);
-  absl::StatusOr<std::optional<ModelUpload>> upload =
-      UploadOf(request->parameters());
-  if (!upload.ok()) return Answer(context, upload.status());
-  return Answer(context, catalogue_->Load(MayControlModels(context),
-                                          request->model_name(), names, *upload));
+  return Answer(context,
+                LoadModel(*catalogue_, MayControlModels(context),
+                          request->model_name(), request->parameters()));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(

@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attn/status_macros.h"
 
 #include "server/models/model_kind.h"
 
@@ -16,6 +17,9 @@ std::vector<std::string> ParameterNames(
   return names;
 }
 
+namespace {
+
+// The model a load's parameters upload, if they carry one.
 absl::StatusOr<std::optional<ModelUpload>> UploadOf(
     const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
         parameters) {
@@ -46,6 +50,20 @@ absl::StatusOr<std::optional<ModelUpload>> UploadOf(
     }
   }
   return upload;
+}
+
+}  // namespace
+
+absl::Status LoadModel(
+    ModelCatalogue& catalogue, bool may_control_models,
+    const std::string& model_name,
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+        parameters) {
+  const std::vector<std::string> names = ParameterNames(parameters);
+  RETURN_IF_ERROR(
+      catalogue.CheckLoadAllowed(may_control_models, model_name, names));
+  ASSIGN_OR_RETURN(std::optional<ModelUpload> upload, UploadOf(parameters));
+  return catalogue.Load(may_control_models, model_name, names, upload);
 }
 
 void EncodeIndex(const std::vector<ModelCatalogue::ModelState>& index,

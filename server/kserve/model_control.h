@@ -23,12 +23,16 @@ std::vector<std::string> ParameterNames(
     const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
         parameters);
 
-// The model a load request uploads, if its parameters carry one: `config`
-// (a string) and each `file:<path>` (bytes; a string holds them in base64,
-// as the REST body does). INVALID_ARGUMENT naming a parameter of the wrong
-// type or not base64. The catalogue checks what they hold
-// (ModelCatalogue::Load).
-absl::StatusOr<std::optional<ModelUpload>> UploadOf(
+// A load request of either KServe front end, `model_name` with its
+// `parameters`, carried out on `catalogue`: who may load is checked first
+// (ModelCatalogue::CheckLoadAllowed), then an upload the parameters carry is
+// decoded (`config`, a string, and each `file:<path>`: bytes, or a string
+// of them in base64 as the REST body has them; INVALID_ARGUMENT naming a
+// parameter of the wrong type or not base64), then ModelCatalogue::Load
+// and its statuses. Blocks on file I/O as Load does.
+absl::Status LoadModel(
+    ModelCatalogue& catalogue, bool may_control_models,
+    const std::string& model_name,
     const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
         parameters);
 

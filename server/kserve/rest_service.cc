@@ -188,18 +188,9 @@ void KServeRestService::Handle(const RestCall& call,
         request.set_model_name(parts[3]);
         status = ParseRestRepositoryParameters(call.body,
                                                request.mutable_parameters());
-        const std::vector<std::string> names =
-            ParameterNames(request.parameters());
         if (status.ok()) {
-          status = catalogue_->CheckLoadAllowed(call.may_control_models,
-                                                parts[3], names);
-        }
-        absl::StatusOr<std::optional<ModelUpload>> upload = std::nullopt;
-        if (status.ok()) upload = UploadOf(request.parameters());
-        if (status.ok()) status = upload.status();
-        if (status.ok()) {
-          status = catalogue_->Load(call.may_control_models, parts[3], names,
-                                    *upload);
+          status = LoadModel(*catalogue_, call.may_control_models, parts[3],
+                             request.parameters());
         }
       } else {
         inference::RepositoryModelUnloadRequest request;

@@ -408,10 +408,10 @@ TEST_F(UploadTest, AModelUploadedOverEitherProtocolServesAtOnce) {
   EXPECT_EQ(OutputTensor(response, 0).shape, (attn::Shape{1, 2, 2}));
 
   EXPECT_EQ(Rest("POST", "/v2/repository/models/over_rest/load",
-                 absl::StrCat(R"({"parameters": {"config": )",
-                              "\"{\\\"backend\\\": \\\"attention_memory\\\"}\", ",
+                 absl::StrCat(R"({"parameters": {)"
+                              R"("config": "{\"backend\": \"attention_memory\"}", )"
                               R"("file:weights.safetensors": ")",
-                              absl::Base64Escape(bytes), "\"}}")),
+                              absl::Base64Escape(bytes), R"("}})")),
             200);
   EXPECT_EQ(catalogue_->Resolve("over_rest", "")->kind, &AttentionMemoryKind());
   EXPECT_EQ(Rest("POST", "/v2/repository/models/bad/load",
