@@ -226,10 +226,10 @@ TEST_F(KServeServiceTest, AStoredMemoryAnswersQueriesAlone) {
   memory.config.set_backend(AttentionMemoryKind().backend);
   (*memory.config.mutable_parameters())["score"].set_string_value("gaussian");
   (*memory.config.mutable_parameters())["scale"].set_string_value("0.5");
-  memory.tensors["keys"] = attn::testing::RandomNormal(rng, {n, d});
-  memory.tensors["values"] = attn::testing::RandomNormal(rng, {n, dv});
-  const attn::Tensor keys = memory.tensors["keys"];
-  const attn::Tensor values = memory.tensors["values"];
+  const attn::Tensor keys = attn::testing::RandomNormal(rng, {n, d});
+  const attn::Tensor values = attn::testing::RandomNormal(rng, {n, dv});
+  memory.tensors["keys"] = keys;
+  memory.tensors["values"] = values;
   ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
                                      std::move(memory))
                   .ok());

@@ -220,7 +220,9 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
         kWeightsFile, ": ", tensors.status().message(),
         "; nothing was written"));
   }
-  model.tensors = *std::move(tensors);
+  for (auto& [name, tensor] : *tensors) {
+    model.tensors[name] = std::move(tensor);
+  }
   const std::string backend = model.config.backend();
   return repository_->SaveModel(
       {"load", absl::StrCat("uploaded ", backend, " model")}, model_name,

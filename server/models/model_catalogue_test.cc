@@ -23,6 +23,17 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// Sets element `index` of `model`'s tensor `name` to `value`, on a copy:
+// stored values are never written.
+void SetElement(RepositoryModel& model, const std::string& name, size_t index,
+                float value) {
+  const StoredTensor& stored = model.tensors.at(name);
+  attn::Tensor copy = attn::Tensor::Uninitialized(stored.shape);
+  std::copy(stored.values().begin(), stored.values().end(), copy.data.begin());
+  copy.data[index] = value;
+  model.tensors[name] = std::move(copy);
+}
+
 class ModelCatalogueTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -157,11 +168,11 @@ TEST_F(ModelCatalogueTest, AnAttentionMemoryIsCheckedWhenStored) {
   missing.tensors.erase("values");
   EXPECT_THAT(refusal(std::move(missing)), HasSubstr("tensor 'values'"));
   RepositoryModel nan = memory({5, 4}, {5, 3});
-  nan.tensors["values"].data[7] = std::nanf("");
+  SetElement(nan, "values", 7, std::nanf(""));
   EXPECT_THAT(refusal(std::move(nan)),
               HasSubstr("memory: tensor 'values' element 7 is nan"));
   RepositoryModel infinite = memory({5, 4}, {5, 3});
-  infinite.tensors["keys"].data[0] = INFINITY;
+  SetElement(infinite, "keys", 0, INFINITY);
   EXPECT_THAT(refusal(std::move(infinite)),
               HasSubstr("memory: tensor 'keys' element 0 is inf"));
   RepositoryModel score = memory({5, 4}, {5, 3});
@@ -258,7 +269,7 @@ TEST_F(ModelCatalogueTest, AFittedModelHoldsItsTrainingSet) {
   const auto& op = std::get<StoredRegressionRequest>(*built);
   EXPECT_EQ(op.training_set, net.stored.get());
   EXPECT_EQ(op.regression.x_train.data,
-            net.stored->tensors.at("x_train").data.data());
+            net.stored->tensors.at("x_train").data);
   EXPECT_EQ(op.regression.y_train.shape, (attn::Shape{4}));
   EXPECT_EQ(op.regression.x_query.data, queries);
   EXPECT_EQ(op.regression.bandwidth, 1.5f);
@@ -326,12 +337,12 @@ TEST_F(ModelCatalogueTest, AStoredTrainingSetIsChecked) {
   no_features.tensors["x_train"] = attn::Tensor::Zeros({2, 0});
   EXPECT_THAT(refusal(std::move(no_features)), HasSubstr("at least one value"));
   RepositoryModel nan = model();
-  nan.tensors["y_train"].data[1] = std::nanf("");
+  SetElement(nan, "y_train", 1, std::nanf(""));
   EXPECT_THAT(refusal(std::move(nan)),
               HasSubstr("net: tensor 'y_train' element 1 is nan; a training "
                         "set holds finite values only"));
   RepositoryModel infinite = model();
-  infinite.tensors["x_train"].data[0] = -INFINITY;
+  SetElement(infinite, "x_train", 0, -INFINITY);
   EXPECT_THAT(refusal(std::move(infinite)),
               HasSubstr("tensor 'x_train' element 0 is -inf"));
   RepositoryModel kernel = model();
@@ -528,7 +539,7 @@ TEST_F(ModelCatalogueTest, ModelBytesAreBounded) {
   RepositoryModel memory;
   memory.config.set_name("big");
   memory.config.set_backend("attention_memory");
-  memory.tensors = tensors;
+  for (auto& [name, tensor] : tensors) memory.tensors[name] = tensor;
   ASSERT_TRUE(
       repository_->SaveModel({"test", "a memory"}, "big", std::move(memory)).ok());
   const absl::Status read = catalogue.Load(true, "big", {});
@@ -549,10 +560,11 @@ TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
     RepositoryModel model;
     model.config.set_name("mem");
     model.config.set_backend(AttentionMemoryKind().backend);
-    model.tensors["keys"] = attn::Tensor::Zeros({64, 8});
-    model.tensors["values"] = attn::Tensor::Zeros({64, 4});
-    for (auto& [name, tensor] : model.tensors) {
+    for (auto [name, shape] : {std::pair<const char*, attn::Shape>{"keys", {64, 8}},
+                               {"values", {64, 4}}}) {
+      attn::Tensor tensor = attn::Tensor::Zeros(shape);
       std::fill(tensor.data.begin(), tensor.data.end(), value);
+      model.tensors[name] = std::move(tensor);
     }
     return model;
   };
@@ -565,7 +577,7 @@ TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
   const std::string path = dir_ + "/mem/weights.safetensors";
   auto all_equal = [](const RepositoryModel& model, float value) {
     for (const auto& [name, tensor] : model.tensors) {
-      for (float x : tensor.data) {
+      for (float x : tensor.values()) {
         if (x != value) return false;
       }
     }

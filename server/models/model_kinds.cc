@@ -101,7 +101,7 @@ ModelSignature NadarayaWatsonSignature() {
 
 // A stored model's tensor `name` of rank `rank`, or INVALID_ARGUMENT
 // naming the backend and what it needs.
-absl::StatusOr<const attn::Tensor*> StoredTensor(const std::string& where,
+absl::StatusOr<const StoredTensor*> RequiredTensor(const std::string& where,
                                                  const RepositoryModel& model,
                                                  const std::string& name,
                                                  size_t rank) {
@@ -116,12 +116,12 @@ absl::StatusOr<const attn::Tensor*> StoredTensor(const std::string& where,
 
 absl::Status CheckAdditiveAttention(const std::string& where,
                                     const RepositoryModel& model) {
-  ASSIGN_OR_RETURN(const attn::Tensor* w_q,
-                   StoredTensor(where, model, "W_q", 2));
-  ASSIGN_OR_RETURN(const attn::Tensor* w_k,
-                   StoredTensor(where, model, "W_k", 2));
-  ASSIGN_OR_RETURN(const attn::Tensor* w_v,
-                   StoredTensor(where, model, "w_v", 1));
+  ASSIGN_OR_RETURN(const StoredTensor* w_q,
+                   RequiredTensor(where, model, "W_q", 2));
+  ASSIGN_OR_RETURN(const StoredTensor* w_k,
+                   RequiredTensor(where, model, "W_k", 2));
+  ASSIGN_OR_RETURN(const StoredTensor* w_v,
+                   RequiredTensor(where, model, "w_v", 1));
   if (w_k->shape[0] != w_q->shape[0] || w_v->shape[0] != w_q->shape[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": W_q ", attn::ShapeToString(w_q->shape), ", W_k ",
@@ -133,11 +133,12 @@ absl::Status CheckAdditiveAttention(const std::string& where,
 }
 
 absl::Status CheckFinite(const std::string& where, const std::string& name,
-                         const attn::Tensor& tensor, const char* holder) {
-  for (size_t i = 0; i < tensor.data.size(); ++i) {
-    if (!std::isfinite(tensor.data[i])) {
+                         const StoredTensor& tensor, const char* holder) {
+  const absl::Span<const float> values = tensor.values();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor '", name, "' element ", i, " is ", tensor.data[i],
+          where, ": tensor '", name, "' element ", i, " is ", values[i],
           "; ", holder, " holds finite values only"));
     }
   }
@@ -154,15 +155,15 @@ bool HoldsTrainingSet(const RepositoryModel& model) {
 // [N] or [N, dy], finite, N >= 1) and a `kernel` config parameter.
 absl::Status CheckNadarayaWatsonModel(const std::string& where,
                                       const RepositoryModel& model) {
-  ASSIGN_OR_RETURN(const attn::Tensor* w,
-                   StoredTensor(where, model, "bandwidth", 1));
-  if (w->data.size() != 1 || !(w->data[0] > 0) || !std::isfinite(w->data[0])) {
+  ASSIGN_OR_RETURN(const StoredTensor* w,
+                   RequiredTensor(where, model, "bandwidth", 1));
+  if (w->num_elements() != 1 || !(w->data[0] > 0) || !std::isfinite(w->data[0])) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": bandwidth must hold one finite positive value"));
   }
   RETURN_IF_ERROR(StoredKernel(where, model).status());
   if (!HoldsTrainingSet(model)) return absl::OkStatus();
-  const attn::Tensor* set[2] = {nullptr, nullptr};
+  const StoredTensor* set[2] = {nullptr, nullptr};
   const char* const names[2] = {"x_train", "y_train"};
   for (int i = 0; i < 2; ++i) {
     auto it = model.tensors.find(names[i]);
@@ -180,7 +181,7 @@ absl::Status CheckNadarayaWatsonModel(const std::string& where,
     set[i] = &it->second;
   }
   if (set[0]->shape[0] != set[1]->shape[0] || set[0]->shape[0] < 1 ||
-      set[0]->data.empty() || set[1]->data.empty()) {
+      set[0]->values().empty() || set[1]->values().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": x_train ", attn::ShapeToString(set[0]->shape),
         " and y_train ", attn::ShapeToString(set[1]->shape),
@@ -333,10 +334,10 @@ absl::StatusOr<MemoryScoring> ScoringOf(const std::string& where,
 
 absl::Status CheckAttentionMemory(const std::string& where,
                                   const RepositoryModel& model) {
-  ASSIGN_OR_RETURN(const attn::Tensor* keys,
-                   StoredTensor(where, model, "keys", 2));
-  ASSIGN_OR_RETURN(const attn::Tensor* values,
-                   StoredTensor(where, model, "values", 2));
+  ASSIGN_OR_RETURN(const StoredTensor* keys,
+                   RequiredTensor(where, model, "keys", 2));
+  ASSIGN_OR_RETURN(const StoredTensor* values,
+                   RequiredTensor(where, model, "values", 2));
   if (keys->shape[0] != values->shape[0] || keys->shape[0] < 1 ||
       keys->shape[1] < 1 || values->shape[1] < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -354,8 +355,8 @@ absl::Status CheckAttentionMemory(const std::string& where,
 absl::StatusOr<OperationRequest> BuildAttentionMemory(
     const KindArguments& arguments) {
   const RepositoryModel& memory = *arguments.stored;
-  const attn::Tensor& keys = memory.tensors.at("keys");
-  const attn::Tensor& values = memory.tensors.at("values");
+  const StoredTensor& keys = memory.tensors.at("keys");
+  const StoredTensor& values = memory.tensors.at("values");
   const attn::TensorView queries = arguments.inputs.Float("queries");
   if (queries.shape.size() != 3 || queries.shape[2] != keys.shape[1]) {
     return absl::InvalidArgumentError(absl::StrCat(

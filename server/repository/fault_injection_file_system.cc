@@ -209,6 +209,11 @@ absl::StatusOr<std::string> FaultInjectionFileSystem::ReadFile(
   return base_->ReadFile(path, max_bytes);
 }
 
+absl::StatusOr<std::shared_ptr<const FileBytes>>
+FaultInjectionFileSystem::MapFile(const std::string& path, int64_t max_bytes) {
+  return base_->MapFile(path, max_bytes);
+}
+
 absl::StatusOr<std::vector<FileSystem::Entry>> FaultInjectionFileSystem::ListDir(
     const std::string& path) {
   return base_->ListDir(path);

@@ -62,6 +62,8 @@ class FaultInjectionFileSystem : public FileSystem {
 
   absl::StatusOr<std::string> ReadFile(const std::string& path,
                                        int64_t max_bytes) override;
+  absl::StatusOr<std::shared_ptr<const FileBytes>> MapFile(
+      const std::string& path, int64_t max_bytes) override;
   absl::StatusOr<std::vector<Entry>> ListDir(const std::string& path) override;
   absl::StatusOr<Entry> Stat(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/repository/mapped_file.h"
 
 namespace attnserve {
 
@@ -32,6 +33,32 @@ absl::Status FileSystemError(absl::string_view call, int error) {
     default:
       return absl::InternalError(message);
   }
+}
+
+namespace {
+
+// A file read into the process's own memory.
+class CopiedFileBytes : public FileBytes {
+ public:
+  CopiedFileBytes(std::string bytes, std::string why_copied)
+      : CopiedFileBytes(std::make_unique<std::string>(std::move(bytes)),
+                        std::move(why_copied)) {}
+
+ private:
+  CopiedFileBytes(std::unique_ptr<std::string> bytes, std::string why_copied)
+      : FileBytes(*bytes, std::move(why_copied)), bytes_(std::move(bytes)) {}
+
+  const std::unique_ptr<std::string> bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const FileBytes>> FileSystem::MapFile(
+    const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<std::string> bytes = ReadFile(path, max_bytes);
+  if (!bytes.ok()) return bytes.status();
+  return std::shared_ptr<const FileBytes>(new CopiedFileBytes(
+      *std::move(bytes), "this file system does not map files"));
 }
 
 namespace {
@@ -72,40 +99,72 @@ class PosixWritableFile : public WritableFile {
   int fd_;
 };
 
+absl::Status TooLarge(int64_t size, int64_t max_bytes) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(size, " bytes or more, over the limit of ", max_bytes));
+}
+
+// The rest of the open file `fd`, stopping with RESOURCE_EXHAUSTED past
+// `max_bytes` (at the fstat, or grown past it while read).
+absl::StatusOr<std::string> ReadOpenFile(int fd, int64_t max_bytes) {
+  struct stat info;
+  if (::fstat(fd, &info) == 0 && info.st_size > max_bytes) {
+    return TooLarge(info.st_size, max_bytes);
+  }
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return FileSystemError("read", errno);
+    }
+    if (got == 0) break;
+    bytes.append(buffer, static_cast<size_t>(got));
+    if (static_cast<int64_t>(bytes.size()) > max_bytes) {
+      return TooLarge(static_cast<int64_t>(bytes.size()), max_bytes);
+    }
+  }
+  return bytes;
+}
+
 class PosixFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path,
                                        int64_t max_bytes) override {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return FileSystemError("open", errno);
-    auto too_large = [&](int64_t size) {
-      ::close(fd);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          size, " bytes or more, over the limit of ", max_bytes));
-    };
-    struct stat info;
-    if (::fstat(fd, &info) == 0 && info.st_size > max_bytes) {
-      return too_large(info.st_size);
-    }
-    std::string bytes;
-    char buffer[1 << 16];
-    for (;;) {
-      const ssize_t got = ::read(fd, buffer, sizeof(buffer));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        const int error = errno;
-        ::close(fd);
-        return FileSystemError("read", error);
-      }
-      if (got == 0) break;
-      bytes.append(buffer, static_cast<size_t>(got));
-      // Grown since the fstat: stop at the limit, not at the end.
-      if (static_cast<int64_t>(bytes.size()) > max_bytes) {
-        return too_large(static_cast<int64_t>(bytes.size()));
-      }
-    }
+    absl::StatusOr<std::string> bytes = ReadOpenFile(fd, max_bytes);
     ::close(fd);
     return bytes;
+  }
+
+  absl::StatusOr<std::shared_ptr<const FileBytes>> MapFile(
+      const std::string& path, int64_t max_bytes) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return FileSystemError("open", errno);
+    struct stat info;
+    if (::fstat(fd, &info) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return FileSystemError("fstat", error);
+    }
+    if (info.st_size > max_bytes) {
+      ::close(fd);
+      return TooLarge(info.st_size, max_bytes);
+    }
+    std::string why_copied = "the file is empty";
+    if (info.st_size > 0) {
+      absl::StatusOr<std::shared_ptr<const FileBytes>> mapped =
+          MapUnderLease(fd, info.st_size, path);
+      if (mapped.ok()) return mapped;  // it owns fd now
+      why_copied = std::string(mapped.status().message());
+    }
+    absl::StatusOr<std::string> bytes = ReadOpenFile(fd, max_bytes);
+    ::close(fd);
+    if (!bytes.ok()) return bytes.status();
+    return std::shared_ptr<const FileBytes>(
+        new CopiedFileBytes(*std::move(bytes), std::move(why_copied)));
   }
 
   absl::StatusOr<std::vector<Entry>> ListDir(const std::string& path) override {

@@ -21,6 +21,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +48,26 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
+// A file's bytes, read-only, for as long as the object lives
+// (FileSystem::MapFile): the file's own pages, mapped under a lease
+// (server/repository/mapped_file.h), or a private copy.
+class FileBytes {
+ public:
+  virtual ~FileBytes() = default;
+  absl::string_view bytes() const { return bytes_; }
+  // Empty when the bytes are the file's mapped pages; else why they are a
+  // private copy, in words for the operator's log.
+  const std::string& why_copied() const { return why_copied_; }
+
+ protected:
+  FileBytes(absl::string_view bytes, std::string why_copied)
+      : bytes_(bytes), why_copied_(std::move(why_copied)) {}
+
+ private:
+  const absl::string_view bytes_;
+  const std::string why_copied_;
+};
+
 class FileSystem {
  public:
   struct Entry {
@@ -64,6 +85,13 @@ class FileSystem {
   virtual absl::StatusOr<std::string> ReadFile(
       const std::string& path,
       int64_t max_bytes = std::numeric_limits<int64_t>::max()) = 0;
+  // The whole file, as ReadFile reads it (the same errors), held without a
+  // copy where the file can be mapped under a lease: the POSIX file
+  // system's does so for a non-empty file that can; this default reads a
+  // copy, saying so in why_copied.
+  virtual absl::StatusOr<std::shared_ptr<const FileBytes>> MapFile(
+      const std::string& path,
+      int64_t max_bytes = std::numeric_limits<int64_t>::max());
   // The folder's entries without "." and "..", unsorted.
   virtual absl::StatusOr<std::vector<Entry>> ListDir(
       const std::string& path) = 0;

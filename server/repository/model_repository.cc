@@ -28,29 +28,30 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
-// Reads and checks the model in folder `dir`/`name`. Messages name the
-// files as `name`/<file>, relative to the repository.
+// Reads and checks the model in folder `dir`/`name`, its weights mapped
+// when `map_weights` and the file allows. Messages name the files as
+// `name`/<file>, relative to the repository; `log` gets why a file that
+// could have been mapped was copied.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     FileSystem& fs, const std::string& dir, const std::string& name,
-    const ModelRepository::CheckModel& check, int64_t max_model_bytes) {
+    const ModelRepository::CheckModel& check, int64_t max_model_bytes,
+    bool map_weights, const std::function<void(const std::string&)>& log) {
   auto model = std::make_shared<RepositoryModel>();
-  auto read = [&](const std::string& file) -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::string> bytes =
-        fs.ReadFile(dir + "/" + name + "/" + file, max_model_bytes);
-    if (absl::IsResourceExhausted(bytes.status())) {
+  auto failed = [&](const std::string& file, const absl::Status& status) {
+    if (absl::IsResourceExhausted(status)) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(name, "/", file, ": ", bytes.status().message(),
+          absl::StrCat(name, "/", file, ": ", status.message(),
                        " (--max_model_bytes)"));
     }
-    if (!bytes.ok()) {
-      return absl::Status(bytes.status().code(),
-                          absl::StrCat(name, "/", file, ": cannot open (",
-                                       bytes.status().message(), ")"));
-    }
-    return bytes;
+    return absl::Status(status.code(),
+                        absl::StrCat(name, "/", file, ": cannot open (",
+                                     status.message(), ")"));
   };
-  ASSIGN_OR_RETURN(const std::string config_text, read("config.pbtxt"));
-  if (!google::protobuf::TextFormat::ParseFromString(config_text,
+  const std::string folder = dir + "/" + name + "/";
+  absl::StatusOr<std::string> config_text =
+      fs.ReadFile(folder + "config.pbtxt", max_model_bytes);
+  if (!config_text.ok()) return failed("config.pbtxt", config_text.status());
+  if (!google::protobuf::TextFormat::ParseFromString(*config_text,
                                                      &model->config)) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, "/config.pbtxt: not an inference.ModelConfig in protobuf "
@@ -61,14 +62,41 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         name, "/config.pbtxt: name '", model->config.name(),
         "' differs from its folder's name"));
   }
-  ASSIGN_OR_RETURN(const std::string weights, read("weights.safetensors"));
-  absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
-      ParseSafetensors(weights);
-  if (!tensors.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, "/weights.safetensors: ", tensors.status().message()));
+  const std::string weights_path = folder + "weights.safetensors";
+  std::shared_ptr<const FileBytes> weights;
+  if (map_weights) {
+    absl::StatusOr<std::shared_ptr<const FileBytes>> mapped =
+        fs.MapFile(weights_path, max_model_bytes);
+    if (!mapped.ok()) return failed("weights.safetensors", mapped.status());
+    weights = *std::move(mapped);
+    if (!weights->why_copied().empty() && weights->bytes().size() >= 8) {
+      log(absl::StrCat("'", name, "': weights.safetensors read into memory, ",
+                       weights->why_copied()));
+    }
+  } else {
+    absl::StatusOr<std::string> bytes =
+        fs.ReadFile(weights_path, max_model_bytes);
+    if (!bytes.ok()) return failed("weights.safetensors", bytes.status());
+    absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
+        ParseSafetensors(*bytes);
+    if (!tensors.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "/weights.safetensors: ", tensors.status().message()));
+    }
+    for (auto& [tensor_name, tensor] : *tensors) {
+      model->tensors[tensor_name] = std::move(tensor);
+    }
   }
-  model->tensors = *std::move(tensors);
+  if (weights != nullptr) {
+    model->weights_mapped = weights->why_copied().empty();
+    absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
+        ParseSafetensorsShared(std::move(weights));
+    if (!tensors.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "/weights.safetensors: ", tensors.status().message()));
+    }
+    model->tensors = *std::move(tensors);
+  }
   if (check) RETURN_IF_ERROR(check(name, *model));
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }
@@ -224,7 +252,8 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   for (const std::string& name : repository->Folders()) {
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
         ReadModel(*fs, options.dir, name, options.check_model,
-                  options.max_model_bytes);
+                  options.max_model_bytes, options.map_weights,
+                  [&](const std::string& note) { repository->Log(note); });
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
       repository->models_[name] = *std::move(model);
@@ -258,7 +287,8 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
         "model_name: no folder '", name, "' in the model repository"));
   }
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
-      ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_);
+      ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
+                map_weights_, [this](const std::string& note) { Log(note); });
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -465,6 +495,14 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
     }
   }
   RETURN_IF_ERROR(WriteModelFolder(field, name, *stored));
+  // Served from the file just written where it maps, so that the saving
+  // process holds no copy of its own, as every other that loads it.
+  if (map_weights_) {
+    absl::StatusOr<std::shared_ptr<const RepositoryModel>> written =
+        ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
+                  /*map_weights=*/true, [](const std::string&) {});
+    if (written.ok() && (*written)->weights_mapped) stored = *written;
+  }
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(stored);
   unloaded_.erase(name);

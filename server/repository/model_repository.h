@@ -51,15 +51,21 @@
 #include "absl/time/time.h"
 #include "attn/tensor.h"
 #include "inference/model_config.pb.h"
-#include "server/repository/safetensors.h"
 #include "server/repository/file_system.h"
+#include "server/repository/safetensors.h"
+#include "server/repository/stored_tensor.h"
 
 namespace attnserve {
 
 struct RepositoryModel {
   inference::ModelConfig config;
   // Weights by name, each with its shape.
-  std::map<std::string, attn::Tensor> tensors;
+  std::map<std::string, StoredTensor> tensors;
+  // True when the tensors are views of the weights file's pages, mapped
+  // under a lease (server/repository/mapped_file.h); false when they are
+  // the process's own copy (a model made in memory, Options::map_weights
+  // off, or a file that could not be mapped, which Load logs).
+  bool weights_mapped = false;
 };
 
 class ModelRepository {
@@ -94,6 +100,12 @@ class ModelRepository {
     // (RESOURCE_EXHAUSTED naming the file and --max_model_bytes) before it
     // is read; SaveModel refuses to write one.
     int64_t max_model_bytes = int64_t{2} << 30;
+    // Serve weights files mapped under a lease where the file system and
+    // permissions allow (server/repository/mapped_file.h): no copy at
+    // load, one copy in RAM for all the processes that map the file. Off,
+    // or where a lease is refused, every model is read into the process's
+    // own memory. Saved models are served from the file written.
+    bool map_weights = true;
   };
 
   // Lists the folder, restores or removes leftovers of interrupted saves
@@ -167,7 +179,8 @@ class ModelRepository {
         fs_(fs),
         log_(options.log),
         check_model_(options.check_model),
-        max_model_bytes_(options.max_model_bytes) {}
+        max_model_bytes_(options.max_model_bytes),
+        map_weights_(options.map_weights) {}
 
   // The repository's model folders (not hidden ones), sorted.
   std::vector<std::string> Folders() const;
@@ -192,6 +205,7 @@ class ModelRepository {
   const std::function<void(const std::string&)> log_;
   const CheckModel check_model_;
   const int64_t max_model_bytes_;
+  const bool map_weights_;
 
   // Held by SaveModel, LoadModel and UnloadModel for all their work, so
   // that what is on disk and what is served change together, in one order.

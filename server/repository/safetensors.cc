@@ -164,8 +164,8 @@ struct HeaderReader {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
-    const std::string& bytes) {
+absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
+    absl::string_view bytes) {
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError("safetensors: shorter than its header");
   }
@@ -188,7 +188,7 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
   }
   const size_t data_begin = 8 + header_size;
   const size_t data_size = bytes.size() - data_begin;
-  std::map<std::string, attn::Tensor> tensors;
+  std::map<std::string, SafetensorsEntry> tensors;
   for (const auto& member : header.GetObject()) {
     const std::string name(member.name.GetString(),
                            member.name.GetStringLength());
@@ -215,7 +215,7 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors: tensor '", name, "' is ", type, "; only F32 is served"));
     }
-    attn::Tensor tensor;
+    SafetensorsEntry tensor;
     if (shape->IsArray()) {
       for (const JsonValue& dim : shape->GetArray()) {
         ASSIGN_OR_RETURN(const int64_t size,
@@ -237,16 +237,49 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
           ") do not hold ", count, " float32 values inside the ", data_size,
           "-byte data"));
     }
-    tensor.data.resize(count);
-    std::memcpy(tensor.data.data(),
-                bytes.data() + data_begin + static_cast<size_t>(begin), 4 * count);
+    tensor.offset = data_begin + static_cast<size_t>(begin);
     tensors[name] = std::move(tensor);
   }
   return tensors;
 }
 
-std::string SerializeSafetensors(
-    const std::map<std::string, attn::Tensor>& tensors) {
+absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
+    absl::string_view bytes) {
+  ASSIGN_OR_RETURN(auto index, ParseSafetensorsIndex(bytes));
+  std::map<std::string, attn::Tensor> tensors;
+  for (auto& [name, entry] : index) {
+    attn::Tensor tensor = attn::Tensor::Uninitialized(std::move(entry.shape));
+    std::memcpy(tensor.data.data(), bytes.data() + entry.offset,
+                sizeof(float) * tensor.data.size());
+    tensors[name] = std::move(tensor);
+  }
+  return tensors;
+}
+
+absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
+    std::shared_ptr<const FileBytes> file) {
+  const absl::string_view bytes = file->bytes();
+  ASSIGN_OR_RETURN(auto index, ParseSafetensorsIndex(bytes));
+  std::map<std::string, StoredTensor> tensors;
+  for (auto& [name, entry] : index) {
+    const char* values = bytes.data() + entry.offset;
+    if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
+      attn::Tensor copy = attn::Tensor::Uninitialized(std::move(entry.shape));
+      std::memcpy(copy.data.data(), values, sizeof(float) * copy.data.size());
+      tensors[name] = StoredTensor(std::move(copy));
+    } else {
+      tensors[name] =
+          StoredTensor(std::move(entry.shape),
+                       reinterpret_cast<const float*>(values), file);
+    }
+  }
+  return tensors;
+}
+
+namespace {
+
+template <typename TensorMap>
+std::string Serialize(const TensorMap& tensors) {
   std::string header = "{";
   std::string data;
   for (const auto& [name, tensor] : tensors) {
@@ -258,9 +291,9 @@ std::string SerializeSafetensors(
     absl::StrAppend(&header, "\"", JsonEscaped(name),
                     "\":{\"dtype\":\"F32\",\"shape\":[",
                     shape, "],\"data_offsets\":[", data.size(), ",",
-                    data.size() + 4 * tensor.data.size(), "]}");
-    data.append(reinterpret_cast<const char*>(tensor.data.data()),
-                4 * tensor.data.size());
+                    data.size() + 4 * tensor.view().num_elements(), "]}");
+    data.append(reinterpret_cast<const char*>(tensor.view().data),
+                4 * tensor.view().num_elements());
   }
   header += "}";
   while (header.size() % 8 != 0) header += " ";  // the format's alignment
@@ -268,6 +301,18 @@ std::string SerializeSafetensors(
   std::string bytes(8, '\0');
   std::memcpy(bytes.data(), &size, 8);
   return bytes + header + data;
+}
+
+}  // namespace
+
+std::string SerializeSafetensors(
+    const std::map<std::string, attn::Tensor>& tensors) {
+  return Serialize(tensors);
+}
+
+std::string SerializeSafetensors(
+    const std::map<std::string, StoredTensor>& tensors) {
+  return Serialize(tensors);
 }
 
 }  // namespace attnserve

@@ -5,24 +5,46 @@
 #ifndef ATTNSERVE_SERVER_REPOSITORY_SAFETENSORS_H_
 #define ATTNSERVE_SERVER_REPOSITORY_SAFETENSORS_H_
 
+#include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "attn/tensor.h"
+#include "server/repository/file_system.h"
+#include "server/repository/stored_tensor.h"
 
 namespace attnserve {
 
-// Parses a file's bytes; INVALID_ARGUMENT naming the problem (a header
-// that is short, runs past the file or is not JSON, a tensor without dtype,
-// shape or offsets, a dtype other than F32, offsets that do not hold the
-// shape's values inside the data).
+// Where one tensor's values lie in a file's bytes.
+struct SafetensorsEntry {
+  attn::Shape shape;
+  size_t offset = 0;  // of the first float32 value, from the file's start
+};
+
+// Reads a file's header, checking it against the file: INVALID_ARGUMENT
+// naming the problem (a header that is short, runs past the file or is not
+// JSON, a tensor without dtype, shape or offsets, a dtype other than F32,
+// offsets that do not hold the shape's values inside the data).
+absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
+    absl::string_view bytes);
+// The file's tensors, copied out of its bytes; the same errors.
 absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
-    const std::string& bytes);
+    absl::string_view bytes);
+// The file's tensors as views into `file`, which they keep alive (a tensor
+// whose values are not aligned for float is copied instead); the same
+// errors.
+absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
+    std::shared_ptr<const FileBytes> file);
+
 // The bytes of `tensors` in the same format (ParseSafetensors reads them
-// back exactly).
+// back exactly), every tensor's values aligned for float.
 std::string SerializeSafetensors(
     const std::map<std::string, attn::Tensor>& tensors);
+std::string SerializeSafetensors(
+    const std::map<std::string, StoredTensor>& tensors);
 
 }  // namespace attnserve
 

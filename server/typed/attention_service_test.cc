@@ -502,10 +502,10 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   RepositoryModel memory;
   memory.config.set_name("memory");
   memory.config.set_backend(AttentionMemoryKind().backend);
-  memory.tensors["keys"] = ToTensor(RandomTensor(rng, {n, d}));
-  memory.tensors["values"] = ToTensor(RandomTensor(rng, {n, dv}));
-  const attn::Tensor keys = memory.tensors["keys"];
-  const attn::Tensor values = memory.tensors["values"];
+  const attn::Tensor keys = ToTensor(RandomTensor(rng, {n, d}));
+  const attn::Tensor values = ToTensor(RandomTensor(rng, {n, dv}));
+  memory.tensors["keys"] = keys;
+  memory.tensors["values"] = values;
   ASSERT_TRUE(models.repository()
                   .SaveModel({"test", "a memory"}, "memory", std::move(memory))
                   .ok());

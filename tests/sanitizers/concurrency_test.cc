@@ -135,8 +135,8 @@ TEST(ModelRepositoryConcurrencyTest, LookupsWhileSaving) {
               repository->Find(name);
           if (model == nullptr) continue;
           EXPECT_EQ(model->config.name(), name);
-          const attn::Tensor& bandwidth = model->tensors.at("bandwidth");
-          ASSERT_EQ(bandwidth.data.size(), 1u);
+          const StoredTensor& bandwidth = model->tensors.at("bandwidth");
+          ASSERT_EQ(bandwidth.num_elements(), 1);
           EXPECT_GE(bandwidth.data[0], 1.0f);
         }
         EXPECT_LE(repository->Names().size(), static_cast<size_t>(kModels));
@@ -195,7 +195,9 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
         if (model.ok()) {
           const float version = model->stored->tensors.at("keys").data[0];
           for (const auto& [name, tensor] : model->stored->tensors) {
-            for (float value : tensor.data) ASSERT_EQ(value, version) << name;
+            for (float value : tensor.values()) {
+              ASSERT_EQ(value, version) << name;
+            }
           }
         } else {
           EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
