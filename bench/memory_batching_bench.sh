@@ -28,46 +28,10 @@ pid=""
 cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" ]] || rm -rf "$out"; }
 trap cleanup EXIT
 
-# The memories: keys and values N(0, 1)-like (a block of Gaussian draws,
-# tiled; the kernel's time does not depend on the values), standard library
-# only.
 kind=${KIND:-memory}
 [[ $kind == memory || $kind == regression ]] ||
   { echo "KIND must be memory or regression" >&2; exit 64; }
-python3 - "$out/models" "$kind" "${sizes[@]}" <<'PY'
-import array, json, math, os, random, struct, sys
-root, kind, sizes = sys.argv[1], sys.argv[2], [int(n) for n in sys.argv[3:]]
-rng = random.Random(7)
-block = array.array("f", (rng.gauss(0, 1) for _ in range(1 << 16)))
-def tensor(count):
-    data = array.array("f", block) * (count // len(block) + 1)
-    return data[:count].tobytes()
-def write(name, backend, tensors):
-    folder = os.path.join(root, name)
-    os.makedirs(folder)
-    header, data = {}, b""
-    for tensor_name, shape, blob in tensors:
-        header[tensor_name] = {"dtype": "F32", "shape": shape,
-                               "data_offsets": [len(data), len(data) + len(blob)]}
-        data += blob
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(os.path.join(folder, "weights.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + data)
-    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
-        f.write('name: "%s"\nbackend: "%s"\n' % (name, backend))
-d = 64
-for n in sizes:
-    if kind == "memory":
-        write("memory_%d" % n, "attention_memory",
-              [("keys", [n, d], tensor(n * d)), ("values", [n, d], tensor(n * d))])
-    else:  # the textbook's data, spread over [0, 5)
-        x = array.array("f", (rng.uniform(0, 5) for _ in range(n)))
-        y = array.array("f", (2 * math.sin(v) + v ** 0.8 for v in x))
-        write("regression_%d" % n, "nadaraya_watson",
-              [("bandwidth", [1], array.array("f", [4.0]).tobytes()),
-               ("x_train", [n], x.tobytes()), ("y_train", [n], y.tobytes())])
-PY
+python3 bench/write_memories.py "$out/models" "$kind" "${sizes[@]}"
 
 # shellcheck source=bench/serve.sh
 source bench/serve.sh

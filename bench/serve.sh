@@ -2,7 +2,8 @@
 # it on free loopback ports. Needs $server, $ctl and $out (its log goes to
 # $out/server.log); sets pid, grpc_port and metrics_port. Extra flags for
 # every start: ATTNSERVE_FLAGS. START_TRIES: how many 0.1 s waits for it to
-# answer health (default 100; more for large model repositories).
+# answer health (default 100; more for large model repositories);
+# START_POLL: the wait in seconds (default 0.1).
 # shellcheck shell=bash disable=SC2154  # server, ctl, out: the sourcing script's
 
 free_port() {
@@ -19,7 +20,7 @@ start_server() {  # flags...
   pid=$!
   for _ in $(seq "${START_TRIES:-100}"); do
     "$ctl" --target="127.0.0.1:$grpc_port" health >/dev/null 2>&1 && return
-    sleep 0.1
+    sleep "${START_POLL:-0.1}"
   done
   echo "attnserve did not start:" >&2
   cat "$out/server.log" >&2

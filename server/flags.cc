@@ -162,6 +162,14 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30,
           "hold: a bigger one is refused (RESOURCE_EXHAUSTED naming the "
           "file) when loaded, saved or uploaded, before it is read. An "
           "upload is also one message, within --max_message_bytes.");
+ABSL_FLAG(bool, map_model_weights, true,
+          "Serve each weights.safetensors of --model_repository mapped from "
+          "the file under a read lease, not read into the server's memory: "
+          "no copy at load, and one copy in RAM for every replica on the "
+          "machine. A file changed in place is copied before the change "
+          "lands; where a lease is refused (NFS, a file the server does not "
+          "own) the file is read, and logged (docs/repository.md). false: "
+          "every model is read.");
 ABSL_FLAG(bool, exit_on_model_error, true,
           "A model folder of --model_repository that fails to load at "
           "start-up stops the server (Triton's --exit-on-error), naming the "
@@ -395,6 +403,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   config.repository.fail_on_model_error =
       absl::GetFlag(FLAGS_exit_on_model_error);
   config.repository.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  config.repository.map_weights = absl::GetFlag(FLAGS_map_model_weights);
   if (config.repository.max_model_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_model_bytes must be at least 1, got ",

@@ -553,8 +553,9 @@ TEST_F(ModelCatalogueTest, ModelBytesAreBounded) {
 // operator's mistake, a shared volume): the version served keeps its
 // values (nothing served reads the file after the load), a reload of the
 // truncated file is refused naming it while the old version serves on, and
-// only a reload of a whole file changes what is served. Whatever replaces
-// reading the file at load (mapping it) must keep this.
+// only a reload of a whole file changes what is served. The version is
+// served from the file's mapping, which the lease keeper copies before the
+// file may change (server/repository/mapped_file.h).
 TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
   auto memory = [](float value) {
     RepositoryModel model;
@@ -574,6 +575,9 @@ TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
                            ModelControl{/*explicit_mode=*/true});
   const std::shared_ptr<const RepositoryModel> held =
       catalogue.Resolve("mem", "")->stored;
+  // Served from the file's mapping: a truncation would raise SIGBUS in the
+  // reads below, and a rewrite change the values, unless guarded.
+  ASSERT_TRUE(held->weights_mapped);
   const std::string path = dir_ + "/mem/weights.safetensors";
   auto all_equal = [](const RepositoryModel& model, float value) {
     for (const auto& [name, tensor] : model.tensors) {

@@ -157,6 +157,82 @@ TEST(ModelRepositoryTest, LoadsTheShippedExample) {
   EXPECT_EQ((*repository)->Find("missing"), nullptr);
 }
 
+// Weights are served from the file's mapping (no copy of the process's
+// own), or read when Options::map_weights is off; both give the file's
+// values, and a model saved is served from the file written.
+TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
+  const std::string dir = TempDir();
+  mkdir((dir + "/m").c_str(), 0755);
+  Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"any\"");
+  std::map<std::string, attn::Tensor> tensors;
+  tensors["a"] = attn::Tensor::Zeros({3000});
+  tensors["b"] = attn::Tensor::Zeros({3, 5});
+  for (auto& [name, tensor] : tensors) {
+    for (size_t i = 0; i < tensor.data.size(); ++i) {
+      tensor.data[i] = 0.25f * static_cast<float>(i) - 7.0f;
+    }
+  }
+  Write(dir + "/m/weights.safetensors", SerializeSafetensors(tensors));
+  auto expect_values = [&](const RepositoryModel& model) {
+    ASSERT_EQ(model.tensors.size(), tensors.size());
+    for (const auto& [name, tensor] : tensors) {
+      EXPECT_EQ(model.tensors.at(name).shape, tensor.shape) << name;
+      EXPECT_THAT(model.tensors.at(name).values(),
+                  ::testing::ElementsAreArray(tensor.data))
+          << name;
+    }
+  };
+  for (const bool map : {true, false}) {
+    ModelRepository::Options options;
+    options.dir = dir;
+    options.map_weights = map;
+    absl::StatusOr<std::unique_ptr<ModelRepository>> repository =
+        ModelRepository::Load(options);
+    ASSERT_TRUE(repository.ok()) << repository.status();
+    std::shared_ptr<const RepositoryModel> model = (*repository)->Find("m");
+    ASSERT_NE(model, nullptr);
+    EXPECT_EQ(model->weights_mapped, map);
+    expect_values(*model);
+
+    RepositoryModel saved;
+    saved.config.set_name("saved");
+    saved.config.set_backend("any");
+    for (const auto& [name, tensor] : tensors) saved.tensors[name] = tensor;
+    ASSERT_TRUE((*repository)->SaveModel({"test", "a model"}, "saved",
+                                         std::move(saved))
+                    .ok());
+    std::shared_ptr<const RepositoryModel> served =
+        (*repository)->Find("saved");
+    EXPECT_EQ(served->weights_mapped, map);
+    expect_values(*served);
+    std::system(("rm -rf '" + dir + "/saved'").c_str());
+  }
+}
+
+// A file whose values do not start on a float boundary (the format allows
+// any header length) is served from a copy of those values: views into it
+// would be misaligned floats.
+TEST(ModelRepositoryTest, MisalignedValuesAreCopied) {
+  const std::string dir = TempDir();
+  mkdir((dir + "/m").c_str(), 0755);
+  Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"any\"");
+  std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  while ((8 + header.size()) % 4 != 2) header += " ";
+  const float values[2] = {1.5f, -2.5f};
+  std::string file(8, '\0');
+  const uint64_t size = header.size();
+  std::memcpy(file.data(), &size, 8);
+  file += header;
+  file.append(reinterpret_cast<const char*>(values), sizeof(values));
+  Write(dir + "/m/weights.safetensors", file);
+  absl::StatusOr<std::unique_ptr<ModelRepository>> repository =
+      ModelRepository::Load(dir);
+  ASSERT_TRUE(repository.ok()) << repository.status();
+  const StoredTensor& x = (*repository)->Find("m")->tensors.at("x");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.data) % alignof(float), 0u);
+  EXPECT_THAT(x.values(), ::testing::ElementsAre(1.5f, -2.5f));
+}
+
 TEST(ModelRepositoryTest, BadModelsNameTheirFile) {
   const std::string dir = TempDir();
   mkdir((dir + "/m").c_str(), 0755);
