@@ -254,6 +254,98 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
   }
 }
 
+// Keys and values held as bfloat16 bits (a memory stored rounded) give
+// exactly what the same values as floats give at bfloat16 precision, on the
+// optimized engine (native bfloat16 products, or emulated where the CPU or
+// ONEDNN_MAX_CPU_ISA has none) and on the reference; and that, within the
+// derived bounds, is the reference's.
+TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  std::mt19937 rng(11);
+  const Tensor q = RandomNormal(rng, {2, 37, 64});
+  Tensor k = RandomNormal(rng, {2, 300, 64});
+  Tensor v = RandomNormal(rng, {2, 300, 48});
+  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+  for (size_t i = 0; i < k.data.size(); ++i) {
+    k_bits[i] = BFloat16Bits(k.data[i]);
+    k.data[i] = RoundToBFloat16(k.data[i]);
+  }
+  for (size_t i = 0; i < v.data.size(); ++i) {
+    v_bits[i] = BFloat16Bits(v.data[i]);
+    v.data[i] = RoundToBFloat16(v.data[i]);
+  }
+  const std::vector<int32_t> lengths = {300, 123};
+  for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
+    AttentionRequest floats;
+    floats.queries = q.view();
+    floats.keys = k.view();
+    floats.values = v.view();
+    floats.valid_lens = LengthsView{lengths.data(), {2}};
+    floats.score = score;
+    floats.precision = Precision::kBFloat16;
+    AttentionRequest held = floats;
+    held.keys.data = nullptr;
+    held.values.data = nullptr;
+    held.keys_bfloat16 = k_bits.data();
+    held.values_bfloat16 = v_bits.data();
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "score " << static_cast<int>(score)
+                                        << ", weights " << weights);
+      floats.return_weights = held.return_weights = weights;
+      for (Threads threads : {Threads::kDefault, Threads::kAlwaysParallel}) {
+        auto from_floats = OptimizedEngine(threads).ScaledDotProductAttention(floats);
+        auto from_held = OptimizedEngine(threads).ScaledDotProductAttention(held);
+        ASSERT_TRUE(from_floats.ok()) << from_floats.status();
+        ASSERT_TRUE(from_held.ok()) << from_held.status();
+        EXPECT_EQ(from_held->output.data, from_floats->output.data);
+        if (weights) {
+          EXPECT_EQ(from_held->weights.data, from_floats->weights.data);
+        }
+        // Against the reference within the derived bound: for the dot
+        // product. The Gaussian score's bfloat16 run with weights exceeds
+        // it (1.07x at seed 11, floats and held alike, so not this path's
+        // doing): a finding of its own, left open.
+        if (score != ScoreKind::kDotProduct) continue;
+        floats.return_weights = true;
+        auto expected = (*reference)->ScaledDotProductAttention(floats);
+        floats.return_weights = weights;
+        ASSERT_TRUE(expected.ok());
+        EXPECT_TRUE(WithinBounds(from_held->output, expected->output,
+                                 AttentionBounds(floats, *expected).output));
+      }
+      auto reference_held = (*reference)->ScaledDotProductAttention(held);
+      auto reference_floats = (*reference)->ScaledDotProductAttention(floats);
+      ASSERT_TRUE(reference_held.ok()) << reference_held.status();
+      ASSERT_TRUE(reference_floats.ok());
+      EXPECT_EQ(reference_held->output.data, reference_floats->output.data);
+    }
+  }
+
+  // Refused: a mix of float32 data and bfloat16 bits, and another precision.
+  AttentionRequest mixed;
+  mixed.queries = q.view();
+  mixed.keys = k.view();
+  mixed.values = v.view();
+  mixed.precision = Precision::kBFloat16;
+  mixed.values_bfloat16 = v_bits.data();
+  auto refused = (*reference)->ScaledDotProductAttention(mixed);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not a mix"), std::string::npos);
+  AttentionRequest float32 = mixed;
+  float32.keys.data = nullptr;
+  float32.values.data = nullptr;
+  float32.keys_bfloat16 = k_bits.data();
+  float32.precision = Precision::kFloat32;
+  refused = (*reference)->ScaledDotProductAttention(float32);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("precision: keys and values held "
+                                            "as bfloat16 compute in bfloat16"),
+            std::string::npos);
+}
+
 TEST(AttentionPrecisionTest, Float16WithinDocumentedBound) {
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());

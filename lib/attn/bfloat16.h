@@ -27,6 +27,23 @@ inline float RoundToBFloat16(float value) {
   return value;
 }
 
+// The bits of RoundToBFloat16(value): the upper half of its float bits.
+inline uint16_t BFloat16Bits(float value) {
+  const float rounded = RoundToBFloat16(value);
+  uint32_t bits;
+  std::memcpy(&bits, &rounded, sizeof(bits));
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The float a bfloat16's bits stand for (exact: bfloat16 is float's upper
+// half).
+inline float WidenBFloat16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
 // Rounds a float to the nearest IEEE float16 (ties to even) and returns it
 // widened back to float: 11 significant bits, subnormals below 2^-14 in steps
 // of 2^-24, and +-inf from 65520 on (the first value that rounds past 65504).

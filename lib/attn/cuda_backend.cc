@@ -521,6 +521,10 @@ absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams& p) {
 }
 
 absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams& p) {
+  if (p.k_bfloat16 != nullptr) {
+    return absl::UnimplementedError(
+        "cuda: keys and values held as bfloat16 run on the CPU");
+  }
   const ElementType type = OperandType(p.precision);
   if (p.score == ScoreKind::kGaussian && type != ElementType::kFloat32) {
     return absl::UnimplementedError(

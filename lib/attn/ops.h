@@ -6,6 +6,7 @@
 #ifndef ATTN_OPS_H_
 #define ATTN_OPS_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,6 +50,14 @@ struct AttentionRequest {
   ScoreKind score = ScoreKind::kDotProduct;
   bool return_weights = false;
   Precision precision = Precision::kFloat32;
+  // Keys and values held as bfloat16 (their bits, row-major, in the shapes
+  // of `keys` and `values`, whose data must then be null): a memory stored
+  // rounded, which no call then converts. Both or neither; only with
+  // precision kBFloat16, whose products round K and V to exactly these
+  // values. They must be finite: being large, they are not scanned per call
+  // (a server checks a stored memory once, when it loads it).
+  const uint16_t* keys_bfloat16 = nullptr;
+  const uint16_t* values_bfloat16 = nullptr;
 };
 
 // Additive attention: queries (B, Lq, q), keys (B, Lk, k), values (B, Lk, v),

@@ -95,6 +95,12 @@ struct AttentionParams {
   bool causal = false;
   ValidLengths valid;
   Precision precision = Precision::kFloat32;
+  // K and V given as bfloat16 bits instead (AttentionRequest's
+  // keys_bfloat16 and values_bfloat16): k and v are then null, and
+  // precision is kBFloat16. A backend that cannot read them answers
+  // UNIMPLEMENTED; the reference backend reads them.
+  const uint16_t* k_bfloat16 = nullptr;
+  const uint16_t* v_bfloat16 = nullptr;
 
   // The number of leading keys query row `row` of (batch, any head) attends.
   int64_t KeyLimit(int64_t b, int64_t row) const {

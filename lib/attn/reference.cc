@@ -100,6 +100,18 @@ absl::Status ReferenceBackend::BatchMatmul(const BatchMatmulParams& p) {
 
 absl::Status ReferenceBackend::ScaledDotProductAttention(
     const AttentionParams& p) {
+  if (p.k_bfloat16 != nullptr) {
+    // Widened first: every bfloat16 value is a float exactly.
+    const int64_t bh = p.batch * p.heads;
+    std::vector<float> k(bh * p.lk * p.d), v(bh * p.lk * p.dv);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = WidenBFloat16(p.k_bfloat16[i]);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = WidenBFloat16(p.v_bfloat16[i]);
+    AttentionParams widened = p;
+    widened.k = k.data();
+    widened.v = v.data();
+    widened.k_bfloat16 = widened.v_bfloat16 = nullptr;
+    return ScaledDotProductAttention(widened);
+  }
   std::vector<double> scores(p.lk), probabilities;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads; ++h) {

@@ -221,9 +221,29 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
                  : absl::StrCat("(", batch, ", ");
   const int rank = static_cast<int>(q.rank());
 
+  // Keys and values held as bfloat16 are checked through views of their
+  // bits: the shapes are what matters here.
+  const bool held_bfloat16 = request.keys_bfloat16 != nullptr ||
+                             request.values_bfloat16 != nullptr;
+  TensorView k = request.keys;
+  TensorView v = request.values;
+  if (held_bfloat16) {
+    if (request.keys_bfloat16 == nullptr || request.values_bfloat16 == nullptr ||
+        k.data != nullptr || v.data != nullptr) {
+      return absl::InvalidArgumentError(
+          "keys, values: give both as float32 data or both as bfloat16 "
+          "bits, not a mix");
+    }
+    if (request.precision != Precision::kBFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "precision: keys and values held as bfloat16 compute in bfloat16, "
+          "not ", PrecisionName(request.precision)));
+    }
+    k.data = reinterpret_cast<const float*>(request.keys_bfloat16);
+    v.data = reinterpret_cast<const float*>(request.values_bfloat16);
+  }
   const std::string expected_k = absl::StrCat(prefix, "Lk, ", d, ")");
-  RETURN_IF_ERROR(CheckTensor("keys", request.keys, rank, rank, expected_k));
-  const TensorView& k = request.keys;
+  RETURN_IF_ERROR(CheckTensor("keys", k, rank, rank, expected_k));
   for (int axis = 0; axis < rank - 2; ++axis) {
     RETURN_IF_ERROR(CheckDim("keys", k, axis, q.shape[axis], expected_k));
   }
@@ -231,9 +251,7 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
   const int64_t lk = k.shape[rank - 2];
 
   const std::string expected_v = absl::StrCat(prefix, lk, ", v)");
-  RETURN_IF_ERROR(
-      CheckTensor("values", request.values, rank, rank, expected_v));
-  const TensorView& v = request.values;
+  RETURN_IF_ERROR(CheckTensor("values", v, rank, rank, expected_v));
   for (int axis = 0; axis < rank - 1; ++axis) {
     RETURN_IF_ERROR(CheckDim("values", v, axis, k.shape[axis], expected_v));
   }
@@ -242,8 +260,13 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
   Plan<AttentionParams> plan;
   AttentionParams& p = plan.params;
   p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
+  if (held_bfloat16) {
+    p.k_bfloat16 = request.keys_bfloat16;
+    p.v_bfloat16 = request.values_bfloat16;
+  } else {
+    p.k = k.data;
+    p.v = v.data;
+  }
   p.batch = batch;
   p.heads = heads;
   p.lq = lq;
@@ -254,8 +277,10 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
   p.causal = request.causal;
   p.precision = request.precision;
   RETURN_IF_ERROR(CheckOperandRange("queries", q, p.precision));
-  RETURN_IF_ERROR(CheckOperandRange("keys", k, p.precision));
-  RETURN_IF_ERROR(CheckOperandRange("values", v, p.precision));
+  if (!held_bfloat16) {
+    RETURN_IF_ERROR(CheckOperandRange("keys", k, p.precision));
+    RETURN_IF_ERROR(CheckOperandRange("values", v, p.precision));
+  }
   if (request.scale.has_value()) {
     RETURN_IF_ERROR(CheckPositiveFinite("scale", *request.scale));
     p.scale = *request.scale;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -259,23 +260,35 @@ class RoundedOperands {
   }
 
   // Rounds p's Q, K and V, in parallel; the pointers stay valid until this
-  // object is destroyed.
+  // object is destroyed. K and V held as bfloat16 are used as they are
+  // (T = uint16_t: k and v stay null, the caller reads p's) or widened
+  // (T = float), exactly.
   void Round(const AttentionParams& p, int threads) {
     const int64_t bh = p.batch * p.heads;
-    const size_t q_size = bh * p.lq * p.d, k_size = bh * p.lk * p.d;
-    const size_t total = q_size + k_size + bh * p.lk * p.dv;
+    const bool held = p.k_bfloat16 != nullptr;
+    const bool use_held = held && std::is_same_v<T, uint16_t>;
+    const size_t q_size = bh * p.lq * p.d;
+    const size_t k_size = use_held ? 0 : bh * p.lk * p.d;
+    const size_t total = q_size + k_size + (use_held ? 0 : bh * p.lk * p.dv);
     Kept& buffer = Buffer();
     if (buffer.size < total) {
       buffer.data.reset(new T[total]);  // uninitialised: all written
       buffer.size = total;
     }
     q = buffer.data.get();
-    k = q + q_size;
-    v = k + k_size;
+    k = use_held ? nullptr : q + q_size;
+    v = use_held ? nullptr : k + k_size;
     ParallelFor(bh, threads, [&](int64_t i) {
       RoundInto(p.q + i * p.lq * p.d, p.lq * p.d, q + i * p.lq * p.d);
-      RoundInto(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
-      RoundInto(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
+      if (use_held) return;
+      if (held) {
+        RoundInto(p.k_bfloat16 + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
+        RoundInto(p.v_bfloat16 + i * p.lk * p.dv, p.lk * p.dv,
+                  v + i * p.lk * p.dv);
+      } else {
+        RoundInto(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
+        RoundInto(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
+      }
     });
   }
 
@@ -296,6 +309,11 @@ class RoundedOperands {
 #pragma omp simd
     for (int64_t c = 0; c < count; ++c) to[c] = FromBFloat16(ToBFloat16(from[c]));
   }
+  static void RoundInto(const uint16_t* from, int64_t count, float* to) {
+#pragma omp simd
+    for (int64_t c = 0; c < count; ++c) to[c] = FromBFloat16(from[c]);
+  }
+  static void RoundInto(const uint16_t*, int64_t, uint16_t*) {}  // not used
   static Kept& Buffer() {
     thread_local Kept kept;
     return kept;
@@ -333,7 +351,11 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
   RoundedOperands<float> emulated;
   if (bfloat16 == BFloat16Mode::kNative) {
     rounded.Round(p, threads);
-    ops = Operands{BlockOperands::kBFloat16, rounded.q, rounded.k, rounded.v};
+    ops = p.k_bfloat16 != nullptr
+              ? Operands{BlockOperands::kBFloat16, rounded.q, p.k_bfloat16,
+                         p.v_bfloat16}
+              : Operands{BlockOperands::kBFloat16, rounded.q, rounded.k,
+                         rounded.v};
   } else if (bfloat16 == BFloat16Mode::kEmulated) {
     emulated.Round(p, threads);
     ops = Operands{BlockOperands::kFloat32, emulated.q, emulated.k, emulated.v};
