@@ -449,7 +449,11 @@ absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {
 }
 absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request) {
   AttentionRequest shapes = request;
-  shapes.precision = Precision::kFloat32;
+  // Keys and values held as bfloat16 go with that precision only (their
+  // range is not scanned either way).
+  if (shapes.keys_bfloat16 == nullptr && shapes.values_bfloat16 == nullptr) {
+    shapes.precision = Precision::kFloat32;
+  }
   return SizeOfPlan(ValidateAttention(shapes));
 }
 absl::StatusOr<ResultSize> SizeOfResult(

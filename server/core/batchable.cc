@@ -169,7 +169,9 @@ attn::BatchMatmulParams ParamsOf(attn::BatchMatmulRequest r) {
   return attn::ValidateBatchMatmul(r)->params;
 }
 attn::AttentionParams ParamsOf(attn::AttentionRequest r) {
-  r.precision = attn::Precision::kFloat32;
+  // Keys and values held as bfloat16 go with that precision only, and are
+  // never scanned.
+  if (r.keys_bfloat16 == nullptr) r.precision = attn::Precision::kFloat32;
   return attn::ValidateAttention(r)->params;
 }
 attn::AdditiveAttentionParams ParamsOf(const attn::AdditiveAttentionRequest& r) {

@@ -213,16 +213,15 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
         "config: name '", model.config.name(), "' differs from model_name '",
         model_name, "'; nothing was written"));
   }
-  absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
-      ParseSafetensors(weights->second);
+  absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
+      ParseSafetensorsShared(
+          FileBytesInMemory(weights->second, "uploaded in a request"));
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         kWeightsFile, ": ", tensors.status().message(),
         "; nothing was written"));
   }
-  for (auto& [name, tensor] : *tensors) {
-    model.tensors[name] = std::move(tensor);
-  }
+  model.tensors = *std::move(tensors);
   const std::string backend = model.config.backend();
   return repository_->SaveModel(
       {"load", absl::StrCat("uploaded ", backend, " model")}, model_name,

@@ -193,6 +193,64 @@ TEST_F(ModelCatalogueTest, AnAttentionMemoryIsCheckedWhenStored) {
 
 // The kinds read their parameters whatever wire they came by, with the
 // types the protocol has.
+// BF16 tensors: a memory holds both keys and values as BF16 or neither,
+// finite (an exponent of all ones is refused, naming the element); the
+// other kinds hold F32 only. A call on a BF16 memory carries its bits to
+// the library, at bfloat16 precision.
+TEST_F(ModelCatalogueTest, BFloat16TensorsOnlyInMemories) {
+  auto bfloat16 = [](attn::Shape shape, uint16_t bits) {
+    const int64_t count = attn::TensorView{nullptr, shape}.num_elements();
+    auto values = std::make_shared<std::vector<uint16_t>>(count, bits);
+    const uint16_t* data = values->data();
+    return StoredTensor(std::move(shape), data, std::move(values));
+  };
+  auto save = [&](const std::string& backend,
+                  std::map<std::string, StoredTensor> tensors) {
+    RepositoryModel model;
+    model.config.set_name("m16");
+    model.config.set_backend(backend);
+    model.tensors = std::move(tensors);
+    return repository_->SaveModel({"test", "a model"}, "m16", std::move(model));
+  };
+  const uint16_t one = 0x3f80;  // 1.0
+  EXPECT_THAT(std::string(save("attention_memory",
+                               {{"keys", bfloat16({4, 2}, one)},
+                                {"values", attn::Tensor::Zeros({4, 3})}})
+                              .message()),
+              HasSubstr("keys and values must both be F32 or both BF16"));
+  std::map<std::string, StoredTensor> nan = {
+      {"keys", bfloat16({4, 2}, one)}, {"values", bfloat16({4, 3}, 0x7fc0)}};
+  EXPECT_THAT(std::string(save("attention_memory", nan).message()),
+              HasSubstr("tensor 'values' element 0 is nan"));
+  EXPECT_THAT(std::string(save("additive_attention",
+                               {{"W_q", bfloat16({2, 2}, one)},
+                                {"W_k", attn::Tensor::Zeros({2, 2})},
+                                {"w_v", attn::Tensor::Zeros({2})}})
+                              .message()),
+              HasSubstr("tensor 'W_q' is BF16; backend additive_attention "
+                        "holds F32 tensors only"));
+  ASSERT_TRUE(save("attention_memory", {{"keys", bfloat16({4, 2}, one)},
+                                        {"values", bfloat16({4, 3}, one)}})
+                  .ok());
+  ModelCatalogue catalogue(repository_.get());
+  absl::StatusOr<ServedModel> memory = catalogue.Resolve("m16", "");
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_TRUE(memory->stored->weights_mapped);
+  const float queries[2] = {0.5f, -0.5f};
+  ModelInputs inputs;
+  inputs.floats["queries"] = attn::TensorView{queries, {1, 1, 2}};
+  absl::StatusOr<OperationRequest> built = memory->kind->build_request(
+      KindArguments{"m16", ModelParameters{}, inputs, memory->stored.get(),
+                    false});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const attn::AttentionRequest& attention =
+      std::get<MemoryAttentionRequest>(*built).attention;
+  EXPECT_EQ(attention.keys_bfloat16,
+            memory->stored->tensors.at("keys").bfloat16);
+  EXPECT_EQ(attention.keys.data, nullptr);
+  EXPECT_EQ(attention.precision, attn::Precision::kBFloat16);
+}
+
 TEST_F(ModelCatalogueTest, KindsReadTheirParameters) {
   ModelCatalogue catalogue(repository_.get());
   ASSERT_TRUE(SaveBandwidthOnly("fitted", 0.5f).ok());

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attn/bfloat16.h"
 #include "attn/status_macros.h"
 
 namespace attnserve {
@@ -101,15 +102,22 @@ ModelSignature NadarayaWatsonSignature() {
 
 // A stored model's tensor `name` of rank `rank`, or INVALID_ARGUMENT
 // naming the backend and what it needs.
+// F32 unless `bfloat16_too`.
 absl::StatusOr<const StoredTensor*> RequiredTensor(const std::string& where,
-                                                 const RepositoryModel& model,
-                                                 const std::string& name,
-                                                 size_t rank) {
+                                                   const RepositoryModel& model,
+                                                   const std::string& name,
+                                                   size_t rank,
+                                                   bool bfloat16_too = false) {
   auto it = model.tensors.find(name);
   if (it == model.tensors.end() || it->second.shape.size() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": backend ", model.config.backend(), " needs a rank-", rank,
         " tensor '", name, "' in weights.safetensors"));
+  }
+  if (it->second.is_bfloat16() && !bfloat16_too) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": tensor '", name, "' is BF16; backend ",
+        model.config.backend(), " holds F32 tensors only"));
   }
   return &it->second;
 }
@@ -134,13 +142,24 @@ absl::Status CheckAdditiveAttention(const std::string& where,
 
 absl::Status CheckFinite(const std::string& where, const std::string& name,
                          const StoredTensor& tensor, const char* holder) {
+  auto refuse = [&](size_t i, float value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tensor '", name, "' element ", i, " is ", value,
+                     "; ", holder, " holds finite values only"));
+  };
+  if (tensor.is_bfloat16()) {
+    const int64_t count = tensor.num_elements();
+    for (int64_t i = 0; i < count; ++i) {
+      // All exponent bits set: infinity or NaN.
+      if ((tensor.bfloat16[i] & 0x7f80) == 0x7f80) {
+        return refuse(i, attn::WidenBFloat16(tensor.bfloat16[i]));
+      }
+    }
+    return absl::OkStatus();
+  }
   const absl::Span<const float> values = tensor.values();
   for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor '", name, "' element ", i, " is ", values[i],
-          "; ", holder, " holds finite values only"));
-    }
+    if (!std::isfinite(values[i])) return refuse(i, values[i]);
   }
   return absl::OkStatus();
 }
@@ -177,6 +196,10 @@ absl::Status CheckNadarayaWatsonModel(const std::string& where,
                                     : absl::StrCat("of shape ",
                                                    attn::ShapeToString(
                                                        it->second.shape))));
+    }
+    if (it->second.is_bfloat16()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": tensor '", names[i], "' is BF16; a training set is F32"));
     }
     set[i] = &it->second;
   }
@@ -335,9 +358,14 @@ absl::StatusOr<MemoryScoring> ScoringOf(const std::string& where,
 absl::Status CheckAttentionMemory(const std::string& where,
                                   const RepositoryModel& model) {
   ASSIGN_OR_RETURN(const StoredTensor* keys,
-                   RequiredTensor(where, model, "keys", 2));
-  ASSIGN_OR_RETURN(const StoredTensor* values,
-                   RequiredTensor(where, model, "values", 2));
+                   RequiredTensor(where, model, "keys", 2, /*bfloat16_too=*/true));
+  ASSIGN_OR_RETURN(
+      const StoredTensor* values,
+      RequiredTensor(where, model, "values", 2, /*bfloat16_too=*/true));
+  if (keys->is_bfloat16() != values->is_bfloat16()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": keys and values must both be F32 or both BF16"));
+  }
   if (keys->shape[0] != values->shape[0] || keys->shape[0] < 1 ||
       keys->shape[1] < 1 || values->shape[1] < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -376,6 +404,11 @@ absl::StatusOr<OperationRequest> BuildAttentionMemory(
   op.attention.keys.shape = {1, keys.shape[0], keys.shape[1]};
   op.attention.values = values.view();
   op.attention.values.shape = {1, values.shape[0], values.shape[1]};
+  if (keys.is_bfloat16()) {  // stored rounded: computed in bfloat16
+    op.attention.keys_bfloat16 = keys.bfloat16;
+    op.attention.values_bfloat16 = values.bfloat16;
+    op.attention.precision = attn::Precision::kBFloat16;
+  }
   op.attention.score = scoring.score;
   op.attention.scale = scoring.scale;
   op.attention.return_weights = arguments.return_weights;

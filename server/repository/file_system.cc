@@ -53,6 +53,12 @@ class CopiedFileBytes : public FileBytes {
 
 }  // namespace
 
+std::shared_ptr<const FileBytes> FileBytesInMemory(std::string bytes,
+                                                   std::string why) {
+  return std::make_shared<const CopiedFileBytes>(std::move(bytes),
+                                                 std::move(why));
+}
+
 absl::StatusOr<std::shared_ptr<const FileBytes>> FileSystem::MapFile(
     const std::string& path, int64_t max_bytes) {
   absl::StatusOr<std::string> bytes = ReadFile(path, max_bytes);

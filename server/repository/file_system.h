@@ -68,6 +68,11 @@ class FileBytes {
   const std::string why_copied_;
 };
 
+// `bytes` held as FileBytes (a file that arrived in a request), with
+// why_copied `why`.
+std::shared_ptr<const FileBytes> FileBytesInMemory(std::string bytes,
+                                                   std::string why);
+
 class FileSystem {
  public:
   struct Entry {

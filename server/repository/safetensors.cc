@@ -211,11 +211,14 @@ absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
         dtype->IsString()
             ? std::string(dtype->GetString(), dtype->GetStringLength())
             : std::string();
-    if (type != "F32") {
+    if (type != "F32" && type != "BF16") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: tensor '", name, "' is ", type, "; only F32 is served"));
+          "safetensors: tensor '", name, "' is ", type,
+          "; only F32 and BF16 are served"));
     }
     SafetensorsEntry tensor;
+    tensor.bfloat16 = type == "BF16";
+    const int64_t element_bytes = tensor.bfloat16 ? 2 : 4;
     if (shape->IsArray()) {
       for (const JsonValue& dim : shape->GetArray()) {
         ASSIGN_OR_RETURN(const int64_t size,
@@ -231,11 +234,12 @@ absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
     ASSIGN_OR_RETURN(const int64_t begin,
                      JsonCount(offsets_field, (*offsets)[0]));
     ASSIGN_OR_RETURN(const int64_t end, JsonCount(offsets_field, (*offsets)[1]));
-    if (end > static_cast<int64_t>(data_size) || end - begin != 4 * count) {
+    if (end > static_cast<int64_t>(data_size) ||
+        end - begin != element_bytes * count) {
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors: tensor '", name, "' data_offsets [", begin, ", ", end,
-          ") do not hold ", count, " float32 values inside the ", data_size,
-          "-byte data"));
+          ") do not hold ", count, tensor.bfloat16 ? " bfloat16" : " float32",
+          " values inside the ", data_size, "-byte data"));
     }
     tensor.offset = data_begin + static_cast<size_t>(begin);
     tensors[name] = std::move(tensor);
@@ -248,6 +252,10 @@ absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
   ASSIGN_OR_RETURN(auto index, ParseSafetensorsIndex(bytes));
   std::map<std::string, attn::Tensor> tensors;
   for (auto& [name, entry] : index) {
+    if (entry.bfloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "safetensors: tensor '", name, "' is BF16; only F32 is read here"));
+    }
     attn::Tensor tensor = attn::Tensor::Uninitialized(std::move(entry.shape));
     std::memcpy(tensor.data.data(), bytes.data() + entry.offset,
                 sizeof(float) * tensor.data.size());
@@ -263,6 +271,20 @@ absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
   std::map<std::string, StoredTensor> tensors;
   for (auto& [name, entry] : index) {
     const char* values = bytes.data() + entry.offset;
+    if (entry.bfloat16) {
+      if (reinterpret_cast<uintptr_t>(values) % alignof(uint16_t) != 0) {
+        const int64_t count = attn::TensorView{nullptr, entry.shape}.num_elements();
+        auto copy = std::make_shared<std::vector<uint16_t>>(count);
+        std::memcpy(copy->data(), values, sizeof(uint16_t) * count);
+        const uint16_t* bits = copy->data();
+        tensors[name] = StoredTensor(std::move(entry.shape), bits, std::move(copy));
+      } else {
+        tensors[name] =
+            StoredTensor(std::move(entry.shape),
+                         reinterpret_cast<const uint16_t*>(values), file);
+      }
+      continue;
+    }
     if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
       attn::Tensor copy = attn::Tensor::Uninitialized(std::move(entry.shape));
       std::memcpy(copy.data.data(), values, sizeof(float) * copy.data.size());
@@ -278,22 +300,45 @@ absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
 
 namespace {
 
+// A tensor's values as bytes, and its dtype.
+const char* DtypeOf(const attn::Tensor&) { return "F32"; }
+const char* DtypeOf(const StoredTensor& tensor) {
+  return tensor.is_bfloat16() ? "BF16" : "F32";
+}
+absl::string_view BytesOf(const attn::Tensor& tensor) {
+  return {reinterpret_cast<const char*>(tensor.data.data()),
+          sizeof(float) * tensor.data.size()};
+}
+absl::string_view BytesOf(const StoredTensor& tensor) {
+  const size_t count = static_cast<size_t>(tensor.num_elements());
+  if (tensor.is_bfloat16()) {
+    return {reinterpret_cast<const char*>(tensor.bfloat16),
+            sizeof(uint16_t) * count};
+  }
+  return {reinterpret_cast<const char*>(tensor.data), sizeof(float) * count};
+}
+
+// F32 tensors first, then BF16 ones: after the header (8-byte aligned),
+// every value then lies on its own type's boundary, with the data left
+// contiguous as the format's other readers require.
 template <typename TensorMap>
 std::string Serialize(const TensorMap& tensors) {
   std::string header = "{";
   std::string data;
-  for (const auto& [name, tensor] : tensors) {
-    if (header.size() > 1) header += ",";
-    std::string shape;
-    for (int64_t dim : tensor.shape) {
-      absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
+  for (const char* dtype : {"F32", "BF16"}) {
+    for (const auto& [name, tensor] : tensors) {
+      if (std::strcmp(DtypeOf(tensor), dtype) != 0) continue;
+      if (header.size() > 1) header += ",";
+      std::string shape;
+      for (int64_t dim : tensor.shape) {
+        absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
+      }
+      const absl::string_view bytes = BytesOf(tensor);
+      absl::StrAppend(&header, "\"", JsonEscaped(name), "\":{\"dtype\":\"",
+                      dtype, "\",\"shape\":[", shape, "],\"data_offsets\":[",
+                      data.size(), ",", data.size() + bytes.size(), "]}");
+      data.append(bytes.data(), bytes.size());
     }
-    absl::StrAppend(&header, "\"", JsonEscaped(name),
-                    "\":{\"dtype\":\"F32\",\"shape\":[",
-                    shape, "],\"data_offsets\":[", data.size(), ",",
-                    data.size() + 4 * tensor.view().num_elements(), "]}");
-    data.append(reinterpret_cast<const char*>(tensor.view().data),
-                4 * tensor.view().num_elements());
   }
   header += "}";
   while (header.size() % 8 != 0) header += " ";  // the format's alignment

@@ -1,6 +1,7 @@
 // The safetensors format of a model's weights (weights.safetensors): an
 // 8-byte little-endian header length, a JSON header naming each tensor's
-// dtype, shape and byte offsets, then the data. Only F32 tensors.
+// dtype, shape and byte offsets, then the data. F32 and BF16 tensors (the
+// latter for memories stored rounded).
 // Pure functions; thread-safe.
 #ifndef ATTNSERVE_SERVER_REPOSITORY_SAFETENSORS_H_
 #define ATTNSERVE_SERVER_REPOSITORY_SAFETENSORS_H_
@@ -21,26 +22,29 @@ namespace attnserve {
 // Where one tensor's values lie in a file's bytes.
 struct SafetensorsEntry {
   attn::Shape shape;
-  size_t offset = 0;  // of the first float32 value, from the file's start
+  bool bfloat16 = false;  // BF16 values, else F32
+  size_t offset = 0;      // of the first value, from the file's start
 };
 
 // Reads a file's header, checking it against the file: INVALID_ARGUMENT
 // naming the problem (a header that is short, runs past the file or is not
-// JSON, a tensor without dtype, shape or offsets, a dtype other than F32,
-// offsets that do not hold the shape's values inside the data).
+// JSON, a tensor without dtype, shape or offsets, a dtype other than F32 or
+// BF16, offsets that do not hold the shape's values inside the data).
 absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
     absl::string_view bytes);
-// The file's tensors, copied out of its bytes; the same errors.
+// The file's float32 tensors, copied out of its bytes; the same errors, and
+// INVALID_ARGUMENT for a BF16 tensor.
 absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
     absl::string_view bytes);
 // The file's tensors as views into `file`, which they keep alive (a tensor
-// whose values are not aligned for float is copied instead); the same
+// whose values are not aligned for their type is copied instead); the same
 // errors.
 absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
     std::shared_ptr<const FileBytes> file);
 
 // The bytes of `tensors` in the same format (ParseSafetensors reads them
-// back exactly), every tensor's values aligned for float.
+// back exactly), every tensor's values aligned for their type: F32 tensors
+// first, then BF16 ones, each group in name order.
 std::string SerializeSafetensors(
     const std::map<std::string, attn::Tensor>& tensors);
 std::string SerializeSafetensors(

@@ -1,6 +1,7 @@
-// A model's float32 tensor as the repository holds it: its shape, and a
-// view of its values in storage the tensor shares ownership of, either its
-// own buffer or the mapping of the model's weights file
+// A model's tensor as the repository holds it: its shape, and a view of its
+// values, float32 (`data`) or bfloat16 bits (`bfloat16`, for a memory stored
+// rounded: safetensors' BF16), in storage the tensor shares ownership of,
+// either its own buffer or the mapping of the model's weights file
 // (server/repository/mapped_file.h), which every tensor of the file shares.
 // Copies share the values; nothing writes them once the model is made.
 #ifndef ATTNSERVE_SERVER_REPOSITORY_STORED_TENSOR_H_
@@ -17,8 +18,9 @@ namespace attnserve {
 
 struct StoredTensor {
   attn::Shape shape;
-  const float* data = nullptr;
-  std::shared_ptr<const void> storage;  // keeps `data` alive
+  const float* data = nullptr;         // float32 values, or null
+  const uint16_t* bfloat16 = nullptr;  // else bfloat16 bits
+  std::shared_ptr<const void> storage;  // keeps the values alive
 
   StoredTensor() = default;
   // Takes the tensor's buffer. Implicit: a model is made of attn::Tensors.
@@ -34,8 +36,16 @@ struct StoredTensor {
                std::shared_ptr<const void> owner)
       : shape(std::move(shape)), data(values), storage(std::move(owner)) {}
 
+  // bfloat16 bits at `bits`, which `owner` keeps alive.
+  StoredTensor(attn::Shape shape, const uint16_t* bits,
+               std::shared_ptr<const void> owner)
+      : shape(std::move(shape)), bfloat16(bits), storage(std::move(owner)) {}
+
+  bool is_bfloat16() const { return bfloat16 != nullptr; }
   int64_t num_elements() const { return view().num_elements(); }
+  // The float32 values (data null for a bfloat16 tensor).
   attn::TensorView view() const { return attn::TensorView{data, shape}; }
+  // The float32 values; empty for a bfloat16 tensor.
   absl::Span<const float> values() const {
     if (data == nullptr) return {};
     return {data, static_cast<size_t>(num_elements())};

@@ -284,8 +284,19 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
             memory->kind->build_request(KindArguments{
                 request->memory_name(), ModelParameters{}, inputs,
                 memory->stored.get(), request->return_weights()}));
-        std::get<MemoryAttentionRequest>(op).attention.precision =
-            PrecisionOf(request->precision());
+        attn::AttentionRequest& attention =
+            std::get<MemoryAttentionRequest>(op).attention;
+        if (attention.keys_bfloat16 == nullptr) {
+          attention.precision = PrecisionOf(request->precision());
+        } else if (request->precision() == v1::PRECISION_FLOAT16) {
+          // Stored rounded, computed in bfloat16: float32 (the default)
+          // and bfloat16 both mean that.
+          return absl::InvalidArgumentError(absl::StrCat(
+              "precision: memory '", request->memory_name(),
+              "' holds bfloat16 keys and values, so its calls compute in "
+              "bfloat16 (precision float32, the default, or bfloat16), not "
+              "float16"));
+        }
         return op;
       },
       [request, response, held](const attn::OpResult& result) {

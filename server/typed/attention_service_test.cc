@@ -23,6 +23,7 @@
 #include "attn/testing/compare.h"
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
+#include "attn/bfloat16.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -488,6 +489,68 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   EXPECT_EQ(counts.success_count, 2u);
   EXPECT_EQ(counts.fail_count, 0u);
   EXPECT_EQ(core_->calls().statistics().Get("absent").fail_count, 0u);
+}
+
+// A memory stored as BF16 (its keys and values bfloat16 in the file) is
+// computed in bfloat16 without converting it: within the reference's bound
+// for the same queries against the rounded values at bfloat16 precision,
+// with the call's default precision; float16 is refused, naming the field.
+TEST_P(ServiceTest, QueriesAgainstABFloat16Memory) {
+  WithModels models(&core_->calls());
+  std::mt19937 rng(10);
+  const int64_t n = 33, d = 8, dv = 3;
+  attn::Tensor keys = ToTensor(RandomTensor(rng, {n, d}));
+  attn::Tensor values = ToTensor(RandomTensor(rng, {n, dv}));
+  RepositoryModel memory;
+  memory.config.set_name("memory16");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  for (auto [name, tensor] : {std::pair<const char*, attn::Tensor*>{"keys", &keys},
+                              {"values", &values}}) {
+    auto bits = std::make_shared<std::vector<uint16_t>>(tensor->data.size());
+    for (size_t i = 0; i < bits->size(); ++i) {
+      (*bits)[i] = attn::BFloat16Bits(tensor->data[i]);
+      tensor->data[i] = attn::RoundToBFloat16(tensor->data[i]);
+    }
+    const uint16_t* data = bits->data();
+    memory.tensors[name] = StoredTensor(tensor->shape, data, std::move(bits));
+  }
+  ASSERT_TRUE(models.repository()
+                  .SaveModel({"test", "a memory"}, "memory16", std::move(memory))
+                  .ok());
+  ASSERT_TRUE(models.repository().Find("memory16")->tensors.at("keys").is_bfloat16());
+  v1::AttentionService::Stub* stub = models.stub();
+  v1::AttentionRequest request;
+  request.set_memory_name("memory16");
+  *request.mutable_queries() = RandomTensor(rng, {2, 5, d});
+  v1::AttentionResponse response;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub->ScaledDotProductAttention(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const attn::Tensor repeated_keys = attn::testing::RepeatAsBatch(keys, 2);
+  const attn::Tensor repeated_values = attn::testing::RepeatAsBatch(values, 2);
+  const attn::Tensor queries = ToTensor(request.queries());
+  attn::AttentionRequest plain;
+  plain.queries = View(queries);
+  plain.keys = View(repeated_keys);
+  plain.values = View(repeated_values);
+  plain.precision = attn::Precision::kBFloat16;
+  plain.return_weights = true;
+  const attn::OpResult exact =
+      reference_->ScaledDotProductAttention(plain).value();
+  EXPECT_TRUE(attn::testing::WithinBounds(
+      ToTensor(response.output()), exact.output,
+      attn::testing::AttentionBounds(plain, exact).output));
+
+  request.set_precision(v1::PRECISION_FLOAT16);
+  grpc::ClientContext context;
+  const grpc::Status refused =
+      stub->ScaledDotProductAttention(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("precision: memory 'memory16' holds bfloat16 keys"));
 }
 
 // ScaledDotProductAttention with memory_name: the stored memory's keys,
