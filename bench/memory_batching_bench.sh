@@ -11,6 +11,7 @@
 # Usage: bench/memory_batching_bench.sh [DURATION] [N...]
 #   (default 5s per row; N: 4096 65536 262144 1048576; build first)
 # Extra server flags for both runs: ATTNSERVE_FLAGS='--max_queue_delay_us=300'
+# KIND=memory16: the memories stored as BF16 (computed in bfloat16).
 # KIND=regression: fitted Nadaraya-Watson models holding a 1-D training set
 # of N points instead (x_query 1 point a call, --model_name); their calls
 # run alone under the defaults, so "on" is --batching there.
@@ -29,8 +30,8 @@ cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" 
 trap cleanup EXIT
 
 kind=${KIND:-memory}
-[[ $kind == memory || $kind == regression ]] ||
-  { echo "KIND must be memory or regression" >&2; exit 64; }
+[[ $kind == memory || $kind == memory16 || $kind == regression ]] ||
+  { echo "KIND must be memory, memory16 or regression" >&2; exit 64; }
 python3 bench/write_memories.py "$out/models" "$kind" "${sizes[@]}"
 
 # shellcheck source=bench/serve.sh
@@ -38,7 +39,7 @@ source bench/serve.sh
 
 for mode in off on; do
   echo "batching $mode:" >&2
-  if [[ $kind == memory ]]; then
+  if [[ $kind != regression ]]; then
     batching="--batch_stored_memories=$([[ $mode == on ]] && echo true || echo false)"
   else
     batching="--batching=$([[ $mode == on ]] && echo true || echo false)"
@@ -47,8 +48,8 @@ for mode in off on; do
     "$batching"
   for n in "${sizes[@]}"; do
     echo "  N = $n" >&2
-    if [[ $kind == memory ]]; then
-      call=(--rpc=attention --memory_name="memory_$n" --shape=queries=1x1x64)
+    if [[ $kind != regression ]]; then
+      call=(--rpc=attention --memory_name="${kind}_$n" --shape=queries=1x1x64)
     else
       call=(--rpc=nadaraya-watson --model_name="regression_$n" --shape=x_query=1)
     fi

@@ -5,6 +5,8 @@ Usage: write_memories.py ROOT KIND N...
   KIND memory: attention memories memory_N, keys and values [N, 64] float32,
   N(0, 1)-like (a block of Gaussian draws, tiled: the kernel's time does not
   depend on the values).
+  KIND memory16: the same memories stored as BF16 (memory16_N: the float
+  values rounded to bfloat16, to nearest even).
   KIND regression: fitted Nadaraya-Watson models regression_N holding a 1-D
   training set of N points (the textbook's data over [0, 5)), bandwidth 4.
 Standard library only.
@@ -16,12 +18,16 @@ block = array.array("f", (rng.gauss(0, 1) for _ in range(1 << 16)))
 def tensor(count):
     data = array.array("f", block) * (count // len(block) + 1)
     return data[:count].tobytes()
-def write(name, backend, tensors):
+def bfloat16(blob):
+    words = array.array("I", blob)
+    out = array.array("H", ((w + 0x7FFF + ((w >> 16) & 1)) >> 16 for w in words))
+    return out.tobytes()
+def write(name, backend, tensors, dtype="F32"):
     folder = os.path.join(root, name)
     os.makedirs(folder)
     header, data = {}, b""
     for tensor_name, shape, blob in tensors:
-        header[tensor_name] = {"dtype": "F32", "shape": shape,
+        header[tensor_name] = {"dtype": dtype, "shape": shape,
                                "data_offsets": [len(data), len(data) + len(blob)]}
         data += blob
     text = json.dumps(header).encode()
@@ -35,6 +41,10 @@ for n in sizes:
     if kind == "memory":
         write("memory_%d" % n, "attention_memory",
               [("keys", [n, d], tensor(n * d)), ("values", [n, d], tensor(n * d))])
+    elif kind == "memory16":
+        write("memory16_%d" % n, "attention_memory",
+              [("keys", [n, d], bfloat16(tensor(n * d))),
+               ("values", [n, d], bfloat16(tensor(n * d)))], "BF16")
     else:  # the textbook's data, spread over [0, 5)
         x = array.array("f", (rng.uniform(0, 5) for _ in range(n)))
         y = array.array("f", (2 * math.sin(v) + v ** 0.8 for v in x))
