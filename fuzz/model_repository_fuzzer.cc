@@ -16,9 +16,11 @@
 //   message names the model's folder (the operator must find the file);
 // - a loaded repository holds exactly that model, under the folder's name,
 //   equal to its config's name; its backend is additive_attention (W_q
-//   (h, q), W_k (h, k), w_v (h,)) or nadaraya_watson (bandwidth: one finite
-//   positive value); every tensor has as many values as its shape's product;
-//   the tensors are exactly what ParseSafetensors reads from the file.
+//   (h, q), W_k (h, k), w_v (h,), F32), attention_memory (keys (N, d) and
+//   values (N, v), both F32 or both BF16) or nadaraya_watson (bandwidth: one
+//   finite positive F32 value); every tensor has as many values as its
+//   shape's product; the tensors are exactly what ParseSafetensorsShared
+//   reads from the file's bytes (the file itself is mapped).
 #include <sys/stat.h>
 
 #include <cmath>
@@ -56,23 +58,38 @@ const std::string& Repository() {
   return *dir;
 }
 
+// A stored tensor's values as bytes.
+std::string BytesOf(const attnserve::StoredTensor& tensor) {
+  const size_t count = static_cast<size_t>(tensor.num_elements());
+  return tensor.is_bfloat16()
+             ? std::string(reinterpret_cast<const char*>(tensor.bfloat16),
+                           2 * count)
+             : std::string(reinterpret_cast<const char*>(tensor.data),
+                           4 * count);
+}
+
 void CheckModel(const std::string& name, const attnserve::RepositoryModel& model,
                 const std::string& weights) {
   FUZZ_CHECK(model.config.name() == name, "model '%s' loaded as '%s'",
              model.config.name().c_str(), name.c_str());
   for (const auto& [tensor_name, tensor] : model.tensors) {
     const auto count = attn_fuzz::ElementCount(tensor.shape);
-    FUZZ_CHECK(count.has_value() &&
-                   static_cast<int64_t>(tensor.data.size()) == *count,
-               "tensor '%s': shape %s, %zu values", tensor_name.c_str(),
+    FUZZ_CHECK(count.has_value() && tensor.num_elements() == *count &&
+                   (tensor.data != nullptr) != tensor.is_bfloat16(),
+               "tensor '%s': shape %s, values %s", tensor_name.c_str(),
                attn_fuzz::DimsToString(tensor.shape).c_str(),
-               tensor.data.size());
+               tensor.data == nullptr && !tensor.is_bfloat16() ? "none"
+                                                               : "given");
   }
   auto rank = [&](const char* tensor_name) -> int64_t {
     auto it = model.tensors.find(tensor_name);
     return it == model.tensors.end()
                ? -1
                : static_cast<int64_t>(it->second.shape.size());
+  };
+  auto bfloat16 = [&](const char* tensor_name) {
+    auto it = model.tensors.find(tensor_name);
+    return it != model.tensors.end() && it->second.is_bfloat16();
   };
   const std::string& backend = model.config.backend();
   if (backend == "additive_attention") {
@@ -81,22 +98,33 @@ void CheckModel(const std::string& name, const attnserve::RepositoryModel& model
                static_cast<long long>(rank("W_q")),
                static_cast<long long>(rank("W_k")),
                static_cast<long long>(rank("w_v")));
+    FUZZ_CHECK(!bfloat16("W_q") && !bfloat16("W_k") && !bfloat16("w_v"),
+               "additive_attention loaded with a BF16 tensor");
     const int64_t h = model.tensors.at("W_q").shape[0];
     FUZZ_CHECK(model.tensors.at("W_k").shape[0] == h &&
                    model.tensors.at("w_v").shape[0] == h,
                "additive_attention loaded with different h");
+  } else if (backend == "attention_memory") {
+    FUZZ_CHECK(rank("keys") == 2 && rank("values") == 2 &&
+                   model.tensors.at("keys").shape[0] ==
+                       model.tensors.at("values").shape[0] &&
+                   bfloat16("keys") == bfloat16("values"),
+               "attention_memory loaded with keys and values that differ in "
+               "rank, N or dtype");
   } else {
     FUZZ_CHECK(backend == "nadaraya_watson", "backend '%s' loaded",
                backend.c_str());
-    FUZZ_CHECK(rank("bandwidth") == 1, "bandwidth of rank %lld loaded",
+    FUZZ_CHECK(rank("bandwidth") == 1 && !bfloat16("bandwidth"),
+               "bandwidth of rank %lld loaded",
                static_cast<long long>(rank("bandwidth")));
-    const attn::Tensor& w = model.tensors.at("bandwidth");
-    FUZZ_CHECK(w.data.size() == 1 && std::isfinite(w.data[0]) && w.data[0] > 0,
-               "bandwidth %g loaded",
-               w.data.empty() ? 0.0 : static_cast<double>(w.data[0]));
+    const attnserve::StoredTensor& w = model.tensors.at("bandwidth");
+    FUZZ_CHECK(w.num_elements() == 1 && std::isfinite(w.data[0]) &&
+                   w.data[0] > 0,
+               "bandwidth %g loaded", static_cast<double>(w.data[0]));
   }
-  absl::StatusOr<std::map<std::string, attn::Tensor>> parsed =
-      attnserve::ParseSafetensors(weights);
+  absl::StatusOr<std::map<std::string, attnserve::StoredTensor>> parsed =
+      attnserve::ParseSafetensorsShared(
+          attnserve::FileBytesInMemory(weights, "fuzz input"));
   FUZZ_CHECK(parsed.ok(), "loaded weights do not parse alone: %s",
              parsed.status().ToString().c_str());
   FUZZ_CHECK(parsed->size() == model.tensors.size(),
@@ -105,8 +133,8 @@ void CheckModel(const std::string& name, const attnserve::RepositoryModel& model
   for (const auto& [tensor_name, tensor] : *parsed) {
     auto it = model.tensors.find(tensor_name);
     FUZZ_CHECK(it != model.tensors.end() && it->second.shape == tensor.shape &&
-                   std::memcmp(it->second.data.data(), tensor.data.data(),
-                               4 * tensor.data.size()) == 0,
+                   it->second.is_bfloat16() == tensor.is_bfloat16() &&
+                   BytesOf(it->second) == BytesOf(tensor),
                "tensor '%s' loaded differs from the file", tensor_name.c_str());
   }
 }
