@@ -93,9 +93,10 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
   auto operand = [&](float x) -> double { return RoundOperand(x, p.precision); };
   const bool gaussian = p.score == ScoreKind::kGaussian;
   // bfloat16 products round the probabilities too (attn/internal/
-  // cpu_kernels.h), to 8 significant bits.
+  // cpu_kernels.h), to 8 significant bits: a relative error of at most
+  // 2^-8 (half the spacing 2^-7 between bfloat16 values in [1, 2)).
   const double probability_rounding =
-      p.precision == Precision::kBFloat16 ? 0x1p-9 : 0.0;
+      p.precision == Precision::kBFloat16 ? 0x1p-8 : 0.0;
   std::vector<double> score(p.lk);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads; ++h) {

@@ -47,7 +47,7 @@ struct ErrorBounds {
 // Scaled dot-product or Gaussian-score attention, at the request's precision
 // (operands rounded as the reference rounds them; with bfloat16, the
 // probabilities may be rounded to bfloat16 for the product with the values
-// as well, which adds sum_j |v_jc| p_j 2^-9 (1 + rho_j) to each output; the
+// as well, which adds sum_j |v_jc| p_j 2^-8 (1 + rho_j) to each output; the
 // bfloat16 hardware accumulates in float32, so the gamma terms stay). Score
 // error:
 // E <= gamma(d + 2) max_j scale (sum_c |q_c k_jc| [+ sum_c k_jc^2 / 2 for the
