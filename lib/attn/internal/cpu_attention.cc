@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -55,12 +54,16 @@ void ParallelFor(int64_t tasks, int threads, const Body& body) {
 }
 
 // What the attention products read: the float32 inputs, or bfloat16 copies
-// of them.
+// of them (or keys and values held as bfloat16).
 struct Operands {
   BlockOperands type = BlockOperands::kFloat32;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
+  // bfloat16 products on our own loops whatever their shape: keys and
+  // values held as bfloat16 on a CPU without bfloat16 products, which would
+  // otherwise need the whole memory widened to float32 for every call.
+  bool own_loops = false;
 
   int64_t ElementBytes() const {
     return type == BlockOperands::kBFloat16 ? 2 : 4;
@@ -76,6 +79,61 @@ struct Operands {
                : static_cast<const float*>(base)[index];
   }
 };
+
+// bfloat16 products with at most this many rows run on our own loops
+// (BFloat16Product): oneDNN binds a run-time-shaped primitive per key block,
+// microseconds that a single query's block (1 x 256 x 64) does not repay.
+constexpr int64_t kFewRows = 4;
+
+// `product` with bfloat16 operands on plain loops: every product exact in
+// float32 (two 8-bit significands make at most 16 bits), summed in float32,
+// which is the arithmetic of the bfloat16 hardware (in another order of
+// summation, which the error bounds allow).
+void BFloat16Product(const BlockProduct& product, const uint16_t* a,
+                     const uint16_t* b, float* c) {
+  if (product.transpose_b) {  // c[m][n] (+)= sum_k a[m][k] b[n][k]
+    for (int64_t n = 0; n < product.n; ++n) {
+      const uint16_t* b_row = b + n * product.ldb;
+      for (int64_t m = 0; m < product.m; ++m) {
+        const uint16_t* a_row = a + m * product.lda;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < product.k; ++k) {
+          sum += FromBFloat16(a_row[k]) * FromBFloat16(b_row[k]);
+        }
+        float& out = c[m * product.ldc + n];
+        out = product.accumulate ? out + sum : sum;
+      }
+    }
+    return;
+  }
+  for (int64_t m = 0; m < product.m; ++m) {  // c[m][n] (+)= sum_k a[m][k] b[k][n]
+    float* c_row = c + m * product.ldc;
+    if (!product.accumulate) std::fill(c_row, c_row + product.n, 0.0f);
+    for (int64_t k = 0; k < product.k; ++k) {
+      const float a_mk = FromBFloat16(a[m * product.lda + k]);
+      if (a_mk == 0.0f) continue;  // masked or vanished probabilities
+      const uint16_t* b_row = b + k * product.ldb;
+#pragma omp simd
+      for (int64_t n = 0; n < product.n; ++n) {
+        c_row[n] += a_mk * FromBFloat16(b_row[n]);
+      }
+    }
+  }
+}
+
+// One block product of the attention kernel: on our loops for bfloat16
+// operands with few rows (or Operands::own_loops), else oneDNN's.
+bool Product(const Operands& ops, const BlockProduct& product, bool recurring,
+             const void* a, const void* b, float* c) {
+  if (product.operands == BlockOperands::kBFloat16 &&
+      (ops.own_loops || product.m <= kFewRows)) {
+    BFloat16Product(product, static_cast<const uint16_t*>(a),
+                    static_cast<const uint16_t*>(b), c);
+    return true;
+  }
+  return RunBlockProduct(product, recurring, a, b, c);
+}
 
 // Gaussian score: -scale * ||q - k||^2 / 2 = scale * (q.k - ||k||^2 / 2 -
 // ||q||^2 / 2). The last term is constant along a softmax row, so it is
@@ -143,7 +201,7 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
     const bool recurring = rows == kQueryBlock && count == kKeyBlock;
     BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
                         rows, count, p.d, p.d, p.d, block};
-    if (!RunBlockProduct(scores, recurring, q, ops.At(k, j0 * p.d),
+    if (!Product(ops, scores, recurring, q, ops.At(k, j0 * p.d),
                          s.scores.data())) {
       return false;
     }
@@ -175,7 +233,7 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
                         rows, p.dv, count, block, p.dv, p.dv};
     const void* probabilities = bf16 ? static_cast<const void*>(s.rounded.data())
                                      : static_cast<const void*>(s.scores.data());
-    if (!RunBlockProduct(pooled, recurring, probabilities,
+    if (!Product(ops, pooled, recurring, probabilities,
                          ops.At(v, j0 * p.dv), s.acc.data())) {
       return false;
     }
@@ -210,7 +268,7 @@ bool WeightsBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   if (key_end > 0) {
     BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
                         rows, key_end, p.d, p.d, p.d, p.lk};
-    if (!RunBlockProduct(scores, /*recurring=*/false, q, k, weights)) {
+    if (!Product(ops, scores, /*recurring=*/false, q, k, weights)) {
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
@@ -239,7 +297,7 @@ bool WeightsBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   }
   BlockProduct pooled{ops.type, /*transpose_b=*/false, /*accumulate=*/false,
                       rows, p.dv, key_end, ld, p.dv, p.dv};
-  return RunBlockProduct(pooled, /*recurring=*/false, probabilities, v, out);
+  return Product(ops, pooled, /*recurring=*/false, probabilities, v, out);
 }
 
 // Copies of one call's operands rounded to bfloat16, stored as bfloat16
@@ -260,13 +318,11 @@ class RoundedOperands {
   }
 
   // Rounds p's Q, K and V, in parallel; the pointers stay valid until this
-  // object is destroyed. K and V held as bfloat16 are used as they are
-  // (T = uint16_t: k and v stay null, the caller reads p's) or widened
-  // (T = float), exactly.
+  // object is destroyed. K and V held as bfloat16 are not copied (k and v
+  // stay null: the caller reads p's); they go with T = uint16_t only.
   void Round(const AttentionParams& p, int threads) {
     const int64_t bh = p.batch * p.heads;
-    const bool held = p.k_bfloat16 != nullptr;
-    const bool use_held = held && std::is_same_v<T, uint16_t>;
+    const bool use_held = p.k_bfloat16 != nullptr;
     const size_t q_size = bh * p.lq * p.d;
     const size_t k_size = use_held ? 0 : bh * p.lk * p.d;
     const size_t total = q_size + k_size + (use_held ? 0 : bh * p.lk * p.dv);
@@ -281,14 +337,8 @@ class RoundedOperands {
     ParallelFor(bh, threads, [&](int64_t i) {
       RoundInto(p.q + i * p.lq * p.d, p.lq * p.d, q + i * p.lq * p.d);
       if (use_held) return;
-      if (held) {
-        RoundInto(p.k_bfloat16 + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
-        RoundInto(p.v_bfloat16 + i * p.lk * p.dv, p.lk * p.dv,
-                  v + i * p.lk * p.dv);
-      } else {
-        RoundInto(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
-        RoundInto(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
-      }
+      RoundInto(p.k + i * p.lk * p.d, p.lk * p.d, k + i * p.lk * p.d);
+      RoundInto(p.v + i * p.lk * p.dv, p.lk * p.dv, v + i * p.lk * p.dv);
     });
   }
 
@@ -309,11 +359,7 @@ class RoundedOperands {
 #pragma omp simd
     for (int64_t c = 0; c < count; ++c) to[c] = FromBFloat16(ToBFloat16(from[c]));
   }
-  static void RoundInto(const uint16_t* from, int64_t count, float* to) {
-#pragma omp simd
-    for (int64_t c = 0; c < count; ++c) to[c] = FromBFloat16(from[c]);
-  }
-  static void RoundInto(const uint16_t*, int64_t, uint16_t*) {}  // not used
+
   static Kept& Buffer() {
     thread_local Kept kept;
     return kept;
@@ -349,18 +395,20 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
   Operands ops{BlockOperands::kFloat32, p.q, p.k, p.v};
   RoundedOperands<uint16_t> rounded;
   RoundedOperands<float> emulated;
-  if (bfloat16 == BFloat16Mode::kNative) {
+  const bool held = p.k_bfloat16 != nullptr;
+  if (bfloat16 == BFloat16Mode::kNative ||
+      (bfloat16 == BFloat16Mode::kEmulated && held)) {
     rounded.Round(p, threads);
-    ops = p.k_bfloat16 != nullptr
-              ? Operands{BlockOperands::kBFloat16, rounded.q, p.k_bfloat16,
-                         p.v_bfloat16}
-              : Operands{BlockOperands::kBFloat16, rounded.q, rounded.k,
-                         rounded.v};
+    ops = held ? Operands{BlockOperands::kBFloat16, rounded.q, p.k_bfloat16,
+                          p.v_bfloat16}
+               : Operands{BlockOperands::kBFloat16, rounded.q, rounded.k,
+                          rounded.v};
+    ops.own_loops = bfloat16 != BFloat16Mode::kNative;
   } else if (bfloat16 == BFloat16Mode::kEmulated) {
     emulated.Round(p, threads);
     ops = Operands{BlockOperands::kFloat32, emulated.q, emulated.k, emulated.v};
   }
-  const bool bfloat16_products = bfloat16 == BFloat16Mode::kNative;
+  const bool bfloat16_products = ops.type == BlockOperands::kBFloat16;
   std::atomic<bool> failed{false};
   auto run = [&](int64_t task, Scratch& scratch) {
     const int64_t bh = task / query_blocks;
