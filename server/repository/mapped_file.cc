@@ -2,13 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -25,20 +23,22 @@ namespace {
 
 int LeaseSignal() { return SIGRTMIN + kLeaseSignalOffset; }
 
-// The keeper's wake-up: the signal handler writes to it, the keeper reads.
-std::atomic<int> wake_fd{-1};
-
-extern "C" void WakeLeaseKeeper(int) {
-  const int saved_errno = errno;
-  const uint64_t one = 1;
-  // Async-signal-safe; a full counter (never, at 2^64 - 2) only drops a
-  // wake-up that a pending one already carries.
-  [[maybe_unused]] const ssize_t written =
-      ::write(wake_fd.load(std::memory_order_relaxed), &one, sizeof(one));
-  errno = saved_errno;
+// The signals a lease break may come as: the one set with F_SETSIG, or
+// SIGIO when the kernel's signal queue is full.
+sigset_t LeaseSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, LeaseSignal());
+  sigaddset(&signals, SIGIO);
+  return signals;
 }
 
-void Wake() { WakeLeaseKeeper(0); }
+// The keeper blocks the lease signals and waits for them (sigtimedwait); a
+// break that reaches another thread (sent to the process, in the instant
+// between taking a lease and naming the keeper's thread its owner) meets
+// this handler instead of the default action, which would end the process,
+// and the keeper finds the break on its next look, within a second.
+extern "C" void IgnoreLeaseSignal(int) {}
 
 void Log(const std::string& note) {
   std::fprintf(stderr, "attnserve: model repository: %s\n", note.c_str());
@@ -61,6 +61,8 @@ class LeaseKeeper {
  private:
   LeaseKeeper() = default;
   static absl::StatusOr<LeaseKeeper*> Start();
+  // Has the keeper look at every lease now.
+  void Wake() const;
   void Run();
 
   pid_t tid_ = 0;
@@ -138,14 +140,8 @@ absl::StatusOr<LeaseKeeper*> LeaseKeeper::Get() {
 }
 
 absl::StatusOr<LeaseKeeper*> LeaseKeeper::Start() {
-  const int fd = ::eventfd(0, EFD_CLOEXEC);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("eventfd: ", std::strerror(errno)));
-  }
-  wake_fd.store(fd, std::memory_order_relaxed);
   struct sigaction action = {};
-  action.sa_handler = WakeLeaseKeeper;
+  action.sa_handler = IgnoreLeaseSignal;
   action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   struct sigaction previous = {};
@@ -155,8 +151,6 @@ absl::StatusOr<LeaseKeeper*> LeaseKeeper::Start() {
         "signal SIGRTMIN+", kLeaseSignalOffset, " has another handler"));
   }
   ::sigaction(LeaseSignal(), &action, nullptr);
-  // SIGIO comes instead of the signal if the signal queue overflows; its
-  // default would end the process.
   if (::sigaction(SIGIO, nullptr, &previous) == 0 &&
       previous.sa_handler == SIG_DFL) {
     ::sigaction(SIGIO, &action, nullptr);
@@ -164,6 +158,10 @@ absl::StatusOr<LeaseKeeper*> LeaseKeeper::Start() {
   auto* keeper = new LeaseKeeper();  // never freed, as its thread runs on
   absl::Notification started;
   std::thread([keeper, &started] {
+    // Blocked here before any lease names this thread, so that a break
+    // waits for sigtimedwait instead of running the handler.
+    const sigset_t signals = LeaseSignals();
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     keeper->tid_ = static_cast<pid_t>(::syscall(SYS_gettid));
     started.Notify();
     keeper->Run();
@@ -172,15 +170,18 @@ absl::StatusOr<LeaseKeeper*> LeaseKeeper::Start() {
   return keeper;
 }
 
+void LeaseKeeper::Wake() const {
+  ::syscall(SYS_tgkill, ::getpid(), tid_, LeaseSignal());
+}
+
 void LeaseKeeper::Run() {
-  const int fd = wake_fd.load(std::memory_order_relaxed);
+  const sigset_t signals = LeaseSignals();
   for (;;) {
-    uint64_t count;
-    if (::read(fd, &count, sizeof(count)) < 0 && errno != EINTR) {
-      Log(absl::StrCat("the lease keeper stopped: read: ",
-                       std::strerror(errno)));
-      return;
-    }
+    // A lease break's signal, a wake-up, or a second gone: look at every
+    // lease. Looking costs one fcntl a mapping; the second bounds the wait
+    // of a break whose signal went to another thread.
+    const struct timespec period = {1, 0};
+    ::sigtimedwait(&signals, nullptr, &period);
     absl::MutexLock lock(&mu_);
     for (GuardedMapping* mapping : mappings_) mapping->CopyIfLeaseBroken();
   }

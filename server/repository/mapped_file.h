@@ -29,10 +29,13 @@
 // the time a memcpy of the file takes. Should the private copy not fit in
 // memory, that is logged and the mapping is left to the file.
 //
-// The keeper is a thread and a handler for one real-time signal
-// (kLeaseSignal; and SIGIO, which the kernel sends instead should the
-// signal queue overflow, unless another handler has it), installed on the
-// first call and kept for the process's life. Thread-safe.
+// The keeper is a thread that waits for one real-time signal (SIGRTMIN +
+// kLeaseSignalOffset; and SIGIO, which the kernel sends instead should the
+// signal queue overflow) with sigtimedwait, looking at every lease on each
+// signal and at least once a second, and a handler that ignores those
+// signals in every other thread (unless SIGIO has another handler); both
+// are set up on the first call and kept for the process's life.
+// Thread-safe.
 #ifndef ATTNSERVE_SERVER_REPOSITORY_MAPPED_FILE_H_
 #define ATTNSERVE_SERVER_REPOSITORY_MAPPED_FILE_H_
 

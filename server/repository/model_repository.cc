@@ -455,6 +455,35 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   return absl::OkStatus();
 }
 
+void ModelRepository::ServeFromWrittenFile(const std::string& name,
+                                           RepositoryModel* model) {
+  absl::StatusOr<std::shared_ptr<const FileBytes>> file = fs_->MapFile(
+      dir_ + "/" + name + "/weights.safetensors", max_model_bytes_);
+  if (!file.ok() || !(*file)->why_copied().empty()) return;
+  absl::StatusOr<std::map<std::string, StoredTensor>> mapped =
+      ParseSafetensorsShared(*std::move(file));
+  if (!mapped.ok() || mapped->size() != model->tensors.size()) return;
+  // Served only if it holds exactly what was written.
+  for (const auto& [tensor_name, tensor] : model->tensors) {
+    auto it = mapped->find(tensor_name);
+    if (it == mapped->end() || it->second.shape != tensor.shape ||
+        it->second.is_bfloat16() != tensor.is_bfloat16()) {
+      return;
+    }
+    const size_t bytes = static_cast<size_t>(tensor.num_elements()) *
+                         (tensor.is_bfloat16() ? 2 : 4);
+    const void* written = tensor.is_bfloat16()
+                              ? static_cast<const void*>(tensor.bfloat16)
+                              : static_cast<const void*>(tensor.data);
+    const void* read = it->second.is_bfloat16()
+                           ? static_cast<const void*>(it->second.bfloat16)
+                           : static_cast<const void*>(it->second.data);
+    if (std::memcmp(written, read, bytes) != 0) return;
+  }
+  model->tensors = *std::move(mapped);
+  model->weights_mapped = true;
+}
+
 absl::Status ModelRepository::SaveModel(const SaveNames& names,
                                         const std::string& name,
                                         RepositoryModel model) {
@@ -469,7 +498,6 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
   }
   if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
   const std::string backend = model.config.backend();
-  auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   // Disk and memory change together, one save (or load) at a time.
   absl::MutexLock write(&write_mu_);
   if (auto existing = Find(name);
@@ -494,15 +522,9 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
           "'); pick another name"));
     }
   }
-  RETURN_IF_ERROR(WriteModelFolder(field, name, *stored));
-  // Served from the file just written where it maps, so that the saving
-  // process holds no copy of its own, as every other that loads it.
-  if (map_weights_) {
-    absl::StatusOr<std::shared_ptr<const RepositoryModel>> written =
-        ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
-                  /*map_weights=*/true, [](const std::string&) {});
-    if (written.ok() && (*written)->weights_mapped) stored = *written;
-  }
+  RETURN_IF_ERROR(WriteModelFolder(field, name, model));
+  if (map_weights_) ServeFromWrittenFile(name, &model);
+  auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(stored);
   unloaded_.erase(name);

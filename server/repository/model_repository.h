@@ -194,6 +194,12 @@ class ModelRepository {
                                 const RepositoryModel& model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
+  // After a save: `model`'s tensors become views of the file just written,
+  // where it maps and holds exactly what was written (else it keeps its
+  // own copy). The config is left as it is.
+  void ServeFromWrittenFile(const std::string& name, RepositoryModel* model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
   // A model no longer (or never successfully) served, for Index.
   struct Unloaded {
     std::weak_ptr<const RepositoryModel> model;  // expired once freed
