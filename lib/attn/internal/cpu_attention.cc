@@ -60,9 +60,9 @@ struct Operands {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  // bfloat16 products on our own loops whatever their shape: keys and
-  // values held as bfloat16 on a CPU without bfloat16 products, which would
-  // otherwise need the whole memory widened to float32 for every call.
+  // bfloat16 products widened a block at a time whatever their shape: keys
+  // and values held as bfloat16 on a CPU without bfloat16 products, which
+  // would otherwise need the whole memory widened for every call.
   bool own_loops = false;
 
   int64_t ElementBytes() const {
@@ -80,57 +80,76 @@ struct Operands {
   }
 };
 
-// bfloat16 products with at most this many rows run on our own loops
-// (BFloat16Product): oneDNN binds a run-time-shaped primitive per key block,
-// microseconds that a single query's block (1 x 256 x 64) does not repay.
+// bfloat16 products with at most this many rows run as float32 products of
+// the operands widened (BFloat16Product): oneDNN binds a run-time-shaped
+// bfloat16 primitive per key block, microseconds that a single query's
+// block (1 x 256 x 64) does not repay.
 constexpr int64_t kFewRows = 4;
 
-// `product` with bfloat16 operands on plain loops: every product exact in
-// float32 (two 8-bit significands make at most 16 bits), summed in float32,
-// which is the arithmetic of the bfloat16 hardware (in another order of
-// summation, which the error bounds allow).
-void BFloat16Product(const BlockProduct& product, const uint16_t* a,
-                     const uint16_t* b, float* c) {
-  if (product.transpose_b) {  // c[m][n] (+)= sum_k a[m][k] b[n][k]
-    for (int64_t n = 0; n < product.n; ++n) {
-      const uint16_t* b_row = b + n * product.ldb;
-      for (int64_t m = 0; m < product.m; ++m) {
-        const uint16_t* a_row = a + m * product.lda;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t k = 0; k < product.k; ++k) {
-          sum += FromBFloat16(a_row[k]) * FromBFloat16(b_row[k]);
-        }
-        float& out = c[m * product.ldc + n];
-        out = product.accumulate ? out + sum : sum;
-      }
-    }
-    return;
-  }
-  for (int64_t m = 0; m < product.m; ++m) {  // c[m][n] (+)= sum_k a[m][k] b[k][n]
-    float* c_row = c + m * product.ldc;
-    if (!product.accumulate) std::fill(c_row, c_row + product.n, 0.0f);
-    for (int64_t k = 0; k < product.k; ++k) {
-      const float a_mk = FromBFloat16(a[m * product.lda + k]);
-      if (a_mk == 0.0f) continue;  // masked or vanished probabilities
-      const uint16_t* b_row = b + k * product.ldb;
+// Widens `rows` rows of `cols` bfloat16 values (row stride `ld`) into
+// `to`, packed.
+void Widen(const uint16_t* from, int64_t rows, int64_t cols, int64_t ld,
+           float* to) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = from + r * ld;
+    float* out = to + r * cols;
 #pragma omp simd
-      for (int64_t n = 0; n < product.n; ++n) {
-        c_row[n] += a_mk * FromBFloat16(b_row[n]);
-      }
-    }
+    for (int64_t c = 0; c < cols; ++c) out[c] = FromBFloat16(row[c]);
   }
 }
 
-// One block product of the attention kernel: on our loops for bfloat16
-// operands with few rows (or Operands::own_loops), else oneDNN's.
+// `product` with bfloat16 operands, as sgemm on them widened to float32 a
+// chunk of at most 256 along the long dimension at a time (the keys): every
+// product is exact in float32 (two 8-bit significands make at most 16
+// bits) and the sums are float32, the arithmetic of the bfloat16 hardware
+// in another order of summation, which the error bounds allow.
+bool BFloat16Product(const BlockProduct& product, const uint16_t* a,
+                     const uint16_t* b, float* c) {
+  constexpr int64_t kChunk = 256;
+  thread_local std::vector<float> wide_a, wide_b;
+  const int64_t m = product.m, n = product.n, k = product.k;
+  auto sgemm = [&](char transpose_b, int64_t cols, int64_t depth,
+                   const float* x, const float* y, int64_t ldy, float beta,
+                   float* out) {
+    return dnnl_sgemm('N', transpose_b, m, cols, depth, 1.0f, x, depth, y,
+                      ldy, beta, out, product.ldc) == dnnl_success;
+  };
+  if (product.transpose_b) {  // c[m][n] (+)= sum_k a[m][k] b[n][k]
+    wide_a.resize(m * k);
+    Widen(a, m, k, product.lda, wide_a.data());
+    for (int64_t n0 = 0; n0 < n; n0 += kChunk) {
+      const int64_t cols = std::min(kChunk, n - n0);
+      wide_b.resize(cols * k);
+      Widen(b + n0 * product.ldb, cols, k, product.ldb, wide_b.data());
+      if (!sgemm('T', cols, k, wide_a.data(), wide_b.data(), k,
+                 product.accumulate ? 1.0f : 0.0f, c + n0)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kChunk) {  // c (+)= a b, k in chunks
+    const int64_t depth = std::min(kChunk, k - k0);
+    wide_a.resize(m * depth);
+    Widen(a + k0, m, depth, product.lda, wide_a.data());
+    wide_b.resize(depth * n);
+    Widen(b + k0 * product.ldb, depth, n, product.ldb, wide_b.data());
+    const float beta = k0 > 0 || product.accumulate ? 1.0f : 0.0f;
+    if (!sgemm('N', n, depth, wide_a.data(), wide_b.data(), n, beta, c)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One block product of the attention kernel: widened to float32 for
+// bfloat16 operands with few rows (or Operands::own_loops), else oneDNN's.
 bool Product(const Operands& ops, const BlockProduct& product, bool recurring,
              const void* a, const void* b, float* c) {
   if (product.operands == BlockOperands::kBFloat16 &&
       (ops.own_loops || product.m <= kFewRows)) {
-    BFloat16Product(product, static_cast<const uint16_t*>(a),
-                    static_cast<const uint16_t*>(b), c);
-    return true;
+    return BFloat16Product(product, static_cast<const uint16_t*>(a),
+                           static_cast<const uint16_t*>(b), c);
   }
   return RunBlockProduct(product, recurring, a, b, c);
 }
