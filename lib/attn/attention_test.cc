@@ -256,9 +256,10 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
 
 // Keys and values held as bfloat16 bits (a memory stored rounded), against
 // the reference within the derived bounds, on the optimized engine with
-// 37 query rows (oneDNN's bfloat16 products) and 3 (our own loops), and where
+// 37 query rows (oneDNN's bfloat16 products), 3 (widened to float32 a
+// chunk at a time) and 1 (plain loops), and where
 // bfloat16 products are emulated (the CPU or ONEDNN_MAX_CPU_ISA has none:
-// held bits then run on our loops, never widened whole). With native
+// held bits then go a block at a time, never widened whole). With native
 // products they give exactly what the same values as floats give at
 // bfloat16 precision; on the reference, always.
 TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
@@ -284,7 +285,7 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
     v.data[i] = RoundToBFloat16(v.data[i]);
   }
   const std::vector<int32_t> lengths = {300, 123};
-  for (const int64_t lq : {37, 3}) {
+  for (const int64_t lq : {37, 3, 1}) {
     SCOPED_TRACE(::testing::Message() << "lq " << lq);
     const Tensor q = RandomNormal(rng, {2, lq, 64});
     for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {

@@ -98,13 +98,41 @@ void Widen(const uint16_t* from, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
-// `product` with bfloat16 operands, as sgemm on them widened to float32 a
-// chunk of at most 256 along the long dimension at a time (the keys): every
-// product is exact in float32 (two 8-bit significands make at most 16
-// bits) and the sums are float32, the arithmetic of the bfloat16 hardware
-// in another order of summation, which the error bounds allow.
+// `product` with bfloat16 operands: for one row, plain loops; for more, sgemm
+// on them widened to float32 a chunk of at most 256 along the long dimension
+// (the keys) at a time. Every product is exact in float32 (two 8-bit
+// significands make at most 16 bits) and the sums are float32, the
+// arithmetic of the bfloat16 hardware in another order of summation, which
+// the error bounds allow.
 bool BFloat16Product(const BlockProduct& product, const uint16_t* a,
                      const uint16_t* b, float* c) {
+  if (product.m == 1) {
+    // One query: the widening would cost what the halved read saves, so
+    // plain loops read the bfloat16 values where they lie.
+    if (product.transpose_b) {  // c[n] (+)= sum_k a[k] b[n][k]
+      for (int64_t n = 0; n < product.n; ++n) {
+        const uint16_t* b_row = b + n * product.ldb;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < product.k; ++k) {
+          sum += FromBFloat16(a[k]) * FromBFloat16(b_row[k]);
+        }
+        c[n] = product.accumulate ? c[n] + sum : sum;
+      }
+      return true;
+    }
+    if (!product.accumulate) std::fill(c, c + product.n, 0.0f);
+    for (int64_t k = 0; k < product.k; ++k) {  // c[n] (+)= sum_k a[k] b[k][n]
+      const float a_k = FromBFloat16(a[k]);
+      if (a_k == 0.0f) continue;  // masked or vanished probabilities
+      const uint16_t* b_row = b + k * product.ldb;
+#pragma omp simd
+      for (int64_t n = 0; n < product.n; ++n) {
+        c[n] += a_k * FromBFloat16(b_row[n]);
+      }
+    }
+    return true;
+  }
   constexpr int64_t kChunk = 256;
   thread_local std::vector<float> wide_a, wide_b;
   const int64_t m = product.m, n = product.n, k = product.k;
