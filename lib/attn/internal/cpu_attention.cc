@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -98,6 +99,125 @@ void Widen(const uint16_t* from, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
+// Sixteen floats, or their bits, as one vector (GCC's vector extension:
+// one register with AVX-512, two or four elsewhere), so that partial sums
+// stay in registers; written as plain loops, they went through memory at
+// every key.
+using Floats16 = float __attribute__((vector_size(64)));
+using Words16 = int32_t __attribute__((vector_size(64)));
+using Halves16 = uint16_t __attribute__((vector_size(32)));
+
+// Sixteen bfloat16 values at `bits`, widened into `floats` (an out
+// parameter: a vector return would depend on the instruction set's ABI).
+inline void LoadBFloat16x16(const uint16_t* bits, Floats16& floats) {
+  Halves16 halves;
+  std::memcpy(&halves, bits, sizeof(halves));
+  const Words16 words = __builtin_convertvector(halves, Words16) << 16;
+  std::memcpy(&floats, &words, sizeof(floats));
+}
+
+// The sum of the sixteen lanes: halves folded onto each other, four
+// shuffles instead of fifteen dependent additions.
+inline float SumOfLanes(Floats16 sums) {
+  sums += __builtin_shuffle(sums, Words16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
+                                          2, 3, 4, 5, 6, 7});
+  sums += __builtin_shuffle(sums, Words16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14,
+                                          15, 8, 9, 10, 11});
+  sums += __builtin_shuffle(sums, Words16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8,
+                                          9, 14, 15, 12, 13});
+  sums += __builtin_shuffle(sums, Words16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11,
+                                          10, 13, 12, 15, 14});
+  return sums[0];
+}
+
+// c[n] (+)= sum_k a[k] b[n][k] for `keys` rows of b (row stride ldb), each a
+// dot product of `depth` bfloat16 pairs in float32; four keys at a time, so
+// that four chains of fused multiply-adds overlap.
+inline void BFloat16Dots(const uint16_t* a, const uint16_t* b, int64_t keys,
+                         int64_t depth, int64_t ldb, bool accumulate,
+                         float* c) {
+  const int64_t whole = depth / 16 * 16;
+  auto tail = [&](const uint16_t* row) {
+    float sum = 0.0f;
+    for (int64_t k = whole; k < depth; ++k) {
+      sum += FromBFloat16(a[k]) * FromBFloat16(row[k]);
+    }
+    return sum;
+  };
+  int64_t n = 0;
+  for (; n + 4 <= keys; n += 4) {
+    const uint16_t* rows[4] = {b + n * ldb, b + (n + 1) * ldb,
+                               b + (n + 2) * ldb, b + (n + 3) * ldb};
+    Floats16 sums[4] = {};
+    for (int64_t k = 0; k < whole; k += 16) {
+      Floats16 x;
+      LoadBFloat16x16(a + k, x);
+      for (int r = 0; r < 4; ++r) {
+        Floats16 y;
+        LoadBFloat16x16(rows[r] + k, y);
+        sums[r] += x * y;
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      const float sum = SumOfLanes(sums[r]) + tail(rows[r]);
+      c[n + r] = accumulate ? c[n + r] + sum : sum;
+    }
+  }
+  for (; n < keys; ++n) {
+    const uint16_t* row = b + n * ldb;
+    Floats16 sums = {};
+    for (int64_t k = 0; k < whole; k += 16) {
+      Floats16 x, y;
+      LoadBFloat16x16(a + k, x);
+      LoadBFloat16x16(row + k, y);
+      sums += x * y;
+    }
+    const float sum = SumOfLanes(sums) + tail(row);
+    c[n] = accumulate ? c[n] + sum : sum;
+  }
+}
+
+// c[n] (+)= sum_k p[k] v[k][n] for one row of bfloat16 probabilities `p`
+// and bfloat16 rows of `v` (row stride ldv): 64 columns at a time (four
+// independent sums) over all of the keys, then 16, then one.
+inline void BFloat16RowTimes(const uint16_t* p, const uint16_t* v,
+                             int64_t keys, int64_t columns, int64_t ldv,
+                             bool accumulate, float* c) {
+  int64_t n0 = 0;
+  for (; n0 + 64 <= columns; n0 += 64) {
+    Floats16 sums[4] = {};
+    if (accumulate) std::memcpy(sums, c + n0, sizeof(sums));
+    for (int64_t k = 0; k < keys; ++k) {
+      if (p[k] == 0) continue;  // masked or vanished probabilities
+      const float weight = FromBFloat16(p[k]);
+      for (int r = 0; r < 4; ++r) {
+        Floats16 row;
+        LoadBFloat16x16(v + k * ldv + n0 + 16 * r, row);
+        sums[r] += weight * row;
+      }
+    }
+    std::memcpy(c + n0, sums, sizeof(sums));
+  }
+  for (; n0 + 16 <= columns; n0 += 16) {
+    Floats16 sums = {};
+    if (accumulate) std::memcpy(&sums, c + n0, sizeof(sums));
+    for (int64_t k = 0; k < keys; ++k) {
+      if (p[k] == 0) continue;
+      Floats16 row;
+      LoadBFloat16x16(v + k * ldv + n0, row);
+      sums += FromBFloat16(p[k]) * row;
+    }
+    std::memcpy(c + n0, &sums, sizeof(sums));
+  }
+  for (int64_t n = n0; n < columns; ++n) {
+    float sum = accumulate ? c[n] : 0.0f;
+    for (int64_t k = 0; k < keys; ++k) {
+      sum += FromBFloat16(p[k]) * FromBFloat16(v[k * ldv + n]);
+    }
+    c[n] = sum;
+  }
+}
+
 // `product` with bfloat16 operands: for one row, plain loops; for more, sgemm
 // on them widened to float32 a chunk of at most 256 along the long dimension
 // (the keys) at a time. Every product is exact in float32 (two 8-bit
@@ -110,27 +230,12 @@ bool BFloat16Product(const BlockProduct& product, const uint16_t* a,
     // One query: the widening would cost what the halved read saves, so
     // plain loops read the bfloat16 values where they lie.
     if (product.transpose_b) {  // c[n] (+)= sum_k a[k] b[n][k]
-      for (int64_t n = 0; n < product.n; ++n) {
-        const uint16_t* b_row = b + n * product.ldb;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t k = 0; k < product.k; ++k) {
-          sum += FromBFloat16(a[k]) * FromBFloat16(b_row[k]);
-        }
-        c[n] = product.accumulate ? c[n] + sum : sum;
-      }
+      BFloat16Dots(a, b, product.n, product.k, product.ldb,
+                   product.accumulate, c);
       return true;
     }
-    if (!product.accumulate) std::fill(c, c + product.n, 0.0f);
-    for (int64_t k = 0; k < product.k; ++k) {  // c[n] (+)= sum_k a[k] b[k][n]
-      const float a_k = FromBFloat16(a[k]);
-      if (a_k == 0.0f) continue;  // masked or vanished probabilities
-      const uint16_t* b_row = b + k * product.ldb;
-#pragma omp simd
-      for (int64_t n = 0; n < product.n; ++n) {
-        c[n] += a_k * FromBFloat16(b_row[n]);
-      }
-    }
+    BFloat16RowTimes(a, b, product.k, product.n, product.ldb,
+                     product.accumulate, c);  // c[n] (+)= sum_k a[k] b[k][n]
     return true;
   }
   constexpr int64_t kChunk = 256;
