@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "attn/bfloat16.h"
 #include "attn/engine.h"
 #include "attn/testing/random.h"
 #include "benchmark/benchmark.h"
@@ -231,6 +232,45 @@ void BM_NadarayaWatson(benchmark::State& state) {
   state.counters["extra_MiB"] = extra;
 }
 
+// Queries against a stored memory, as the server runs them (one batch entry,
+// one thread): Q query rows of d = 64 against N keys and values held as
+// float32, or as bfloat16 bits (a memory stored as BF16, computed in
+// bfloat16). memory_GBps: the keys' and values' bytes read per second.
+void BM_MemoryQuery(benchmark::State& state) {
+  const int64_t queries = state.range(0), n = state.range(1), d = 64;
+  const bool bfloat16 = state.range(2) != 0;
+  std::mt19937 rng(0);
+  const Tensor q = RandomNormal(rng, {1, queries, d});
+  const Tensor k = RandomNormal(rng, {1, n, d});
+  const Tensor v = RandomNormal(rng, {1, n, d});
+  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+  for (size_t i = 0; i < k_bits.size(); ++i) {
+    k_bits[i] = BFloat16Bits(k.data[i]);
+    v_bits[i] = BFloat16Bits(v.data[i]);
+  }
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  if (bfloat16) {
+    request.precision = Precision::kBFloat16;
+    request.keys.data = request.values.data = nullptr;
+    request.keys_bfloat16 = k_bits.data();
+    request.values_bfloat16 = v_bits.data();
+  }
+  EngineOptions options;
+  options.max_threads = 1;
+  static Engine* const engine = Engine::Create(options).value().release();
+  for (auto _ : state) {
+    auto result = engine->ScaledDotProductAttention(request);
+    if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
+    benchmark::DoNotOptimize(result);
+  }
+  state.counters["memory_GBps"] = benchmark::Counter(
+      2.0 * n * d * (bfloat16 ? 2 : 4) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The attention-scoring section's toy call: queries (2, 1, 2), keys
 // (2, 10, 2), values (2, 10, 4), valid lengths [2, 6], through the Engine
 // (validation and output allocation included).
@@ -270,6 +310,17 @@ BENCHMARK(BM_Attention)
     ->Args({8, 512, 64, 1, 0, 1, 0})
     ->Args({1, 4096, 64, 0, 0, 1, 0})
     ->Args({1, 4096, 64, 1, 0, 1, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// queries, memory entries, bf16
+BENCHMARK(BM_MemoryQuery)
+    ->ArgNames({"Q", "N", "bf16"})
+    ->Args({1, 4096, 0})
+    ->Args({1, 4096, 1})
+    ->Args({1, 262144, 0})
+    ->Args({1, 262144, 1})
+    ->Args({32, 262144, 0})
+    ->Args({32, 262144, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);

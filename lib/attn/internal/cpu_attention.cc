@@ -118,15 +118,19 @@ inline void LoadBFloat16x16(const uint16_t* bits, Floats16& floats) {
 
 // The sum of the sixteen lanes: halves folded onto each other, four
 // shuffles instead of fifteen dependent additions.
-inline float SumOfLanes(Floats16 sums) {
-  sums += __builtin_shuffle(sums, Words16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
-                                          2, 3, 4, 5, 6, 7});
-  sums += __builtin_shuffle(sums, Words16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14,
-                                          15, 8, 9, 10, 11});
-  sums += __builtin_shuffle(sums, Words16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8,
-                                          9, 14, 15, 12, 13});
-  sums += __builtin_shuffle(sums, Words16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11,
-                                          10, 13, 12, 15, 14});
+// (By reference: a vector argument's passing depends on the instruction
+// set.)
+inline float SumOfLanes(const Floats16& lanes) {
+  Floats16 sums = lanes;
+  // __builtin_shufflevector: GCC (12 on) and Clang alike.
+  sums += __builtin_shufflevector(sums, sums, 8, 9, 10, 11, 12, 13, 14, 15, 0,
+                                  1, 2, 3, 4, 5, 6, 7);
+  sums += __builtin_shufflevector(sums, sums, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13,
+                                  14, 15, 8, 9, 10, 11);
+  sums += __builtin_shufflevector(sums, sums, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8,
+                                  9, 14, 15, 12, 13);
+  sums += __builtin_shufflevector(sums, sums, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11,
+                                  10, 13, 12, 15, 14);
   return sums[0];
 }
 
