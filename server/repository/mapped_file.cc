@@ -90,10 +90,10 @@ class GuardedMapping : public FileBytes {
     ::munmap(address_, size_);
   }
 
-  // Called by the keeper, under its lock, on every wake-up: once the
-  // lease is being broken (F_GETLEASE then answers the lease it is being
-  // broken to, F_UNLCK), copies the file's bytes in place of the mapping
-  // and releases the lease.
+  // Called by the keeper, under its lock, each time it looks (on a lease
+  // signal, and once a second): once the lease is being broken (F_GETLEASE
+  // then answers the lease it is being broken to, F_UNLCK), copies the
+  // file's bytes in place of the mapping and releases the lease.
   void CopyIfLeaseBroken() {
     if (fd_ < 0 || ::fcntl(fd_, F_GETLEASE) == F_RDLCK) return;
     void* copy = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE,

@@ -81,10 +81,10 @@ struct Operands {
   }
 };
 
-// bfloat16 products with at most this many rows run as float32 products of
-// the operands widened (BFloat16Product): oneDNN binds a run-time-shaped
-// bfloat16 primitive per key block, microseconds that a single query's
-// block (1 x 256 x 64) does not repay.
+// bfloat16 products with at most this many rows run on BFloat16Product
+// (one row on vector loops over the bits, more widened to float32 for
+// sgemm): oneDNN binds a run-time-shaped bfloat16 primitive per key block,
+// microseconds that a single query's block (1 x 256 x 64) does not repay.
 constexpr int64_t kFewRows = 4;
 
 // Widens `rows` rows of `cols` bfloat16 values (row stride `ld`) into
@@ -104,7 +104,7 @@ void Widen(const uint16_t* from, int64_t rows, int64_t cols, int64_t ld,
 // stay in registers; written as plain loops, they went through memory at
 // every key.
 using Floats16 = float __attribute__((vector_size(64)));
-using Words16 = int32_t __attribute__((vector_size(64)));
+using Words16 = uint32_t __attribute__((vector_size(64)));
 using Halves16 = uint16_t __attribute__((vector_size(32)));
 
 // Sixteen bfloat16 values at `bits`, widened into `floats` (an out
