@@ -360,6 +360,47 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
             std::string::npos);
 }
 
+// Many keys (a stored memory's) and fewer query rows than a block: the key
+// blocks' shape is compiled once the call has enough of them (float32 from
+// 32 rows, bfloat16 from 5); within the derived bounds either way, with and
+// without valid lengths.
+TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  std::mt19937 rng(21);
+  const Tensor k = RandomNormal(rng, {1, 4608, 64});
+  const Tensor v = RandomNormal(rng, {1, 4608, 64});
+  const std::vector<int32_t> lengths = {4500};
+  for (const int64_t lq : {8, 40}) {
+    const Tensor q = RandomNormal(rng, {1, lq, 64});
+    for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+      for (bool masked : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "lq " << lq << ", " << PrecisionName(precision)
+                     << (masked ? ", masked" : ""));
+        AttentionRequest request;
+        request.queries = q.view();
+        request.keys = k.view();
+        request.values = v.view();
+        request.precision = precision;
+        if (masked) request.valid_lens = LengthsView{lengths.data(), {1}};
+        for (Threads threads : {Threads::kDefault, Threads::kAlwaysParallel}) {
+          auto result = OptimizedEngine(threads).ScaledDotProductAttention(request);
+          ASSERT_TRUE(result.ok()) << result.status();
+          request.return_weights = true;
+          auto expected = (*reference)->ScaledDotProductAttention(request);
+          ASSERT_TRUE(expected.ok());
+          EXPECT_TRUE(WithinBounds(result->output, expected->output,
+                                   AttentionBounds(request, *expected).output));
+          request.return_weights = false;
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionPrecisionTest, Float16WithinDocumentedBound) {
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());

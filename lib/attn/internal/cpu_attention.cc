@@ -348,13 +348,26 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   std::fill(s.max.begin(), s.max.begin() + rows, kNegativeInfinity);
   std::fill(s.sum.begin(), s.sum.begin() + rows, 0.0f);
 
+  // Over kCompiledKeys keys, a block shape of fewer rows than a full query
+  // block recurs enough to repay compiling it: for float32 from 32 rows
+  // (below, sgemm's call is cheaper: 8 x 262,144 keys ran 16 ms on sgemm,
+  // 19 ms compiled), for bfloat16 from kFewRows + 1 (whose alternative is a
+  // run-time-shaped primitive bound per block: 8 rows 15.5 -> 10.6 ms, 32
+  // rows 26.3 -> 20.8 ms; float32's 32 rows 37.6 -> 34.5 ms;
+  // BM_MemoryQuery).
+  constexpr int64_t kCompiledKeys = 16 * kKeyBlock;
+  const int64_t min_compiled_rows = bf16 ? kFewRows + 1 : 32;
   const int64_t block = s.key_block;
   for (int64_t j0 = 0; j0 < key_end; j0 += block) {
     const int64_t count = std::min(block, key_end - j0);
-    // Full blocks recur across tasks and calls: they get primitives
-    // compiled for their shape. (Smaller calls' blocks gained nothing
-    // measurable from them: 64 x 64 x 64 runs as fast on sgemm.)
-    const bool recurring = rows == kQueryBlock && count == kKeyBlock;
+    // Full blocks recur across tasks and calls, or within a call over many
+    // keys (a stored memory's): they get primitives compiled for their
+    // shape. (Smaller calls' blocks gained nothing measurable from them:
+    // 64 x 64 x 64 runs as fast on sgemm.)
+    const bool recurring =
+        count == kKeyBlock &&
+        (rows == kQueryBlock ||
+         (rows >= min_compiled_rows && key_end >= kCompiledKeys));
     BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
                         rows, count, p.d, p.d, p.d, block};
     if (!Product(ops, scores, recurring, q, ops.At(k, j0 * p.d),
