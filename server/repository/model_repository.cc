@@ -63,40 +63,32 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         "' differs from its folder's name"));
   }
   const std::string weights_path = folder + "weights.safetensors";
-  std::shared_ptr<const FileBytes> weights;
+  absl::StatusOr<std::shared_ptr<const FileBytes>> weights;
   if (map_weights) {
-    absl::StatusOr<std::shared_ptr<const FileBytes>> mapped =
-        fs.MapFile(weights_path, max_model_bytes);
-    if (!mapped.ok()) return failed("weights.safetensors", mapped.status());
-    weights = *std::move(mapped);
-    if (!weights->why_copied().empty() && weights->bytes().size() >= 8) {
+    weights = fs.MapFile(weights_path, max_model_bytes);
+    if (weights.ok() && !(*weights)->why_copied().empty() &&
+        !(*weights)->bytes().empty()) {
       log(absl::StrCat("'", name, "': weights.safetensors read into memory, ",
-                       weights->why_copied()));
+                       (*weights)->why_copied()));
     }
   } else {
     absl::StatusOr<std::string> bytes =
         fs.ReadFile(weights_path, max_model_bytes);
-    if (!bytes.ok()) return failed("weights.safetensors", bytes.status());
-    absl::StatusOr<std::map<std::string, attn::Tensor>> tensors =
-        ParseSafetensors(*bytes);
-    if (!tensors.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, "/weights.safetensors: ", tensors.status().message()));
-    }
-    for (auto& [tensor_name, tensor] : *tensors) {
-      model->tensors[tensor_name] = std::move(tensor);
+    if (bytes.ok()) {
+      weights = FileBytesInMemory(*std::move(bytes), "--map_model_weights is off");
+    } else {
+      weights = bytes.status();
     }
   }
-  if (weights != nullptr) {
-    model->weights_mapped = weights->why_copied().empty();
-    absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
-        ParseSafetensorsShared(std::move(weights));
-    if (!tensors.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, "/weights.safetensors: ", tensors.status().message()));
-    }
-    model->tensors = *std::move(tensors);
+  if (!weights.ok()) return failed("weights.safetensors", weights.status());
+  model->weights_mapped = (*weights)->why_copied().empty();
+  absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
+      ParseSafetensorsShared(*std::move(weights));
+  if (!tensors.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "/weights.safetensors: ", tensors.status().message()));
   }
+  model->tensors = *std::move(tensors);
   if (check) RETURN_IF_ERROR(check(name, *model));
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }

@@ -159,7 +159,8 @@ TEST(ModelRepositoryTest, LoadsTheShippedExample) {
 
 // Weights are served from the file's mapping (no copy of the process's
 // own), or read when Options::map_weights is off; both give the file's
-// values, and a model saved is served from the file written.
+// values, F32 and BF16 alike, and a model saved is served from the file
+// written.
 TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
   const std::string dir = TempDir();
   mkdir((dir + "/m").c_str(), 0755);
@@ -172,15 +173,27 @@ TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
       tensor.data[i] = 0.25f * static_cast<float>(i) - 7.0f;
     }
   }
-  Write(dir + "/m/weights.safetensors", SerializeSafetensors(tensors));
+  // And a BF16 tensor (a memory stored rounded), of an odd length.
+  auto bits = std::make_shared<std::vector<uint16_t>>(77);
+  for (size_t i = 0; i < bits->size(); ++i) {
+    (*bits)[i] = static_cast<uint16_t>(0x3f00 + i);
+  }
+  std::map<std::string, StoredTensor> file(tensors.begin(), tensors.end());
+  file["c"] = StoredTensor({7, 11}, bits->data(), bits);
+  Write(dir + "/m/weights.safetensors", SerializeSafetensors(file));
   auto expect_values = [&](const RepositoryModel& model) {
-    ASSERT_EQ(model.tensors.size(), tensors.size());
+    ASSERT_EQ(model.tensors.size(), tensors.size() + 1);
     for (const auto& [name, tensor] : tensors) {
       EXPECT_EQ(model.tensors.at(name).shape, tensor.shape) << name;
       EXPECT_THAT(model.tensors.at(name).values(),
                   ::testing::ElementsAreArray(tensor.data))
           << name;
     }
+    const StoredTensor& c = model.tensors.at("c");
+    ASSERT_TRUE(c.is_bfloat16());
+    EXPECT_EQ(c.shape, (attn::Shape{7, 11}));
+    EXPECT_THAT(std::vector<uint16_t>(c.bfloat16, c.bfloat16 + 77),
+                ::testing::ElementsAreArray(*bits));
   };
   for (const bool map : {true, false}) {
     ModelRepository::Options options;
@@ -197,7 +210,7 @@ TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
     RepositoryModel saved;
     saved.config.set_name("saved");
     saved.config.set_backend("any");
-    for (const auto& [name, tensor] : tensors) saved.tensors[name] = tensor;
+    saved.tensors = file;
     ASSERT_TRUE((*repository)->SaveModel({"test", "a model"}, "saved",
                                          std::move(saved))
                     .ok());
