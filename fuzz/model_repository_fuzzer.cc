@@ -58,16 +58,6 @@ const std::string& Repository() {
   return *dir;
 }
 
-// A stored tensor's values as bytes.
-std::string BytesOf(const attnserve::StoredTensor& tensor) {
-  const size_t count = static_cast<size_t>(tensor.num_elements());
-  return tensor.is_bfloat16()
-             ? std::string(reinterpret_cast<const char*>(tensor.bfloat16),
-                           2 * count)
-             : std::string(reinterpret_cast<const char*>(tensor.data),
-                           4 * count);
-}
-
 void CheckModel(const std::string& name, const attnserve::RepositoryModel& model,
                 const std::string& weights) {
   FUZZ_CHECK(model.config.name() == name, "model '%s' loaded as '%s'",
@@ -134,7 +124,7 @@ void CheckModel(const std::string& name, const attnserve::RepositoryModel& model
     auto it = model.tensors.find(tensor_name);
     FUZZ_CHECK(it != model.tensors.end() && it->second.shape == tensor.shape &&
                    it->second.is_bfloat16() == tensor.is_bfloat16() &&
-                   BytesOf(it->second) == BytesOf(tensor),
+                   it->second.bytes() == tensor.bytes(),
                "tensor '%s' loaded differs from the file", tensor_name.c_str());
   }
 }

@@ -50,7 +50,8 @@ class WritableFile {
 
 // A file's bytes, read-only, for as long as the object lives
 // (FileSystem::MapFile): the file's own pages, mapped under a lease
-// (server/repository/mapped_file.h), or a private copy.
+// (server/repository/mapped_file.h), or a private copy. Immutable: any
+// number of threads may read it; share it by shared_ptr.
 class FileBytes {
  public:
   virtual ~FileBytes() = default;

@@ -128,7 +128,9 @@ class GuardedMapping : public FileBytes {
   }
 
   LeaseKeeper* const keeper_;
-  int fd_;  // -1 once the lease is released
+  // -1 once the lease is released. Used by the keeper under its lock, and
+  // by the destructor only after Remove, so never by two threads at once.
+  int fd_;
   void* const address_;
   const size_t size_;
   const std::string path_;

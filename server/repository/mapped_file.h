@@ -58,7 +58,8 @@ inline constexpr int kLeaseSignalOffset = 4;
 // mapped under a lease, in words for the operator's log: the file system
 // or the permissions refused the lease, another process holds the file
 // open for writing, the file changed size, or the mapping failed. `path` is
-// only named in the keeper's log.
+// only named in the keeper's log. Blocks only for its system calls (the
+// first call also starts the keeper).
 absl::StatusOr<std::shared_ptr<const FileBytes>> MapUnderLease(
     int fd, int64_t size, const std::string& path);
 

@@ -459,18 +459,10 @@ void ModelRepository::ServeFromWrittenFile(const std::string& name,
   for (const auto& [tensor_name, tensor] : model->tensors) {
     auto it = mapped->find(tensor_name);
     if (it == mapped->end() || it->second.shape != tensor.shape ||
-        it->second.is_bfloat16() != tensor.is_bfloat16()) {
+        it->second.is_bfloat16() != tensor.is_bfloat16() ||
+        it->second.bytes() != tensor.bytes()) {
       return;
     }
-    const size_t bytes = static_cast<size_t>(tensor.num_elements()) *
-                         (tensor.is_bfloat16() ? 2 : 4);
-    const void* written = tensor.is_bfloat16()
-                              ? static_cast<const void*>(tensor.bfloat16)
-                              : static_cast<const void*>(tensor.data);
-    const void* read = it->second.is_bfloat16()
-                           ? static_cast<const void*>(it->second.bfloat16)
-                           : static_cast<const void*>(it->second.data);
-    if (std::memcmp(written, read, bytes) != 0) return;
   }
   model->tensors = *std::move(mapped);
   model->weights_mapped = true;

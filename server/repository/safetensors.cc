@@ -270,37 +270,33 @@ absl::StatusOr<std::map<std::string, StoredTensor>> ParseSafetensorsShared(
   ASSIGN_OR_RETURN(auto index, ParseSafetensorsIndex(bytes));
   std::map<std::string, StoredTensor> tensors;
   for (auto& [name, entry] : index) {
+    const size_t element_bytes = entry.bfloat16 ? 2 : 4;
+    const size_t size =
+        element_bytes * attn::TensorView{nullptr, entry.shape}.num_elements();
     const char* values = bytes.data() + entry.offset;
-    if (entry.bfloat16) {
-      if (reinterpret_cast<uintptr_t>(values) % alignof(uint16_t) != 0) {
-        const int64_t count = attn::TensorView{nullptr, entry.shape}.num_elements();
-        auto copy = std::make_shared<std::vector<uint16_t>>(count);
-        std::memcpy(copy->data(), values, sizeof(uint16_t) * count);
-        const uint16_t* bits = copy->data();
-        tensors[name] = StoredTensor(std::move(entry.shape), bits, std::move(copy));
-      } else {
-        tensors[name] =
-            StoredTensor(std::move(entry.shape),
-                         reinterpret_cast<const uint16_t*>(values), file);
-      }
-      continue;
+    std::shared_ptr<const void> owner = file;
+    if (reinterpret_cast<uintptr_t>(values) % element_bytes != 0) {
+      // The format allows any header length: views would be misaligned.
+      auto copy = std::make_shared<std::vector<float>>((size + 3) / 4);
+      std::memcpy(copy->data(), values, size);
+      values = reinterpret_cast<const char*>(copy->data());
+      owner = std::move(copy);
     }
-    if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
-      attn::Tensor copy = attn::Tensor::Uninitialized(std::move(entry.shape));
-      std::memcpy(copy.data.data(), values, sizeof(float) * copy.data.size());
-      tensors[name] = StoredTensor(std::move(copy));
-    } else {
-      tensors[name] =
-          StoredTensor(std::move(entry.shape),
-                       reinterpret_cast<const float*>(values), file);
-    }
+    tensors[name] =
+        entry.bfloat16
+            ? StoredTensor(std::move(entry.shape),
+                           reinterpret_cast<const uint16_t*>(values),
+                           std::move(owner))
+            : StoredTensor(std::move(entry.shape),
+                           reinterpret_cast<const float*>(values),
+                           std::move(owner));
   }
   return tensors;
 }
 
 namespace {
 
-// A tensor's values as bytes, and its dtype.
+// A tensor's dtype and its values' bytes.
 const char* DtypeOf(const attn::Tensor&) { return "F32"; }
 const char* DtypeOf(const StoredTensor& tensor) {
   return tensor.is_bfloat16() ? "BF16" : "F32";
@@ -309,14 +305,7 @@ absl::string_view BytesOf(const attn::Tensor& tensor) {
   return {reinterpret_cast<const char*>(tensor.data.data()),
           sizeof(float) * tensor.data.size()};
 }
-absl::string_view BytesOf(const StoredTensor& tensor) {
-  const size_t count = static_cast<size_t>(tensor.num_elements());
-  if (tensor.is_bfloat16()) {
-    return {reinterpret_cast<const char*>(tensor.bfloat16),
-            sizeof(uint16_t) * count};
-  }
-  return {reinterpret_cast<const char*>(tensor.data), sizeof(float) * count};
-}
+absl::string_view BytesOf(const StoredTensor& tensor) { return tensor.bytes(); }
 
 // F32 tensors first, then BF16 ones: after the header (8-byte aligned),
 // every value then lies on its own type's boundary, with the data left

@@ -3,7 +3,8 @@
 // rounded: safetensors' BF16), in storage the tensor shares ownership of,
 // either its own buffer or the mapping of the model's weights file
 // (server/repository/mapped_file.h), which every tensor of the file shares.
-// Copies share the values; nothing writes them once the model is made.
+// Copies share the values; nothing writes them once the model is made, so
+// a tensor may be read from any number of threads.
 #ifndef ATTNSERVE_SERVER_REPOSITORY_STORED_TENSOR_H_
 #define ATTNSERVE_SERVER_REPOSITORY_STORED_TENSOR_H_
 
@@ -11,6 +12,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "attn/tensor.h"
 
@@ -45,6 +47,15 @@ struct StoredTensor {
   int64_t num_elements() const { return view().num_elements(); }
   // The float32 values (data null for a bfloat16 tensor).
   attn::TensorView view() const { return attn::TensorView{data, shape}; }
+  // The values' bytes, as a file holds them (F32 or BF16).
+  absl::string_view bytes() const {
+    const size_t count = static_cast<size_t>(num_elements());
+    return is_bfloat16()
+               ? absl::string_view(reinterpret_cast<const char*>(bfloat16),
+                                   sizeof(uint16_t) * count)
+               : absl::string_view(reinterpret_cast<const char*>(data),
+                                   sizeof(float) * count);
+  }
   // The float32 values; empty for a bfloat16 tensor.
   absl::Span<const float> values() const {
     if (data == nullptr) return {};

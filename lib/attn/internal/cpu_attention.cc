@@ -64,7 +64,7 @@ struct Operands {
   // bfloat16 products widened a block at a time whatever their shape: keys
   // and values held as bfloat16 on a CPU without bfloat16 products, which
   // would otherwise need the whole memory widened for every call.
-  bool own_loops = false;
+  bool own_products = false;
 
   int64_t ElementBytes() const {
     return type == BlockOperands::kBFloat16 ? 2 : 4;
@@ -280,11 +280,11 @@ bool BFloat16Product(const BlockProduct& product, const uint16_t* a,
 }
 
 // One block product of the attention kernel: widened to float32 for
-// bfloat16 operands with few rows (or Operands::own_loops), else oneDNN's.
+// bfloat16 operands with few rows (or Operands::own_products), else oneDNN's.
 bool Product(const Operands& ops, const BlockProduct& product, bool recurring,
              const void* a, const void* b, float* c) {
   if (product.operands == BlockOperands::kBFloat16 &&
-      (ops.own_loops || product.m <= kFewRows)) {
+      (ops.own_products || product.m <= kFewRows)) {
     return BFloat16Product(product, static_cast<const uint16_t*>(a),
                            static_cast<const uint16_t*>(b), c);
   }
@@ -572,7 +572,7 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
                           p.v_bfloat16}
                : Operands{BlockOperands::kBFloat16, rounded.q, rounded.k,
                           rounded.v};
-    ops.own_loops = bfloat16 != BFloat16Mode::kNative;
+    ops.own_products = bfloat16 != BFloat16Mode::kNative;
   } else if (bfloat16 == BFloat16Mode::kEmulated) {
     emulated.Round(p, threads);
     ops = Operands{BlockOperands::kFloat32, emulated.q, emulated.k, emulated.v};
