@@ -401,6 +401,108 @@ TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
   }
 }
 
+// Float32 calls of 2-64 query rows over many keys (a stored memory's batched
+// queries) run with the rows as vector lanes (internal/lane_attention.h).
+// Against the reference within the derived bounds: row counts on either side
+// of each vector width and register tile (and 65, and 130 = a full query
+// block plus two rows, which take other paths), key counts off the key
+// block, value widths whole and not whole vectors, query depths odd and
+// even, valid lengths per batch entry and per query (zero, within the first
+// block, mid-block, all), both scores, two batch entries.
+TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  struct Shape {
+    int64_t d, dv, lk;
+  };
+  for (const Shape shape : {Shape{64, 64, 4096 + 37}, Shape{13, 48, 4352},
+                            Shape{64, 16, 4096}, Shape{7, 80, 4133}}) {
+    std::mt19937 rng(shape.d * 1000 + shape.dv);
+    const Tensor k = RandomNormal(rng, {2, shape.lk, shape.d});
+    const Tensor v = RandomNormal(rng, {2, shape.lk, shape.dv});
+    for (const int64_t lq : {2, 9, 17, 33, 64, 130}) {
+      if (lq == 130 && shape.lk != 4096 + 37) continue;  // once is enough
+      const Tensor q = RandomNormal(rng, {2, lq, shape.d});
+      std::vector<int32_t> per_query(2 * lq);
+      const int32_t lk = static_cast<int32_t>(shape.lk);
+      const std::vector<int32_t> picks = {lk, 0, 100, lk - 1, 2500,
+                                          std::min(4100, lk), 1};
+      for (size_t i = 0; i < per_query.size(); ++i) {
+        per_query[i] = picks[i % picks.size()];
+      }
+      const std::vector<int32_t> per_batch = {lk - 300, lk};
+      for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
+        for (int masks = 0; masks < 3; ++masks) {
+          SCOPED_TRACE(::testing::Message()
+                       << "d " << shape.d << ", dv " << shape.dv << ", lk "
+                       << shape.lk << ", lq " << lq
+                       << (score == ScoreKind::kGaussian ? ", gaussian" : "")
+                       << ", masks " << masks);
+          AttentionRequest request;
+          request.queries = q.view();
+          request.keys = k.view();
+          request.values = v.view();
+          request.score = score;
+          if (masks == 1) request.valid_lens = ViewOf(per_batch, {2});
+          if (masks == 2) request.valid_lens = ViewOf(per_query, {2, lq});
+          request.return_weights = true;
+          auto expected = (*reference)->ScaledDotProductAttention(request);
+          ASSERT_TRUE(expected.ok());
+          const auto bounds = AttentionBounds(request, *expected).output;
+          request.return_weights = false;
+          for (Threads threads :
+               {Threads::kDefault, Threads::kAlwaysParallel}) {
+            auto result =
+                OptimizedEngine(threads).ScaledDotProductAttention(request);
+            ASSERT_TRUE(result.ok()) << result.status();
+            ASSERT_TRUE(WithinBounds(result->output, expected->output, bounds));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scores past float range over many keys, in lanes: q = 1e19 and two keys
+// of 1e19 and 0.9e19 give scores of 6.4e39 and 5.8e39, which overflow in
+// float32. The engine must not return the NaN this makes; in double the
+// softmax is exactly one-hot on the first of the two. A third row sees only
+// zero keys (valid length 500) and gets their values' plain mean.
+TEST(AttentionOverflowTest, ManyKeysAsLanesGiveTheReferenceResult) {
+  constexpr int64_t kD = 64, kKeys = 4096, kDv = 16;
+  Tensor q = Tensor::Zeros({1, 3, kD});
+  Tensor k = Tensor::Zeros({1, kKeys, kD});
+  for (float& value : q.data) value = 1e19f;
+  for (int64_t i = 0; i < kD; ++i) {
+    k.data[1000 * kD + i] = 1e19f;
+    k.data[3000 * kD + i] = 0.9e19f;
+  }
+  std::mt19937 rng(4);
+  const Tensor v = RandomNormal(rng, {1, kKeys, kDv});
+  const std::vector<int32_t> lengths = {kKeys, 2000, 500};
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.valid_lens = ViewOf(lengths, {1, 3});
+  auto result =
+      OptimizedEngine(Threads::kDefault).ScaledDotProductAttention(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (int64_t row = 0; row < 2; ++row) {
+    for (int64_t c = 0; c < kDv; ++c) {
+      EXPECT_EQ(result->output.data[row * kDv + c], v.data[1000 * kDv + c])
+          << "row " << row << " column " << c;
+    }
+  }
+  for (int64_t c = 0; c < kDv; ++c) {
+    double mean = 0.0;
+    for (int64_t j = 0; j < 500; ++j) mean += v.data[j * kDv + c];
+    EXPECT_NEAR(result->output.data[2 * kDv + c], mean / 500, 1e-5);
+  }
+}
+
 TEST(AttentionPrecisionTest, Float16WithinDocumentedBound) {
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());

@@ -17,6 +17,7 @@
 
 ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
+#include "attn/internal/lane_attention.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 namespace {
@@ -31,6 +32,9 @@ constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 // masks skip at a coarser grain, ~equal).
 constexpr int64_t kQueryBlock = 128;
 constexpr int64_t kKeyBlock = 256;
+// Keys from which a call counts as over many keys (a stored memory's): the
+// lane kernel and compiled block shapes for fewer rows than a query block.
+constexpr int64_t kCompiledKeys = 16 * kKeyBlock;
 
 // Row-major C = alpha * A * op(B) + beta * C on one thread (inside an OpenMP
 // region oneDNN's sgemm runs sequentially; outside one, callers have set the
@@ -325,6 +329,7 @@ struct Scratch {
   std::vector<float> sum;      // kQueryBlock
   std::vector<float> norms;    // key_block
   std::vector<int64_t> limit;  // kQueryBlock
+  LaneScratch lanes;
 };
 
 // One (batch, head, query block) task of the online-softmax kernel. Scores
@@ -344,6 +349,27 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
     s.limit[r] = p.KeyLimit(b, q0 + r);
     key_end = std::max(key_end, s.limit[r]);
   }
+  // Float32 products of a few rows over many keys (a stored memory's
+  // batched queries): the lane kernel reads each key block once, in place,
+  // under the arithmetic.
+  if (ops.type == BlockOperands::kFloat32 &&
+      LaneAttentionTakes(rows, key_end, p.dv, kCompiledKeys)) {
+    LanePass pass;
+    pass.q = static_cast<const float*>(q);
+    pass.k = static_cast<const float*>(k);
+    pass.v = static_cast<const float*>(v);
+    pass.out = out;
+    pass.rows = rows;
+    pass.d = p.d;
+    pass.dv = p.dv;
+    pass.key_end = key_end;
+    pass.limits = s.limit.data();
+    pass.scale = p.scale;
+    pass.gaussian = p.score == ScoreKind::kGaussian;
+    pass.key_block = kKeyBlock;
+    LaneAttention(pass, s.lanes);
+    return true;
+  }
   std::fill(s.acc.begin(), s.acc.begin() + rows * p.dv, 0.0f);
   std::fill(s.max.begin(), s.max.begin() + rows, kNegativeInfinity);
   std::fill(s.sum.begin(), s.sum.begin() + rows, 0.0f);
@@ -355,7 +381,6 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   // run-time-shaped primitive bound per block: 8 rows 15.5 -> 10.6 ms, 32
   // rows 26.3 -> 20.8 ms; float32's 32 rows 37.6 -> 34.5 ms;
   // BM_MemoryQuery).
-  constexpr int64_t kCompiledKeys = 16 * kKeyBlock;
   const int64_t min_compiled_rows = bf16 ? kFewRows + 1 : 32;
   const int64_t block = s.key_block;
   for (int64_t j0 = 0; j0 < key_end; j0 += block) {

@@ -13,28 +13,32 @@
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
 // exp(clamped) for clamped in [-87, 88] or NaN: Cephes' polynomial after a
-// ln2 range reduction, to about 2 ulp.
-inline float ExpInRange(float clamped) {
+// ln2 range reduction, to about 2 ulp. F is float, or a GCC vector of floats
+// with U the vector of uint32_t of its size (the lane kernels').
+template <typename F, typename U = uint32_t>
+inline F ExpInRangeOf(F clamped) {
   // Round clamped / ln2 to the nearest integer with the 1.5 * 2^23 trick.
   const float kShift = 12582912.0f;
-  const float shifted = clamped * 1.44269504088896341f + kShift;
-  const float n = shifted - kShift;
+  const F shifted = clamped * 1.44269504088896341f + kShift;
+  const F n = shifted - kShift;
   // The low mantissa bits of `shifted` hold n as an integer. Unsigned
   // arithmetic: for a NaN input the bits are garbage, and a signed shift of
   // them below would be undefined behaviour (the result is NaN anyway, from
   // p); for every other input n + 127 is in [1, 254].
-  const uint32_t exponent = __builtin_bit_cast(uint32_t, shifted) -
-                            __builtin_bit_cast(uint32_t, kShift);
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+  const U exponent = __builtin_bit_cast(U, shifted) -
+                     __builtin_bit_cast(uint32_t, kShift);
+  const F r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  F p = F{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, (exponent + 127u) << 23);
+  return p * __builtin_bit_cast(F, (exponent + 127u) << 23);
 }
+
+inline float ExpInRange(float clamped) { return ExpInRangeOf(clamped); }
 
 // exp(x) to about 2 ulp on [-87, 88]; exactly 0 below -87, so exp(-inf) == 0
 // and a masked score contributes nothing; clamped at exp(88) above.
