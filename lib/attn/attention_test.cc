@@ -254,6 +254,18 @@ TEST(AttentionPrecisionTest, BFloat16WithinDocumentedBound) {
   }
 }
 
+
+// Whether the optimized engine multiplies bfloat16 in hardware here.
+bool NativeBFloat16() {
+  for (const std::string& description :
+       OptimizedEngine(Threads::kDefault).backend_descriptions()) {
+    if (description.find("bf16 attention: native") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Keys and values held as bfloat16 bits (a memory stored rounded), against
 // the reference within the derived bounds, on the optimized engine with
 // 37 query rows (oneDNN's bfloat16 products), 3 (widened to float32 a
@@ -267,11 +279,7 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
   reference_options.use_onednn = false;
   auto reference = Engine::Create(reference_options);
   ASSERT_TRUE(reference.ok());
-  bool native = false;
-  for (const std::string& description :
-       OptimizedEngine(Threads::kDefault).backend_descriptions()) {
-    native |= description.find("bf16 attention: native") != std::string::npos;
-  }
+  const bool native = NativeBFloat16();
   std::mt19937 rng(11);
   Tensor k = RandomNormal(rng, {2, 300, 64});
   Tensor v = RandomNormal(rng, {2, 300, 48});
@@ -401,27 +409,33 @@ TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
   }
 }
 
-// Float32 calls of 2-64 query rows over many keys (a stored memory's batched
-// queries) run with the rows as vector lanes (internal/lane_attention.h).
-// Against the reference within the derived bounds: row counts on either side
-// of each vector width and register tile (and 65, and 130 = a full query
-// block plus two rows, which take other paths), key counts off the key
-// block, value widths whole and not whole vectors, query depths odd and
-// even, valid lengths per batch entry and per query (zero, within the first
-// block, mid-block, all), both scores, two batch entries.
+// Calls of 2-64 query rows over many keys (a stored memory's batched
+// queries) run with the rows as vector lanes (internal/lane_attention.h):
+// float32, and bfloat16 where the CPU multiplies it (floats rounded per call,
+// and keys and values held as bits, which must give the same values).
+// Against the reference within the derived bounds: row counts on either
+// side of each vector width and register tile (and 130 = a full query block
+// plus two rows, which take other paths), key counts off the key block,
+// value widths whole and not whole vectors, query depths odd and even, valid
+// lengths per batch entry and per query (zero, within the first block,
+// mid-block, all), both scores, two batch entries.
 TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
   EngineOptions reference_options;
   reference_options.use_onednn = false;
   auto reference = Engine::Create(reference_options);
   ASSERT_TRUE(reference.ok());
+  const bool native = NativeBFloat16();
   struct Shape {
     int64_t d, dv, lk;
   };
   for (const Shape shape : {Shape{64, 64, 4096 + 37}, Shape{13, 48, 4352},
-                            Shape{64, 16, 4096}, Shape{7, 80, 4133}}) {
+                            Shape{64, 16, 4096}, Shape{6, 80, 4133}}) {
     std::mt19937 rng(shape.d * 1000 + shape.dv);
     const Tensor k = RandomNormal(rng, {2, shape.lk, shape.d});
     const Tensor v = RandomNormal(rng, {2, shape.lk, shape.dv});
+    std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+    for (size_t i = 0; i < k_bits.size(); ++i) k_bits[i] = BFloat16Bits(k.data[i]);
+    for (size_t i = 0; i < v_bits.size(); ++i) v_bits[i] = BFloat16Bits(v.data[i]);
     for (const int64_t lq : {2, 9, 17, 33, 64, 130}) {
       if (lq == 130 && shape.lk != 4096 + 37) continue;  // once is enough
       const Tensor q = RandomNormal(rng, {2, lq, shape.d});
@@ -433,31 +447,53 @@ TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
         per_query[i] = picks[i % picks.size()];
       }
       const std::vector<int32_t> per_batch = {lk - 300, lk};
-      for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
-        for (int masks = 0; masks < 3; ++masks) {
-          SCOPED_TRACE(::testing::Message()
-                       << "d " << shape.d << ", dv " << shape.dv << ", lk "
-                       << shape.lk << ", lq " << lq
-                       << (score == ScoreKind::kGaussian ? ", gaussian" : "")
-                       << ", masks " << masks);
-          AttentionRequest request;
-          request.queries = q.view();
-          request.keys = k.view();
-          request.values = v.view();
-          request.score = score;
-          if (masks == 1) request.valid_lens = ViewOf(per_batch, {2});
-          if (masks == 2) request.valid_lens = ViewOf(per_query, {2, lq});
-          request.return_weights = true;
-          auto expected = (*reference)->ScaledDotProductAttention(request);
-          ASSERT_TRUE(expected.ok());
-          const auto bounds = AttentionBounds(request, *expected).output;
-          request.return_weights = false;
-          for (Threads threads :
-               {Threads::kDefault, Threads::kAlwaysParallel}) {
-            auto result =
-                OptimizedEngine(threads).ScaledDotProductAttention(request);
-            ASSERT_TRUE(result.ok()) << result.status();
-            ASSERT_TRUE(WithinBounds(result->output, expected->output, bounds));
+      for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+        for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
+          for (int masks = 0; masks < 3; ++masks) {
+            // The Gaussian score with per-query lengths only, and bfloat16
+            // without the per-batch lengths: the time goes to the reference.
+            if (score == ScoreKind::kGaussian && masks != 2) continue;
+            if (precision == Precision::kBFloat16 && masks == 1) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << "d " << shape.d << ", dv " << shape.dv << ", lk "
+                         << shape.lk << ", lq " << lq << ", "
+                         << PrecisionName(precision)
+                         << (score == ScoreKind::kGaussian ? ", gaussian" : "")
+                         << ", masks " << masks);
+            AttentionRequest request;
+            request.queries = q.view();
+            request.keys = k.view();
+            request.values = v.view();
+            request.score = score;
+            request.precision = precision;
+            if (masks == 1) request.valid_lens = ViewOf(per_batch, {2});
+            if (masks == 2) request.valid_lens = ViewOf(per_query, {2, lq});
+            request.return_weights = true;
+            auto expected = (*reference)->ScaledDotProductAttention(request);
+            ASSERT_TRUE(expected.ok());
+            const auto bounds = AttentionBounds(request, *expected).output;
+            request.return_weights = false;
+            AttentionRequest held = request;
+            held.keys.data = held.values.data = nullptr;
+            held.keys_bfloat16 = k_bits.data();
+            held.values_bfloat16 = v_bits.data();
+            for (Threads threads :
+                 {Threads::kDefault, Threads::kAlwaysParallel}) {
+              auto result =
+                  OptimizedEngine(threads).ScaledDotProductAttention(request);
+              ASSERT_TRUE(result.ok()) << result.status();
+              ASSERT_TRUE(
+                  WithinBounds(result->output, expected->output, bounds));
+              if (precision != Precision::kBFloat16) continue;
+              auto from_held =
+                  OptimizedEngine(threads).ScaledDotProductAttention(held);
+              ASSERT_TRUE(from_held.ok()) << from_held.status();
+              if (native) {
+                ASSERT_EQ(from_held->output.data, result->output.data);
+              }
+              ASSERT_TRUE(
+                  WithinBounds(from_held->output, expected->output, bounds));
+            }
           }
         }
       }

@@ -251,4 +251,10 @@ bool HasNativeBFloat16Products() {
   return (isa & bf16) == bf16;
 }
 
+bool HasAmxProducts() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (isa & amx) == amx;
+}
+
 }  // namespace attn::internal

@@ -51,6 +51,9 @@ bool RunBlockProduct(const BlockProduct& product, bool recurring,
 // operands and multiply in float32 instead.
 bool HasNativeBFloat16Products();
 
+// Whether oneDNN's bfloat16 products run on AMX tiles here (after the cap).
+bool HasAmxProducts();
+
 }  // namespace attn::internal
 
 #endif  // ATTN_INTERNAL_BLOCK_MATMUL_H_

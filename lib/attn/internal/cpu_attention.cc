@@ -10,6 +10,9 @@
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu_kernels_impl.h"
@@ -69,6 +72,10 @@ struct Operands {
   // and values held as bfloat16 on a CPU without bfloat16 products, which
   // would otherwise need the whole memory widened for every call.
   bool own_products = false;
+  // bfloat16 products that the lane kernel may run (lane_attention.h): the
+  // CPU multiplies bfloat16 in hardware, not on AMX tiles, where oneDNN's
+  // products are not measured against it.
+  bool lane_bfloat16 = false;
 
   int64_t ElementBytes() const {
     return type == BlockOperands::kBFloat16 ? 2 : 4;
@@ -349,15 +356,15 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
     s.limit[r] = p.KeyLimit(b, q0 + r);
     key_end = std::max(key_end, s.limit[r]);
   }
-  // Float32 products of a few rows over many keys (a stored memory's
-  // batched queries): the lane kernel reads each key block once, in place,
-  // under the arithmetic.
-  if (ops.type == BlockOperands::kFloat32 &&
-      LaneAttentionTakes(rows, key_end, p.dv, kCompiledKeys)) {
+  // A few rows over many keys (a stored memory's batched queries): the lane
+  // kernel reads each key block once, in place, under the arithmetic.
+  if ((!bf16 || ops.lane_bfloat16) &&
+      LaneAttentionTakes(rows, key_end, p.d, p.dv, bf16, kCompiledKeys)) {
     LanePass pass;
-    pass.q = static_cast<const float*>(q);
-    pass.k = static_cast<const float*>(k);
-    pass.v = static_cast<const float*>(v);
+    pass.q = q;
+    pass.k = k;
+    pass.v = v;
+    pass.bfloat16 = bf16;
     pass.out = out;
     pass.rows = rows;
     pass.d = p.d;
@@ -598,6 +605,8 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
                : Operands{BlockOperands::kBFloat16, rounded.q, rounded.k,
                           rounded.v};
     ops.own_products = bfloat16 != BFloat16Mode::kNative;
+    static const bool amx = HasAmxProducts();
+    ops.lane_bfloat16 = !ops.own_products && !amx;
   } else if (bfloat16 == BFloat16Mode::kEmulated) {
     emulated.Round(p, threads);
     ops = Operands{BlockOperands::kFloat32, emulated.q, emulated.k, emulated.v};

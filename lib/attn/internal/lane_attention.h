@@ -52,11 +52,13 @@ inline constexpr int64_t kMaxLaneRows = 64;
 
 // What one task's pass reads and writes. Pointers are the task's own: q is
 // `rows` rows of d, k and v are the whole key and value rows of its batch
-// entry (row strides d and dv), out is `rows` rows of dv.
+// entry (row strides d and dv), all float32, or all bfloat16 bits where
+// `bfloat16`; out is `rows` rows of dv.
 struct LanePass {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  bool bfloat16 = false;
   float* out = nullptr;
   int64_t rows = 0;
   int64_t d = 0;
@@ -71,6 +73,10 @@ struct LanePass {
 // Per-thread buffers of a lane pass, grown on demand and kept.
 struct LaneScratch {
   std::vector<float> packed_queries;  // [group][c][lane]
+  // bfloat16 products: pairs of bfloat16 along the summed dimension.
+  std::vector<uint32_t> query_pairs;        // [group][c / 2][lane]
+  std::vector<uint32_t> probability_pairs;  // [key / 2][group][lane]
+  std::vector<uint32_t> value_pairs;        // [key / 2][dv]
   std::vector<float> scores;          // [key][group][lane]: probabilities
   std::vector<float> acc;             // [row][dv]
   std::vector<float> norms;           // [key]: half the squared key norm
@@ -130,8 +136,8 @@ inline Floats<L> ExpOfNonPositive(const Floats<L>& x) {
 class Prefetch {
  public:
   Prefetch() = default;
-  Prefetch(const float* from, int64_t floats)
-      : at_(reinterpret_cast<const char*>(from)), end_(at_ + 4 * floats) {}
+  Prefetch(const void* from, int64_t bytes)
+      : at_(static_cast<const char*>(from)), end_(at_ + bytes) {}
   void Lines(int64_t lines) {
     for (; lines > 0 && at_ < end_; --lines, at_ += 64) {
       __builtin_prefetch(at_, /*rw=*/0, /*locality=*/2);
@@ -263,30 +269,77 @@ void PoolTileOf(int64_t rows, int64_t vectors, const float* p, int64_t lanes,
   PoolTile<R, C>(p, lanes, r0, v, dv, count, acc, c0, next);
 }
 
+// The float32 products of a pass on L lanes.
 template <int L>
+struct FloatProducts {
+  static constexpr int kLanes = L;
+
+  static float Key(const LanePass& pass, int64_t index) {
+    return static_cast<const float*>(pass.k)[index];
+  }
+
+  // Queries packed lane-wise; padding lanes are zero queries, whose finite
+  // scores and sums are never read back.
+  static void PackQueries(const LanePass& pass, int64_t groups,
+                          LaneScratch& s) {
+    const float* q = static_cast<const float*>(pass.q);
+    const int64_t d = pass.d;
+    s.packed_queries.assign(groups * d * L, 0.0f);
+    for (int64_t r = 0; r < pass.rows; ++r) {
+      for (int64_t c = 0; c < d; ++c) {
+        s.packed_queries[((r / L) * d + c) * L + r % L] = q[r * d + c];
+      }
+    }
+  }
+
+  // s.scores[j][lane] for keys [j0, j0 + count).
+  static void Scores(const LanePass& pass, LaneScratch& s, int64_t j0,
+                     int64_t count, int64_t groups, Prefetch& next_keys) {
+    const float* k = static_cast<const float*>(pass.k) + j0 * pass.d;
+    for (int64_t g0 = 0; g0 < groups; g0 += kMaxScoreGroups) {
+      Prefetch none;
+      ScoreGroups<L, kMaxScoreGroups>(
+          std::min<int64_t>(kMaxScoreGroups, groups - g0),
+          s.packed_queries.data(), groups, g0, k, pass.d, count,
+          s.scores.data(), g0 == 0 ? next_keys : none);
+    }
+  }
+
+  // s.acc += the probabilities in s.scores times values [j0, j0 + count).
+  static void Pool(const LanePass& pass, LaneScratch& s, int64_t j0,
+                   int64_t count, int64_t lanes, Prefetch& next_values) {
+    const float* v = static_cast<const float*>(pass.v) + j0 * pass.dv;
+    constexpr int64_t kWidth = kLaneWidth;
+    for (int64_t c0 = 0; c0 < pass.dv; c0 += kPoolVectors * kWidth) {
+      const int64_t vectors =
+          std::min<int64_t>(kPoolVectors, (pass.dv - c0) / kWidth);
+      for (int64_t r0 = 0; r0 < pass.rows; r0 += kPoolRows) {
+        Prefetch none;
+        PoolTileOf<kPoolRows, kPoolVectors>(
+            std::min<int64_t>(kPoolRows, pass.rows - r0), vectors,
+            s.scores.data(), lanes, r0, v, pass.dv, count, s.acc.data(), c0,
+            c0 == 0 && r0 == 0 ? next_values : none);
+      }
+    }
+  }
+};
+
+template <typename Products>
 void Pass(const LanePass& pass, LaneScratch& s) {
+  constexpr int L = Products::kLanes;
   using V = Floats<L>;
   constexpr int kMaxGroups = kMaxLaneRows / L;
   const int64_t groups = (pass.rows + L - 1) / L;
   const int64_t lanes = groups * L;
   const int64_t d = pass.d, dv = pass.dv, block = pass.key_block;
+  const int64_t element_bytes = pass.bfloat16 ? 2 : 4;
 
-  // Queries packed lane-wise; padding lanes are zero queries whose finite
-  // scores and sums are never read back.
-  s.packed_queries.assign(groups * d * L, 0.0f);
-  for (int64_t r = 0; r < pass.rows; ++r) {
-    for (int64_t c = 0; c < d; ++c) {
-      s.packed_queries[((r / L) * d + c) * L + r % L] = pass.q[r * d + c];
-    }
-  }
+  Products::PackQueries(pass, groups, s);
   if (static_cast<int64_t>(s.scores.size()) < block * lanes) {
     s.scores.resize(block * lanes);
   }
   s.acc.assign(pass.rows * dv, 0.0f);
   s.corrections.resize(lanes);
-  if (pass.gaussian && static_cast<int64_t>(s.norms.size()) < block) {
-    s.norms.resize(block);
-  }
   // Padding lanes never mask; real rows' limits as lane vectors.
   Ints<L> limit[kMaxGroups];
   int64_t min_limit = pass.key_end;
@@ -310,27 +363,26 @@ void Pass(const LanePass& pass, LaneScratch& s) {
   float* scores = s.scores.data();
   for (int64_t j0 = 0; j0 < pass.key_end; j0 += block) {
     const int64_t count = std::min(block, pass.key_end - j0);
-    const float* k = pass.k + j0 * d;
-    const float* v = pass.v + j0 * dv;
     const int64_t next_count = std::clamp<int64_t>(pass.key_end - j0 - block,
                                                    0, block);
     Prefetch next_keys, next_values;
     if (next_count > 0) {
-      next_keys = Prefetch(k + block * d, next_count * d);
-      next_values = Prefetch(v + block * dv, next_count * dv);
+      next_keys = Prefetch(
+          static_cast<const char*>(pass.k) + (j0 + block) * d * element_bytes,
+          next_count * d * element_bytes);
+      next_values = Prefetch(
+          static_cast<const char*>(pass.v) + (j0 + block) * dv * element_bytes,
+          next_count * dv * element_bytes);
     }
 
-    for (int64_t g0 = 0; g0 < groups; g0 += kMaxScoreGroups) {
-      Prefetch none;
-      ScoreGroups<L, kMaxScoreGroups>(
-          std::min<int64_t>(kMaxScoreGroups, groups - g0),
-          s.packed_queries.data(), groups, g0, k, d, count, scores,
-          g0 == 0 ? next_keys : none);
-    }
+    Products::Scores(pass, s, j0, count, groups, next_keys);
     if (pass.gaussian) {
       for (int64_t j = 0; j < count; ++j) {
         float norm = 0.0f;
-        for (int64_t c = 0; c < d; ++c) norm += k[j * d + c] * k[j * d + c];
+        for (int64_t c = 0; c < d; ++c) {
+          const float x = Products::Key(pass, (j0 + j) * d + c);
+          norm += x * x;
+        }
         const V half = V{} + 0.5f * norm;
         for (int64_t g = 0; g < groups; ++g) {
           float* at = scores + j * lanes + g * L;
@@ -378,19 +430,7 @@ void Pass(const LanePass& pass, LaneScratch& s) {
       float* row = s.acc.data() + r * dv;
       for (int64_t c = 0; c < dv; ++c) row[c] *= correction;
     }
-
-    constexpr int64_t kWidth = kLaneWidth > 0 ? kLaneWidth : 1;
-    for (int64_t c0 = 0; c0 < dv; c0 += kPoolVectors * kWidth) {
-      const int64_t vectors =
-          std::min<int64_t>(kPoolVectors, (dv - c0) / kWidth);
-      for (int64_t r0 = 0; r0 < pass.rows; r0 += kPoolRows) {
-        Prefetch none;
-        PoolTileOf<kPoolRows, kPoolVectors>(
-            std::min<int64_t>(kPoolRows, pass.rows - r0), vectors, scores,
-            lanes, r0, v, dv, count, s.acc.data(), c0,
-            c0 == 0 && r0 == 0 ? next_values : none);
-      }
-    }
+    Products::Pool(pass, s, j0, count, lanes, next_values);
   }
   for (int64_t g = 0; g < groups; ++g) {
     Store<L>(s.corrections.data() + g * L, sum[g]);
@@ -404,32 +444,288 @@ void Pass(const LanePass& pass, LaneScratch& s) {
   }
 }
 
+#if defined(ATTN_ISA_AVX512)
+// bfloat16 products on AVX512-BF16 (VDPBF16PS: the dot product of pairs of
+// bfloat16 into float32 lanes), for operands held or rounded as bfloat16
+// bits: pairs along the summed dimension, d for the scores (a key's pair is
+// one 32-bit word, broadcast as it lies) and the keys for the weighted sum
+// (two value rows interleaved once per block, two keys' probabilities per
+// lane word). Probabilities are rounded to bfloat16 as the blocked kernel
+// rounds them; sums are float32. Only these functions are compiled for the
+// extension: the pass calls them per block, and nothing else in the copy may
+// use it (AVX-512 CPUs without it exist).
+#define ATTN_LANES_BF16 __attribute__((target("avx512bf16")))
+
+inline __m512bh AsPairs(__m512i words) { return (__m512bh)words; }
+
+template <int G>
+ATTN_LANES_BF16 void PairScoreTile(const uint32_t* qp, int64_t groups,
+                                   int64_t g0, const uint16_t* k, int64_t d,
+                                   int64_t count, float* scores,
+                                   Prefetch& next) {
+  constexpr int T = ScoreKeys(G);
+  const int64_t pairs = d / 2, stride = groups * 16;
+  const int64_t lines_per_tile = (T * d * 2 + 63) / 64;
+  auto key_pair = [&](int64_t j, int64_t c2) {
+    uint32_t word;
+    __builtin_memcpy(&word, k + j * d + 2 * c2, sizeof word);
+    return _mm512_set1_epi32(static_cast<int>(word));
+  };
+  int64_t j = 0;
+  for (; j + T <= count; j += T) {
+    next.Lines(lines_per_tile);
+    __m512 acc[T][G];
+    for (int t = 0; t < T; ++t) {
+      for (int g = 0; g < G; ++g) acc[t][g] = _mm512_setzero_ps();
+    }
+    for (int64_t c2 = 0; c2 < pairs; ++c2) {
+      __m512i q[G];
+      for (int g = 0; g < G; ++g) {
+        q[g] = _mm512_loadu_si512(qp + ((g0 + g) * pairs + c2) * 16);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i key = key_pair(j + t, c2);
+        for (int g = 0; g < G; ++g) {
+          acc[t][g] = _mm512_dpbf16_ps(acc[t][g], AsPairs(q[g]), AsPairs(key));
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int g = 0; g < G; ++g) {
+        _mm512_storeu_ps(scores + (j + t) * stride + (g0 + g) * 16, acc[t][g]);
+      }
+    }
+  }
+  for (; j < count; ++j) {
+    __m512 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t c2 = 0; c2 < pairs; ++c2) {
+      const __m512i key = key_pair(j, c2);
+      for (int g = 0; g < G; ++g) {
+        const __m512i q =
+            _mm512_loadu_si512(qp + ((g0 + g) * pairs + c2) * 16);
+        acc[g] = _mm512_dpbf16_ps(acc[g], AsPairs(q), AsPairs(key));
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      _mm512_storeu_ps(scores + j * stride + (g0 + g) * 16, acc[g]);
+    }
+  }
+}
+
+template <int G>
+ATTN_LANES_BF16 void PairScoreGroups(int64_t n, const uint32_t* qp,
+                                     int64_t groups, int64_t g0,
+                                     const uint16_t* k, int64_t d,
+                                     int64_t count, float* scores,
+                                     Prefetch& next) {
+  if constexpr (G > 1) {
+    if (n < G) {
+      return PairScoreGroups<G - 1>(n, qp, groups, g0, k, d, count, scores,
+                                    next);
+    }
+  }
+  PairScoreTile<G>(qp, groups, g0, k, d, count, scores, next);
+}
+
+// acc[r][c0 + ...] += sum over key pairs of pp[pair][r] . vp[pair][c0 + ...]
+// for rows [r0, r0 + R) and C vectors of 16 columns.
+template <int R, int C>
+ATTN_LANES_BF16 void PairPoolTile(const uint32_t* pp, int64_t lanes,
+                                  int64_t r0, const uint32_t* vp, int64_t dv,
+                                  int64_t pairs, float* acc, int64_t c0) {
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      a[r][c] = _mm512_loadu_ps(acc + (r0 + r) * dv + c0 + c * 16);
+    }
+  }
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    __m512i values[C];
+    for (int c = 0; c < C; ++c) {
+      values[c] = _mm512_loadu_si512(vp + jp * dv + c0 + c * 16);
+    }
+    const uint32_t* weights = pp + jp * lanes + r0;
+    for (int r = 0; r < R; ++r) {
+      const __m512i weight = _mm512_set1_epi32(static_cast<int>(weights[r]));
+      for (int c = 0; c < C; ++c) {
+        a[r][c] = _mm512_dpbf16_ps(a[r][c], AsPairs(weight), AsPairs(values[c]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      _mm512_storeu_ps(acc + (r0 + r) * dv + c0 + c * 16, a[r][c]);
+    }
+  }
+}
+
+template <int R, int C>
+ATTN_LANES_BF16 void PairPoolTileOf(int64_t rows, int64_t vectors,
+                                    const uint32_t* pp, int64_t lanes,
+                                    int64_t r0, const uint32_t* vp,
+                                    int64_t dv, int64_t pairs, float* acc,
+                                    int64_t c0) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      return PairPoolTileOf<R - 1, C>(rows, vectors, pp, lanes, r0, vp, dv,
+                                      pairs, acc, c0);
+    }
+  }
+  if constexpr (C > 1) {
+    if (vectors < C) {
+      return PairPoolTileOf<R, C - 1>(rows, vectors, pp, lanes, r0, vp, dv,
+                                      pairs, acc, c0);
+    }
+  }
+  PairPoolTile<R, C>(pp, lanes, r0, vp, dv, pairs, acc, c0);
+}
+
+struct BFloat16Products {
+  static constexpr int kLanes = 16;
+
+  static float Key(const LanePass& pass, int64_t index) {
+    return FromBFloat16(static_cast<const uint16_t*>(pass.k)[index]);
+  }
+
+  static void PackQueries(const LanePass& pass, int64_t groups,
+                          LaneScratch& s) {
+    const uint16_t* q = static_cast<const uint16_t*>(pass.q);
+    const int64_t pairs = pass.d / 2;
+    s.query_pairs.assign(groups * pairs * 16, 0u);
+    for (int64_t r = 0; r < pass.rows; ++r) {
+      for (int64_t c2 = 0; c2 < pairs; ++c2) {
+        s.query_pairs[((r / 16) * pairs + c2) * 16 + r % 16] =
+            q[r * pass.d + 2 * c2] |
+            static_cast<uint32_t>(q[r * pass.d + 2 * c2 + 1]) << 16;
+      }
+    }
+  }
+
+  ATTN_LANES_BF16 static void Scores(const LanePass& pass, LaneScratch& s,
+                                     int64_t j0, int64_t count,
+                                     int64_t groups, Prefetch& next_keys) {
+    const uint16_t* k = static_cast<const uint16_t*>(pass.k) + j0 * pass.d;
+    for (int64_t g0 = 0; g0 < groups; g0 += kMaxScoreGroups) {
+      Prefetch none;
+      PairScoreGroups<kMaxScoreGroups>(
+          std::min<int64_t>(kMaxScoreGroups, groups - g0),
+          s.query_pairs.data(), groups, g0, k, pass.d, count,
+          s.scores.data(), g0 == 0 ? next_keys : none);
+    }
+  }
+
+  ATTN_LANES_BF16 static void Pool(const LanePass& pass, LaneScratch& s,
+                                   int64_t j0, int64_t count, int64_t lanes,
+                                   Prefetch& next_values) {
+    const int64_t dv = pass.dv, pairs = (count + 1) / 2;
+    // Word 2i from the first operand's word i, word 2i + 1 from the
+    // second's (indices 32 and up).
+    alignas(64) int16_t interleave[32];
+    for (int i = 0; i < 16; ++i) {
+      interleave[2 * i] = static_cast<int16_t>(i);
+      interleave[2 * i + 1] = static_cast<int16_t>(32 + i);
+    }
+    const __m512i to_pairs = _mm512_load_si512(interleave);
+    // Word 2i from word i, word 2i + 1 from word 16 + i, of one operand.
+    alignas(64) int16_t halves[32];
+    for (int i = 0; i < 16; ++i) {
+      halves[2 * i] = static_cast<int16_t>(i);
+      halves[2 * i + 1] = static_cast<int16_t>(16 + i);
+    }
+    const __m512i from_halves = _mm512_load_si512(halves);
+    // Two keys' probabilities per lane word, rounded to nearest even.
+    if (static_cast<int64_t>(s.probability_pairs.size()) < pairs * lanes) {
+      s.probability_pairs.resize(pairs * lanes);
+    }
+    const float* scores = s.scores.data();
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      for (int64_t g = 0; g < lanes / 16; ++g) {
+        const __m512 first = _mm512_loadu_ps(scores + 2 * jp * lanes + g * 16);
+        const __m512 second =
+            2 * jp + 1 < count
+                ? _mm512_loadu_ps(scores + (2 * jp + 1) * lanes + g * 16)
+                : _mm512_setzero_ps();
+        // Words 0-15: first's lanes, 16-31: second's; then interleaved.
+        const __m512i rounded = (__m512i)_mm512_cvtne2ps_pbh(second, first);
+        _mm512_storeu_si512(s.probability_pairs.data() + jp * lanes + g * 16,
+                            _mm512_permutexvar_epi16(from_halves, rounded));
+      }
+    }
+    // Two value rows interleaved, a pair of keys per column word, the next
+    // block's rows prefetched under it (the pool tiles then read the pairs
+    // from the caches).
+    if (static_cast<int64_t>(s.value_pairs.size()) < pairs * dv) {
+      s.value_pairs.resize(pairs * dv);
+    }
+    const uint16_t* v = static_cast<const uint16_t*>(pass.v) + j0 * dv;
+    const int64_t lines_per_pair = (2 * dv * 2 + 63) / 64;
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      next_values.Lines(lines_per_pair);
+      const uint16_t* first = v + 2 * jp * dv;
+      const bool has_second = 2 * jp + 1 < count;
+      for (int64_t c = 0; c < dv; c += 16) {
+        const __m512i a = _mm512_castsi256_si512(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + c)));
+        const __m512i b =
+            has_second ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                             reinterpret_cast<const __m256i*>(first + dv + c)))
+                       : _mm512_setzero_si512();
+        _mm512_storeu_si512(s.value_pairs.data() + jp * dv + c,
+                            _mm512_permutex2var_epi16(a, to_pairs, b));
+      }
+    }
+    for (int64_t c0 = 0; c0 < dv; c0 += kPoolVectors * 16) {
+      const int64_t vectors = std::min<int64_t>(kPoolVectors, (dv - c0) / 16);
+      for (int64_t r0 = 0; r0 < pass.rows; r0 += kPoolRows) {
+        PairPoolTileOf<kPoolRows, kPoolVectors>(
+            std::min<int64_t>(kPoolRows, pass.rows - r0), vectors,
+            s.probability_pairs.data(), lanes, r0, s.value_pairs.data(), dv,
+            pairs, s.acc.data(), c0);
+      }
+    }
+  }
+};
+#endif  // ATTN_ISA_AVX512
+
 }  // namespace lanes
 #endif
 
 // Whether LaneAttention takes a task of `rows` query rows over `key_end`
-// keys with value width dv: this instruction set has the kernel, the rows
-// fill enough lanes to beat the one-row paths, the values fill whole
-// vectors, and the call reads enough keys (a stored memory's) for the read
-// to be what the blocked kernel loses on.
-inline bool LaneAttentionTakes(int64_t rows, int64_t key_end, int64_t dv,
-                               int64_t many_keys) {
-  return kLaneWidth > 0 && rows >= 2 && rows <= kMaxLaneRows &&
-         dv % (kLaneWidth > 0 ? kLaneWidth : 1) == 0 && key_end >= many_keys &&
-         key_end <= std::numeric_limits<int32_t>::max();
+// keys (depth d, value width dv): this instruction set has the kernel (for
+// bfloat16 operands, AVX512-BF16's; the caller knows whether the CPU has
+// it), the rows fill enough lanes to beat the one-row paths, the values fill
+// whole vectors (and a bfloat16 query whole pairs), and the call reads
+// enough keys (a stored memory's) for the read to be what the blocked
+// kernel loses on.
+inline bool LaneAttentionTakes(int64_t rows, int64_t key_end, int64_t d,
+                               int64_t dv, bool bfloat16, int64_t many_keys) {
+  if (kLaneWidth == 0 || rows < 2 || rows > kMaxLaneRows ||
+      key_end < many_keys || key_end > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+#if defined(ATTN_ISA_AVX512)
+  if (bfloat16) return d % 2 == 0 && dv % 16 == 0;
+#else
+  if (bfloat16) return false;
+  (void)d;
+#endif
+  return dv % (kLaneWidth > 0 ? kLaneWidth : 1) == 0;
 }
 
 // One task's softmax(q k^T * scale) v over keys [0, key_end) with per-row
-// limits, float32 throughout (sums in the order of the blocked kernel's:
-// per key block, then across blocks).
+// limits (sums per key block, then across blocks, as the blocked kernel's).
 inline void LaneAttention(const LanePass& pass, LaneScratch& scratch) {
 #if defined(ATTN_ISA_AVX512)
+  if (pass.bfloat16) return lanes::Pass<lanes::BFloat16Products>(pass, scratch);
   // Narrow vectors where the rows fill no more: half the arithmetic for
   // 2-8 rows.
-  if (pass.rows <= 8) return lanes::Pass<8>(pass, scratch);
-  lanes::Pass<16>(pass, scratch);
+  if (pass.rows <= 8) {
+    return lanes::Pass<lanes::FloatProducts<8>>(pass, scratch);
+  }
+  lanes::Pass<lanes::FloatProducts<16>>(pass, scratch);
 #elif defined(ATTN_ISA_AVX2)
-  lanes::Pass<8>(pass, scratch);
+  lanes::Pass<lanes::FloatProducts<8>>(pass, scratch);
 #else
   (void)pass;
   (void)scratch;
