@@ -135,19 +135,24 @@ std::vector<Batcher::Pending> Batcher::TakeDueBatch(Queue& queue,
   // queue at the size it had; held here instead, it grows until a thread
   // frees up (OnExecutorIdle). So, where the executor reports free threads,
   // a batch goes on when one is free and none of ours is already waiting for
-  // it, or at max_queue_delay only while none of ours is waiting (so a
-  // wrong report never holds a request for good). Handing every due batch
-  // on kept batches of single-query calls on a stored memory at ~4 requests
-  // with 64 in flight (bench/memory_batching_bench.sh).
+  // it. Past max_queue_delay it is held on while every thread is busy, up to
+  // kMaxHold (so that a wrong report never holds a request for good), and
+  // then goes on only while none of ours is waiting. Handing every due
+  // batch on kept batches of single-query calls on a stored memory at ~4
+  // requests with 64 in flight, and handing one on at max_queue_delay kept
+  // them at ~15 (bench/memory_batching_bench.sh).
   const int waiting = waiting_to_start_->load() + taken_this_pass;
   const bool executor_known = static_cast<bool>(executor_available_);
   const bool executor_free =
       executor_known && waiting == 0 && executor_available_();
-  const bool waited = now - *queue.arrivals.begin() >= options_.max_queue_delay;
+  const absl::Duration oldest_waited = now - *queue.arrivals.begin();
+  const bool waited = oldest_waited >= options_.max_queue_delay;
+  const bool held_enough =
+      oldest_waited >= std::max(options_.max_queue_delay, kMaxHold);
   if (fit < count || count >= options_.max_batch_requests) {
     take = fit;  // full
   } else if (stopping_ || executor_free ||
-             (waited && (!executor_known || waiting == 0))) {
+             (waited && (!executor_known || (waiting == 0 && held_enough)))) {
     take = fit;  // a thread is free to run it now, or it waited long enough
   } else {
     for (int size : options_.preferred_batch_sizes) {

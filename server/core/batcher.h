@@ -13,8 +13,9 @@
 // requests are handed on at once (holding them would only add latency), and
 // batches grow while every thread is busy: where the executor reports free
 // threads, a batch that no thread could start waits here, growing, not in
-// the executor's queue (at most one of the batcher's batches waits there, so
-// a wrong report cannot hold a request for good). Otherwise a class's batch
+// the executor's queue, until a thread frees up or it has waited kMaxHold
+// (at most one of the batcher's batches waits there, so a wrong report
+// cannot hold a request for good). Otherwise a class's batch
 // is handed to the executor as soon as it is full (max_batch_requests, or
 // max_batch_elements of input), or when its pending count reaches a
 // preferred batch size, or when its oldest request has waited
@@ -124,6 +125,11 @@ class Batcher {
   // Whether a closure handed to the executor now would start at once; may
   // be empty (never: batches wait for size or delay only).
   using ExecutorAvailable = std::function<bool()>;
+
+  // The longest a due batch is held while the executor reports every thread
+  // busy (past max_queue_delay, if that is longer): then it goes to the
+  // executor's queue, should no idle report come.
+  static constexpr absl::Duration kMaxHold = absl::Milliseconds(50);
 
   // INVALID_ARGUMENT for options out of range.
   static absl::StatusOr<std::unique_ptr<Batcher>> Create(

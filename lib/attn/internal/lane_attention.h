@@ -14,11 +14,13 @@
 // under the current block's arithmetic. The scores come out key-major (one
 // vector of rows per key), so the online softmax's max, exponentials, sums
 // and valid-length masks are whole-vector operations across the rows. The
-// weighted sum of values runs row-major (values broadcast by probability)
-// into the same accumulators as the blocked kernel's.
+// weighted sum of values runs row-major, each probability broadcast against
+// its key's values. Float32 on AVX2 and AVX-512; bfloat16 bits on
+// AVX512-BF16 (BFloat16Products below).
 //
 // Internal to cpu_attention.cc: include it inside the ISA region
-// (attn/internal/isa.h), after vec_math.h.
+// (attn/internal/isa.h), after vec_math.h, with <immintrin.h> included
+// before the region.
 #ifndef ATTN_INTERNAL_LANE_ATTENTION_H_
 #define ATTN_INTERNAL_LANE_ATTENTION_H_
 
@@ -46,8 +48,8 @@ inline constexpr int kLaneWidth = 0;
 inline constexpr int kLaneRegisters = 0;
 #endif
 
-// The most query rows one lane pass takes (a larger batch is in several
-// tasks' passes, cpu_attention.cc).
+// The most query rows one lane pass takes (a task of more keeps the blocked
+// kernel: at 128 rows it is as fast).
 inline constexpr int64_t kMaxLaneRows = 64;
 
 // What one task's pass reads and writes. Pointers are the task's own: q is
@@ -137,16 +139,17 @@ class Prefetch {
  public:
   Prefetch() = default;
   Prefetch(const void* from, int64_t bytes)
-      : at_(static_cast<const char*>(from)), end_(at_ + bytes) {}
+      : from_(static_cast<const char*>(from)), bytes_(bytes) {}
   void Lines(int64_t lines) {
-    for (; lines > 0 && at_ < end_; --lines, at_ += 64) {
-      __builtin_prefetch(at_, /*rw=*/0, /*locality=*/2);
+    for (; lines > 0 && done_ < bytes_; --lines, done_ += 64) {
+      __builtin_prefetch(from_ + done_, /*rw=*/0, /*locality=*/2);
     }
   }
 
  private:
-  const char* at_ = nullptr;
-  const char* end_ = nullptr;
+  const char* from_ = nullptr;
+  int64_t bytes_ = 0;
+  int64_t done_ = 0;
 };
 
 // Keys per register tile of the scores for `groups` lane groups at a time:
