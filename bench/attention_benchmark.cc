@@ -258,9 +258,21 @@ void BM_MemoryQuery(benchmark::State& state) {
     request.keys_bfloat16 = k_bits.data();
     request.values_bfloat16 = v_bits.data();
   }
-  EngineOptions options;
-  options.max_threads = 1;
-  static Engine* const engine = Engine::Create(options).value().release();
+  // One thread (a server worker's default), or two: the call's keys shared
+  // out between them.
+  const int threads = state.range(3);
+  static Engine* const engines[2] = {
+      [] {
+        EngineOptions options;
+        options.max_threads = 1;
+        return Engine::Create(options).value().release();
+      }(),
+      [] {
+        EngineOptions options;
+        options.max_threads = 2;
+        return Engine::Create(options).value().release();
+      }()};
+  Engine* const engine = engines[threads == 2 ? 1 : 0];
   for (auto _ : state) {
     auto result = engine->ScaledDotProductAttention(request);
     if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
@@ -314,33 +326,41 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond);
 // queries, memory entries, bf16
 BENCHMARK(BM_MemoryQuery)
-    ->ArgNames({"Q", "N", "bf16"})
-    ->Args({1, 4096, 0})
-    ->Args({1, 4096, 1})
-    ->Args({1, 262144, 0})
-    ->Args({1, 262144, 1})
-    ->Args({2, 262144, 0})
-    ->Args({2, 262144, 1})
-    ->Args({4, 262144, 0})
-    ->Args({4, 262144, 1})
-    ->Args({8, 262144, 0})
-    ->Args({8, 262144, 1})
-    ->Args({16, 262144, 0})
-    ->Args({16, 262144, 1})
-    ->Args({32, 262144, 0})
-    ->Args({32, 262144, 1})
-    ->Args({64, 262144, 0})
-    ->Args({64, 262144, 1})
-    ->Args({128, 262144, 0})
-    ->Args({128, 262144, 1})
-    ->Args({16, 4096, 0})
-    ->Args({32, 4096, 0})
-    ->Args({64, 4096, 0})
-    ->Args({128, 4096, 0})
-    ->Args({16, 4096, 1})
-    ->Args({32, 4096, 1})
-    ->Args({64, 4096, 1})
-    ->Args({128, 4096, 1})
+    ->ArgNames({"Q", "N", "bf16", "threads"})
+    ->Args({1, 4096, 0, 1})
+    ->Args({1, 4096, 1, 1})
+    ->Args({1, 262144, 0, 1})
+    ->Args({1, 262144, 1, 1})
+    ->Args({2, 262144, 0, 1})
+    ->Args({2, 262144, 1, 1})
+    ->Args({4, 262144, 0, 1})
+    ->Args({4, 262144, 1, 1})
+    ->Args({8, 262144, 0, 1})
+    ->Args({8, 262144, 1, 1})
+    ->Args({16, 262144, 0, 1})
+    ->Args({16, 262144, 1, 1})
+    ->Args({32, 262144, 0, 1})
+    ->Args({32, 262144, 1, 1})
+    ->Args({64, 262144, 0, 1})
+    ->Args({64, 262144, 1, 1})
+    ->Args({128, 262144, 0, 1})
+    ->Args({128, 262144, 1, 1})
+    ->Args({16, 4096, 0, 1})
+    ->Args({32, 4096, 0, 1})
+    ->Args({64, 4096, 0, 1})
+    ->Args({128, 4096, 0, 1})
+    ->Args({16, 4096, 1, 1})
+    ->Args({32, 4096, 1, 1})
+    ->Args({64, 4096, 1, 1})
+    ->Args({128, 4096, 1, 1})
+    ->Args({1, 262144, 0, 2})
+    ->Args({1, 262144, 1, 2})
+    ->Args({1, 1048576, 0, 1})
+    ->Args({1, 1048576, 0, 2})
+    ->Args({16, 262144, 0, 2})
+    ->Args({16, 262144, 1, 2})
+    ->Args({32, 262144, 0, 2})
+    ->Args({32, 262144, 1, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -501,6 +501,77 @@ TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
   }
 }
 
+// Calls with fewer tasks than threads over many keys share each task's keys
+// out among the threads and merge the shares' partial softmaxes: one batch
+// entry of 1, 3, 17 and 130 rows (the last two tasks, one of two rows) over
+// two to three shares; valid lengths that end in the first share, at a share
+// boundary, in the last, and zero; both scores; float32, bfloat16 and keys
+// and values held as bits. Against the reference within the derived bounds,
+// on two threads always, and by default (calls under its threshold on one
+// thread: no shares).
+TEST(AttentionPrecisionTest, KeySharesMergeToTheReference) {
+  EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  auto reference = Engine::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  for (const int64_t lk : {int64_t{8192 + 37}, int64_t{3 * 4096 + 256}}) {
+    std::mt19937 rng(static_cast<uint32_t>(lk));
+    const Tensor k = RandomNormal(rng, {1, lk, 64});
+    const Tensor v = RandomNormal(rng, {1, lk, 64});
+    std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+    for (size_t i = 0; i < k_bits.size(); ++i) k_bits[i] = BFloat16Bits(k.data[i]);
+    for (size_t i = 0; i < v_bits.size(); ++i) v_bits[i] = BFloat16Bits(v.data[i]);
+    for (const int64_t lq : {1, 3, 17, 130}) {
+      const Tensor q = RandomNormal(rng, {1, lq, 64});
+      const int32_t keys = static_cast<int32_t>(lk);
+      const std::vector<int32_t> picks = {keys, 100, 4096, keys - 5, 0, 5000};
+      std::vector<int32_t> per_query(lq);
+      for (int64_t i = 0; i < lq; ++i) per_query[i] = picks[i % picks.size()];
+      for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+        for (ScoreKind score : {ScoreKind::kDotProduct, ScoreKind::kGaussian}) {
+          for (bool masked : {false, true}) {
+            if (score == ScoreKind::kGaussian && !masked) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << "lk " << lk << ", lq " << lq << ", "
+                         << PrecisionName(precision)
+                         << (score == ScoreKind::kGaussian ? ", gaussian" : "")
+                         << (masked ? ", masked" : ""));
+            AttentionRequest request;
+            request.queries = q.view();
+            request.keys = k.view();
+            request.values = v.view();
+            request.score = score;
+            request.precision = precision;
+            if (masked) request.valid_lens = ViewOf(per_query, {1, lq});
+            request.return_weights = true;
+            auto expected = (*reference)->ScaledDotProductAttention(request);
+            ASSERT_TRUE(expected.ok());
+            const auto bounds = AttentionBounds(request, *expected).output;
+            request.return_weights = false;
+            AttentionRequest held = request;
+            held.keys.data = held.values.data = nullptr;
+            held.keys_bfloat16 = k_bits.data();
+            held.values_bfloat16 = v_bits.data();
+            for (Threads threads :
+                 {Threads::kAlwaysParallel, Threads::kDefault}) {
+              for (const AttentionRequest* call : {&request, &held}) {
+                if (call == &held && precision != Precision::kBFloat16) {
+                  continue;
+                }
+                auto result =
+                    OptimizedEngine(threads).ScaledDotProductAttention(*call);
+                ASSERT_TRUE(result.ok()) << result.status();
+                ASSERT_TRUE(
+                    WithinBounds(result->output, expected->output, bounds));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Scores past float range over many keys, in lanes: q = 1e19 and two keys
 // of 1e19 and 0.9e19 give scores of 6.4e39 and 5.8e39, which overflow in
 // float32. The engine must not return the NaN this makes; in double the

@@ -339,11 +339,26 @@ struct Scratch {
   LaneScratch lanes;
 };
 
-// One (batch, head, query block) task of the online-softmax kernel. Scores
-// are raw dot products (minus half the key norms for the Gaussian score);
-// the scale enters in the exponentials.
+// A share of one task's keys, [begin, end) with begin a multiple of
+// kKeyBlock, for calls with fewer tasks than threads: the share leaves each
+// row's raw-score max, sum of exponentials and unnormalised output in
+// max, sum and acc (kQueryBlock, kQueryBlock, kQueryBlock x dv), and
+// MergeKeyShares combines them.
+struct KeyShare {
+  int64_t begin = 0;
+  int64_t end = 0;
+  float* max = nullptr;
+  float* sum = nullptr;
+  float* acc = nullptr;
+};
+
+// One (batch, head, query block) task of the online-softmax kernel, over
+// all its keys or over `share` of them. Scores are raw dot products (minus
+// half the key norms for the Gaussian score); the scale enters in the
+// exponentials.
 bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
-                int64_t q0, int64_t rows, Scratch& s) {
+                int64_t q0, int64_t rows, Scratch& s,
+                const KeyShare* share = nullptr) {
   const int64_t b = bh / p.heads;
   const void* q = ops.At(ops.q, (bh * p.lq + q0) * p.d);
   const void* k = ops.At(ops.k, bh * p.lk * p.d);
@@ -356,6 +371,9 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
     s.limit[r] = p.KeyLimit(b, q0 + r);
     key_end = std::max(key_end, s.limit[r]);
   }
+  const int64_t key_begin = share != nullptr ? share->begin : 0;
+  const int64_t scan_end =
+      share != nullptr ? std::min(key_end, share->end) : key_end;
   // A few rows over many keys (a stored memory's batched queries): the lane
   // kernel reads each key block once, in place, under the arithmetic.
   if ((!bf16 || ops.lane_bfloat16) &&
@@ -369,8 +387,14 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
     pass.rows = rows;
     pass.d = p.d;
     pass.dv = p.dv;
-    pass.key_end = key_end;
+    pass.key_begin = key_begin;
+    pass.key_end = scan_end;
     pass.limits = s.limit.data();
+    if (share != nullptr) {
+      pass.partial_max = share->max;
+      pass.partial_sum = share->sum;
+      pass.partial_acc = share->acc;
+    }
     pass.scale = p.scale;
     pass.gaussian = p.score == ScoreKind::kGaussian;
     pass.key_block = kKeyBlock;
@@ -390,8 +414,8 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
   // BM_MemoryQuery).
   const int64_t min_compiled_rows = bf16 ? kFewRows + 1 : 32;
   const int64_t block = s.key_block;
-  for (int64_t j0 = 0; j0 < key_end; j0 += block) {
-    const int64_t count = std::min(block, key_end - j0);
+  for (int64_t j0 = key_begin; j0 < scan_end; j0 += block) {
+    const int64_t count = std::min(block, scan_end - j0);
     // Full blocks recur across tasks and calls, or within a call over many
     // keys (a stored memory's): they get primitives compiled for their
     // shape. (Smaller calls' blocks gained nothing measurable from them:
@@ -438,6 +462,12 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops, int64_t bh,
                          ops.At(v, j0 * p.dv), s.acc.data())) {
       return false;
     }
+  }
+  if (share != nullptr) {
+    std::copy(s.max.begin(), s.max.begin() + rows, share->max);
+    std::copy(s.sum.begin(), s.sum.begin() + rows, share->sum);
+    std::copy(s.acc.begin(), s.acc.begin() + rows * p.dv, share->acc);
+    return true;
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
@@ -589,6 +619,40 @@ void CpuMaskedSoftmax(const MaskedSoftmaxParams& p, int threads) {
   });
 }
 
+// out = the shares' outputs, each rescaled from its own max to the row's,
+// over the sum of their sums rescaled alike (0 for a row with no key).
+template <typename ShareOf>
+void MergeKeyShares(const AttentionParams& p, int64_t tasks, int64_t shares,
+                    int64_t query_blocks, const ShareOf& share_of) {
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t bh = task / query_blocks;
+    const int64_t q0 = (task % query_blocks) * kQueryBlock;
+    const int64_t rows = std::min(kQueryBlock, p.lq - q0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float max = kNegativeInfinity;
+      for (int64_t i = 0; i < shares; ++i) {
+        max = std::max(max, share_of(task * shares + i).max[r]);
+      }
+      float* out = p.out + (bh * p.lq + q0 + r) * p.dv;
+      std::fill(out, out + p.dv, 0.0f);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < shares; ++i) {
+        const KeyShare share = share_of(task * shares + i);
+        // A share with no key for this row (max -inf) adds nothing.
+        if (share.max[r] == kNegativeInfinity) continue;
+        const float weight = FastExp((share.max[r] - max) * p.scale);
+        sum += weight * share.sum[r];
+        const float* acc = share.acc + r * p.dv;
+#pragma omp simd
+        for (int64_t c = 0; c < p.dv; ++c) out[c] += weight * acc[c];
+      }
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma omp simd
+      for (int64_t c = 0; c < p.dv; ++c) out[c] *= inverse;
+    }
+  }
+}
+
 absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
                           int threads) {
   const int64_t query_blocks = (p.lq + kQueryBlock - 1) / kQueryBlock;
@@ -613,16 +677,45 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
   }
   const bool bfloat16_products = ops.type == BlockOperands::kBFloat16;
   std::atomic<bool> failed{false};
-  auto run = [&](int64_t task, Scratch& scratch) {
+  const int64_t query_block = std::min(kQueryBlock, p.lq);
+  // Fewer tasks than threads over many keys (a stored memory's call, one
+  // query or a batch of them): each task's keys are shared out among the
+  // threads in whole key blocks, and the shares' partial softmaxes merged.
+  const int64_t shares =
+      p.weights == nullptr && tasks < threads
+          ? std::min<int64_t>((threads + tasks - 1) / tasks,
+                              p.lk / kCompiledKeys)
+          : 1;
+  const int64_t share_blocks =
+      ((p.lk + kKeyBlock - 1) / kKeyBlock + shares - 1) / shares;
+  const int64_t share_floats = query_block * (2 + p.dv);
+  std::vector<float> partials(shares > 1 ? tasks * shares * share_floats : 0);
+  auto share_of = [&](int64_t item) {
+    KeyShare share;
+    share.begin = (item % shares) * share_blocks * kKeyBlock;
+    share.end = std::min(p.lk, share.begin + share_blocks * kKeyBlock);
+    share.max = partials.data() + item * share_floats;
+    share.sum = share.max + query_block;
+    share.acc = share.sum + query_block;
+    return share;
+  };
+  auto run = [&](int64_t item, Scratch& scratch) {
+    const int64_t task = item / shares;
     const int64_t bh = task / query_blocks;
     const int64_t q0 = (task % query_blocks) * kQueryBlock;
     const int64_t rows = std::min(kQueryBlock, p.lq - q0);
-    const bool ok = p.weights != nullptr
-                        ? WeightsBlock(p, ops, bh, q0, rows, scratch)
-                        : FusedBlock(p, ops, bh, q0, rows, scratch);
+    bool ok;
+    if (p.weights != nullptr) {
+      ok = WeightsBlock(p, ops, bh, q0, rows, scratch);
+    } else if (shares > 1) {
+      const KeyShare share = share_of(item);
+      ok = FusedBlock(p, ops, bh, q0, rows, scratch, &share);
+    } else {
+      ok = FusedBlock(p, ops, bh, q0, rows, scratch);
+    }
     if (!ok) failed.store(true, std::memory_order_relaxed);
   };
-  const int64_t query_block = std::min(kQueryBlock, p.lq);
+  const int64_t items = tasks * shares;
   auto make_scratch = [&] {
     Scratch s;
     s.key_block = std::min(kKeyBlock, p.lk);
@@ -639,18 +732,19 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
     s.limit.resize(query_block);
     return s;
   };
-  if (threads <= 1 || tasks <= 1) {
+  if (threads <= 1 || items <= 1) {
     Scratch scratch = make_scratch();
-    for (int64_t task = 0; task < tasks; ++task) run(task, scratch);
+    for (int64_t item = 0; item < items; ++item) run(item, scratch);
   } else {
 #pragma omp parallel num_threads(threads)
     {
       Scratch scratch = make_scratch();
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) run(task, scratch);
+      for (int64_t item = 0; item < items; ++item) run(item, scratch);
     }
   }
   if (failed.load()) return absl::InternalError("oneDNN matmul failed");
+  if (shares > 1) MergeKeyShares(p, tasks, shares, query_blocks, share_of);
   return absl::OkStatus();
 }
 

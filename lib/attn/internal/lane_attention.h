@@ -65,11 +65,18 @@ struct LanePass {
   int64_t rows = 0;
   int64_t d = 0;
   int64_t dv = 0;
+  int64_t key_begin = 0;       // a multiple of key_block
   int64_t key_end = 0;         // keys past every row's limit are not read
   const int64_t* limits = nullptr;  // keys row r attends to: [0, limits[r])
   float scale = 1.0f;
   bool gaussian = false;       // subtract half of each key's squared norm
   int64_t key_block = 256;
+  // Where set, the pass covers a share of the keys and leaves each row's
+  // raw-score max, sum of exponentials and unnormalised output here (rows,
+  // rows, rows x dv) instead of writing out.
+  float* partial_max = nullptr;
+  float* partial_sum = nullptr;
+  float* partial_acc = nullptr;
 };
 
 // Per-thread buffers of a lane pass, grown on demand and kept.
@@ -364,7 +371,7 @@ void Pass(const LanePass& pass, LaneScratch& s) {
   const V negative_infinity = V{} - std::numeric_limits<float>::infinity();
 
   float* scores = s.scores.data();
-  for (int64_t j0 = 0; j0 < pass.key_end; j0 += block) {
+  for (int64_t j0 = pass.key_begin; j0 < pass.key_end; j0 += block) {
     const int64_t count = std::min(block, pass.key_end - j0);
     const int64_t next_count = std::clamp<int64_t>(pass.key_end - j0 - block,
                                                    0, block);
@@ -437,6 +444,18 @@ void Pass(const LanePass& pass, LaneScratch& s) {
   }
   for (int64_t g = 0; g < groups; ++g) {
     Store<L>(s.corrections.data() + g * L, sum[g]);
+  }
+  if (pass.partial_acc != nullptr) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float maxima[L];
+      Store<L>(maxima, max[g]);
+      for (int lane = 0; lane < L && g * L + lane < pass.rows; ++lane) {
+        pass.partial_max[g * L + lane] = maxima[lane];
+        pass.partial_sum[g * L + lane] = s.corrections[g * L + lane];
+      }
+    }
+    std::copy(s.acc.begin(), s.acc.begin() + pass.rows * dv, pass.partial_acc);
+    return;
   }
   for (int64_t r = 0; r < pass.rows; ++r) {
     const float total = s.corrections[r];
