@@ -88,7 +88,6 @@ struct LaneScratch {
   std::vector<uint32_t> value_pairs;        // [key / 2][dv]
   std::vector<float> scores;          // [key][group][lane]: probabilities
   std::vector<float> acc;             // [row][dv]
-  std::vector<float> norms;           // [key]: half the squared key norm
   std::vector<float> corrections;     // [group][lane]
 };
 
