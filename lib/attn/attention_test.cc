@@ -25,6 +25,7 @@ using ::attn::testing::ErrorBounds;
 using ::attn::testing::OptimizedEngine;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
+using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::ViewOf;
 using ::attn::testing::WithinBounds;
@@ -409,6 +410,47 @@ TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
   }
 }
 
+// Keys and values as bfloat16 bits, for requests that hold them so.
+struct HeldBits {
+  std::vector<uint16_t> keys, values;
+};
+HeldBits BitsOf(const Tensor& k, const Tensor& v) {
+  HeldBits bits{std::vector<uint16_t>(k.data.size()),
+                std::vector<uint16_t>(v.data.size())};
+  for (size_t i = 0; i < k.data.size(); ++i) bits.keys[i] = BFloat16Bits(k.data[i]);
+  for (size_t i = 0; i < v.data.size(); ++i) bits.values[i] = BFloat16Bits(v.data[i]);
+  return bits;
+}
+
+// `request` on the optimized engine, on two threads always and by default,
+// within the derived bounds of the reference's result; in bfloat16, also
+// with its keys and values held as `bits`, which gives the floats' result
+// bit for bit where the CPU multiplies bfloat16 itself.
+void ExpectWithinTheReferenceBounds(AttentionRequest request,
+                                    const HeldBits& bits) {
+  request.return_weights = true;
+  auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const auto bounds = AttentionBounds(request, *expected).output;
+  request.return_weights = false;
+  AttentionRequest held = request;
+  held.keys.data = held.values.data = nullptr;
+  held.keys_bfloat16 = bits.keys.data();
+  held.values_bfloat16 = bits.values.data();
+  for (Threads threads : {Threads::kAlwaysParallel, Threads::kDefault}) {
+    auto result = OptimizedEngine(threads).ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(WithinBounds(result->output, expected->output, bounds));
+    if (request.precision != Precision::kBFloat16) continue;
+    auto from_held = OptimizedEngine(threads).ScaledDotProductAttention(held);
+    ASSERT_TRUE(from_held.ok()) << from_held.status();
+    if (NativeBFloat16()) {
+      ASSERT_EQ(from_held->output.data, result->output.data);
+    }
+    ASSERT_TRUE(WithinBounds(from_held->output, expected->output, bounds));
+  }
+}
+
 // Calls of 2-64 query rows over many keys (a stored memory's batched
 // queries) run with the rows as vector lanes (internal/lane_attention.h):
 // float32, and bfloat16 where the CPU multiplies it (floats rounded per call,
@@ -420,11 +462,6 @@ TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
 // lengths per batch entry and per query (zero, within the first block,
 // mid-block, all), both scores, two batch entries.
 TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
-  EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  auto reference = Engine::Create(reference_options);
-  ASSERT_TRUE(reference.ok());
-  const bool native = NativeBFloat16();
   struct Shape {
     int64_t d, dv, lk;
   };
@@ -433,9 +470,7 @@ TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
     std::mt19937 rng(shape.d * 1000 + shape.dv);
     const Tensor k = RandomNormal(rng, {2, shape.lk, shape.d});
     const Tensor v = RandomNormal(rng, {2, shape.lk, shape.dv});
-    std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-    for (size_t i = 0; i < k_bits.size(); ++i) k_bits[i] = BFloat16Bits(k.data[i]);
-    for (size_t i = 0; i < v_bits.size(); ++i) v_bits[i] = BFloat16Bits(v.data[i]);
+    const HeldBits bits = BitsOf(k, v);
     for (const int64_t lq : {2, 9, 17, 33, 64, 130}) {
       if (lq == 130 && shape.lk != 4096 + 37) continue;  // once is enough
       const Tensor q = RandomNormal(rng, {2, lq, shape.d});
@@ -468,32 +503,8 @@ TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
             request.precision = precision;
             if (masks == 1) request.valid_lens = ViewOf(per_batch, {2});
             if (masks == 2) request.valid_lens = ViewOf(per_query, {2, lq});
-            request.return_weights = true;
-            auto expected = (*reference)->ScaledDotProductAttention(request);
-            ASSERT_TRUE(expected.ok());
-            const auto bounds = AttentionBounds(request, *expected).output;
-            request.return_weights = false;
-            AttentionRequest held = request;
-            held.keys.data = held.values.data = nullptr;
-            held.keys_bfloat16 = k_bits.data();
-            held.values_bfloat16 = v_bits.data();
-            for (Threads threads :
-                 {Threads::kDefault, Threads::kAlwaysParallel}) {
-              auto result =
-                  OptimizedEngine(threads).ScaledDotProductAttention(request);
-              ASSERT_TRUE(result.ok()) << result.status();
-              ASSERT_TRUE(
-                  WithinBounds(result->output, expected->output, bounds));
-              if (precision != Precision::kBFloat16) continue;
-              auto from_held =
-                  OptimizedEngine(threads).ScaledDotProductAttention(held);
-              ASSERT_TRUE(from_held.ok()) << from_held.status();
-              if (native) {
-                ASSERT_EQ(from_held->output.data, result->output.data);
-              }
-              ASSERT_TRUE(
-                  WithinBounds(from_held->output, expected->output, bounds));
-            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectWithinTheReferenceBounds(request, bits));
           }
         }
       }
@@ -510,17 +521,11 @@ TEST(AttentionPrecisionTest, FewRowsOverManyKeysAsLanes) {
 // on two threads always, and by default (calls under its threshold on one
 // thread: no shares).
 TEST(AttentionPrecisionTest, KeySharesMergeToTheReference) {
-  EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  auto reference = Engine::Create(reference_options);
-  ASSERT_TRUE(reference.ok());
   for (const int64_t lk : {int64_t{8192 + 37}, int64_t{3 * 4096 + 256}}) {
     std::mt19937 rng(static_cast<uint32_t>(lk));
     const Tensor k = RandomNormal(rng, {1, lk, 64});
     const Tensor v = RandomNormal(rng, {1, lk, 64});
-    std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-    for (size_t i = 0; i < k_bits.size(); ++i) k_bits[i] = BFloat16Bits(k.data[i]);
-    for (size_t i = 0; i < v_bits.size(); ++i) v_bits[i] = BFloat16Bits(v.data[i]);
+    const HeldBits bits = BitsOf(k, v);
     for (const int64_t lq : {1, 3, 17, 130}) {
       const Tensor q = RandomNormal(rng, {1, lq, 64});
       const int32_t keys = static_cast<int32_t>(lk);
@@ -543,28 +548,8 @@ TEST(AttentionPrecisionTest, KeySharesMergeToTheReference) {
             request.score = score;
             request.precision = precision;
             if (masked) request.valid_lens = ViewOf(per_query, {1, lq});
-            request.return_weights = true;
-            auto expected = (*reference)->ScaledDotProductAttention(request);
-            ASSERT_TRUE(expected.ok());
-            const auto bounds = AttentionBounds(request, *expected).output;
-            request.return_weights = false;
-            AttentionRequest held = request;
-            held.keys.data = held.values.data = nullptr;
-            held.keys_bfloat16 = k_bits.data();
-            held.values_bfloat16 = v_bits.data();
-            for (Threads threads :
-                 {Threads::kAlwaysParallel, Threads::kDefault}) {
-              for (const AttentionRequest* call : {&request, &held}) {
-                if (call == &held && precision != Precision::kBFloat16) {
-                  continue;
-                }
-                auto result =
-                    OptimizedEngine(threads).ScaledDotProductAttention(*call);
-                ASSERT_TRUE(result.ok()) << result.status();
-                ASSERT_TRUE(
-                    WithinBounds(result->output, expected->output, bounds));
-              }
-            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectWithinTheReferenceBounds(request, bits));
           }
         }
       }
