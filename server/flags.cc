@@ -96,6 +96,12 @@ ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads running kernels; 0 means one per CPU of the process's "
           "budget: the CPUs it may run on, capped by its cgroup CPU quota "
           "(a container's CPU limit), as start-up logs.");
+ABSL_FLAG(int32_t, stored_memory_threads, 0,
+          "OpenMP threads a batch of calls on a stored memory may use; such "
+          "batches then run one at a time, their work one pass over the "
+          "memory shared out among the threads. 0 (the default) means the "
+          "CPU budget; 1 runs them as any call (--kernel_threads), one per "
+          "worker. Only where the kernels run on the CPU.");
 ABSL_FLAG(int32_t, kernel_threads, 1,
           "OpenMP threads one large kernel call may use. 1 (the default) "
           "lets concurrent requests use the cores instead, which keeps tail "
@@ -254,6 +260,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
       absl::GetFlag(FLAGS_max_request_elements) < 1 ||
       absl::GetFlag(FLAGS_kernel_threads) < 0 ||
       absl::GetFlag(FLAGS_worker_threads) < 0 ||
+      absl::GetFlag(FLAGS_stored_memory_threads) < 0 ||
       grpc.keepalive_time_ms < 1 || grpc.keepalive_timeout_ms < 1 ||
       grpc.min_client_ping_interval_ms < 0 || grpc.max_connection_age_ms < 0 ||
       grpc.max_connection_age_grace_ms < 0 || grpc.max_connection_idle_ms < 0 ||
@@ -262,7 +269,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError(
         "--metrics_port must be in [0, 65535]; "
         "--max_message_bytes and --max_request_elements at least 1; "
-        "--kernel_threads and --worker_threads not negative; "
+        "--kernel_threads, --worker_threads and --stored_memory_threads not "
+        "negative; "
         "--grpc_keepalive_time_ms and --grpc_keepalive_timeout_ms "
         "at least 1, the other --grpc_* times not negative; "
         "--grpc_handshake_timeout_ms and "
@@ -391,6 +399,19 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
       core.batching = batching;
     } else {
       core.gainful_batching = batching;
+    }
+    const int memory_threads = absl::GetFlag(FLAGS_stored_memory_threads) > 0
+                                   ? absl::GetFlag(FLAGS_stored_memory_threads)
+                                   : cpu_budget.cpus;
+    if (engine.device != attn::Device::kCuda &&
+        memory_threads > engine.max_threads) {
+      config.wide_engine = engine;
+      config.wide_engine->device = attn::Device::kCpu;
+      config.wide_engine->max_threads = memory_threads;
+      absl::StrAppend(&config.threads_note, "; --stored_memory_threads=",
+                      absl::GetFlag(FLAGS_stored_memory_threads), ": a ",
+                      "stored memory's batches one at a time, up to ",
+                      memory_threads, " OpenMP threads each");
     }
   }
   core.limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);

@@ -6,6 +6,7 @@
 #ifndef ATTNSERVE_SERVER_FLAGS_H_
 #define ATTNSERVE_SERVER_FLAGS_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,10 @@ namespace attnserve {
 
 struct ServerConfig {
   attn::EngineOptions engine;
+  // The engine stored-memory batches run on, one at a time, when their
+  // calls may use more threads than the others' (--stored_memory_threads):
+  // always the CPU's (main drops it when the engine runs on a GPU).
+  std::optional<attn::EngineOptions> wide_engine;
   ExecutionStack::Options core;
   GrpcServerOptions grpc;
   HttpServerOptions http;  // port 0: no HTTP front end

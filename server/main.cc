@@ -64,9 +64,10 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// The engine of --backend, warmed up (oneDNN's JIT) before the port opens.
+// The engine of --backend, warmed up (oneDNN's JIT) before the port opens;
+// `describe`: log its notes and backends.
 absl::StatusOr<std::unique_ptr<attn::Engine>> WarmEngine(
-    const attn::EngineOptions& options) {
+    const attn::EngineOptions& options, bool describe = true) {
   absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
       attn::Engine::Create(options);
   if (!engine.ok()) {
@@ -78,6 +79,7 @@ absl::StatusOr<std::unique_ptr<attn::Engine>> WarmEngine(
     return absl::Status(warm.code(), absl::StrCat("warming up the kernels: ",
                                                   warm.ToString()));
   }
+  if (!describe) return engine;
   for (const std::string& note : (*engine)->notes()) {
     absl::FPrintF(stderr, "attnserve: %s\n", note);
   }
@@ -126,8 +128,18 @@ int main(int argc, char** argv) {
                 "stay free (--fd_reserve)\n",
                 fd_limit->soft_before, fd_limit->soft, fd_reserve);
 
+  std::unique_ptr<attn::Engine> wide_engine;
+  // (Where the kernels run on a GPU, memory batches stay on its engine.)
+  if (config->wide_engine.has_value() &&
+      (*engine)->backend_names().front() != "cuda") {
+    absl::StatusOr<std::unique_ptr<attn::Engine>> wide =
+        WarmEngine(*config->wide_engine, /*describe=*/false);
+    if (!wide.ok()) return Fail(wide.status());
+    wide_engine = *std::move(wide);
+  }
   absl::StatusOr<std::unique_ptr<attnserve::ExecutionStack>> core =
-      attnserve::ExecutionStack::Create(config->core, *std::move(engine));
+      attnserve::ExecutionStack::Create(config->core, *std::move(engine),
+                                        std::move(wide_engine));
   if (!core.ok()) return Fail(core.status());
   // After the core's gauges have their sources: a scrape may come at once.
   absl::StatusOr<std::unique_ptr<prometheus::Exposer>> metrics =

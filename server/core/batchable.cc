@@ -255,7 +255,7 @@ absl::StatusOr<BatchClass> Classify(const MemoryAttentionRequest& r) {
                    p.d, "/", p.dv, "/", static_cast<int>(p.score), "/",
                    Bits(p.scale), "/", static_cast<int>(p.precision), "/",
                    r.attention.return_weights),
-      p.lq * p.d};
+      p.lq * p.d, /*shares_a_pass=*/true};
 }
 
 // Whether `r` may join a batch led by `first` (their keys are equal).

@@ -56,6 +56,10 @@ struct BatchClass {
   // Its input elements, as a batch would hold them (the request's own, not
   // padded): what max_batch_elements bounds.
   int64_t elements = 0;
+  // A batch's work is one pass over a memory the class's requests share
+  // (a stored memory's): it can run on every core, one batch at a time
+  // (Batcher's wide engine).
+  bool shares_a_pass = false;
 };
 
 // Validates `request` (INVALID_ARGUMENT in the library's words, as the

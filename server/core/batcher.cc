@@ -19,7 +19,7 @@ uint64_t Rank(uint64_t priority) {
 absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
     const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
     Executor executor, BatchObserver observer,
-    ExecutorAvailable executor_available) {
+    ExecutorAvailable executor_available, attn::Engine* wide_engine) {
   if (options.max_batch_requests < 1 || options.max_batch_elements < 1 ||
       options.max_queue_size < 1 || options.max_queue_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -39,18 +39,19 @@ absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
   }
   return std::unique_ptr<Batcher>(new Batcher(
       options, engine, clock, std::move(executor), std::move(observer),
-      std::move(executor_available)));
+      std::move(executor_available), wide_engine));
 }
 
 Batcher::Batcher(const BatchingOptions& options, attn::Engine* engine,
                  const Clock* clock, Executor executor, BatchObserver observer,
-                 ExecutorAvailable executor_available)
+                 ExecutorAvailable executor_available,
+                 attn::Engine* wide_engine)
     : options_(options),
       clock_(clock),
       executor_(std::move(executor)),
       executor_available_(std::move(executor_available)),
       runner_(std::make_shared<const Runner>(
-          Runner{engine, clock, std::move(observer)})) {}
+          Runner{engine, wide_engine, clock, std::move(observer)})) {}
 
 Batcher::~Batcher() { Shutdown(); }
 
@@ -64,6 +65,7 @@ absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RoomLocked());
     Queue& queue = queues_[std::move(batch_class->key)];
+    queue.wide = batch_class->shares_a_pass && runner_->wide_engine != nullptr;
     // After every request of the same or a better level.
     const uint64_t rank = Rank(task->priority);
     auto position = std::find_if(
@@ -119,6 +121,10 @@ std::vector<Batcher::Pending> Batcher::TakeDueBatch(Queue& queue,
   std::vector<Pending> batch;
   const int count = static_cast<int>(queue.pending.size());
   if (count == 0) return batch;
+  // One wide batch at a time: it uses every core. The next waits, growing,
+  // until the running one finishes (its worker's idle report, or the
+  // scheduler's next look).
+  if (queue.wide && !stopping_ && wide_running_->load() > 0) return batch;
   // How many of the oldest fit the element budget (at least one).
   int fit = 0;
   int64_t elements = 0;
@@ -167,11 +173,12 @@ std::vector<Batcher::Pending> Batcher::TakeDueBatch(Queue& queue,
     queue.pending.pop_front();
   }
   queued_ -= take;
+  if (take > 0 && queue.wide) wide_running_->fetch_add(1);
   return batch;
 }
 
 absl::Time Batcher::FormDueBatches(bool from_scheduler) {
-  std::vector<std::vector<Pending>> due;
+  std::vector<DueBatch> due;
   absl::Time next = absl::InfiniteFuture();
   {
     absl::MutexLock lock(&mu_);
@@ -189,7 +196,7 @@ absl::Time Batcher::FormDueBatches(bool from_scheduler) {
                TakeDueBatch(queue, now, static_cast<int>(due.size()));
            !batch.empty();
            batch = TakeDueBatch(queue, now, static_cast<int>(due.size()))) {
-        due.push_back(std::move(batch));
+        due.push_back(DueBatch{std::move(batch), queue.wide});
       }
       if (queue.pending.empty()) {
         it = queues_.erase(it);
@@ -208,35 +215,41 @@ absl::Time Batcher::FormDueBatches(bool from_scheduler) {
   if (due.empty()) return next;
   // Best level first (each batch's first member holds its best level).
   std::stable_sort(due.begin(), due.end(),
-                   [](const std::vector<Pending>& a, const std::vector<Pending>& b) {
-                     return Rank(a.front().task->priority) <
-                            Rank(b.front().task->priority);
+                   [](const DueBatch& a, const DueBatch& b) {
+                     return Rank(a.members.front().task->priority) <
+                            Rank(b.members.front().task->priority);
                    });
-  for (std::vector<Pending>& batch : due) Dispatch(std::move(batch));
+  for (DueBatch& batch : due) Dispatch(std::move(batch));
   absl::MutexLock lock(&mu_);
   in_hand_ -= static_cast<int>(due.size());
   return next;
 }
 
-void Batcher::Dispatch(std::vector<Pending> batch) {
-  const uint64_t priority = batch.front().task->priority;
-  auto shared = std::make_shared<std::vector<Pending>>(std::move(batch));
+void Batcher::Dispatch(DueBatch batch) {
+  const uint64_t priority = batch.members.front().task->priority;
+  const bool wide = batch.wide;
+  auto shared = std::make_shared<std::vector<Pending>>(std::move(batch.members));
   waiting_to_start_->fetch_add(1);
   const absl::Status status = executor_(
-      [runner = runner_, shared, waiting = waiting_to_start_] {
+      [runner = runner_, shared, wide, waiting = waiting_to_start_,
+       wide_running = wide_running_] {
         waiting->fetch_sub(1);
-        RunBatch(*runner, *shared);
+        RunBatch(*runner, *shared, wide);
+        // Before the worker's idle report, which looks for the next one.
+        if (wide) wide_running->fetch_sub(1);
       },
       priority);
   if (!status.ok()) {
     waiting_to_start_->fetch_sub(1);
+    if (wide) wide_running_->fetch_sub(1);
     for (Pending& pending : *shared) {
       pending.task->done(status, BatchTiming{clock_->Now()});
     }
   }
 }
 
-void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
+void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch,
+                       bool wide) {
   // Requests that expired or were cancelled while queued are not computed.
   const absl::Time now = runner.clock->Now();
   BatchTiming timing{now};
@@ -262,7 +275,8 @@ void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch) {
   for (Task* task : live) requests.push_back(&task->request);
   CombinedWork work;
   std::vector<absl::StatusOr<attn::OpResult>> results =
-      RunTogether(*runner.engine, requests, &work);
+      RunTogether(wide ? *runner.wide_engine : *runner.engine, requests,
+                  &work);
   timing.batch_requests = static_cast<int>(live.size());
   timing.kernel = runner.clock->Now() - now;
   if (runner.observer) {

@@ -131,11 +131,16 @@ class Batcher {
   // executor's queue, should no idle report come.
   static constexpr absl::Duration kMaxHold = absl::Milliseconds(50);
 
-  // INVALID_ARGUMENT for options out of range.
+  // INVALID_ARGUMENT for options out of range. `wide_engine` (may be null;
+  // it must outlive the batcher's closures, as `engine`): an engine whose
+  // calls may use every core. Batches of the classes whose work is one
+  // shared pass (BatchClass::shares_a_pass: a stored memory's) then run on
+  // it one at a time, all such classes together, instead of one per worker.
   static absl::StatusOr<std::unique_ptr<Batcher>> Create(
       const BatchingOptions& options, attn::Engine* engine, const Clock* clock,
       Executor executor, BatchObserver observer = {},
-      ExecutorAvailable executor_available = {});
+      ExecutorAvailable executor_available = {},
+      attn::Engine* wide_engine = nullptr);
 
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
@@ -183,6 +188,8 @@ class Batcher {
   };
   // One class's waiting requests, best level first, FIFO within a level.
   struct Queue {
+    // Its batches run on the wide engine, one at a time (shares_a_pass).
+    bool wide = false;
     std::deque<Pending> pending;
     int64_t elements = 0;  // the pending requests' elements
     // Arrival times of the pending requests: the oldest decides when the
@@ -192,7 +199,7 @@ class Batcher {
 
   Batcher(const BatchingOptions& options, attn::Engine* engine,
           const Clock* clock, Executor executor, BatchObserver observer,
-          ExecutorAvailable executor_available);
+          ExecutorAvailable executor_available, attn::Engine* wide_engine);
 
   // Takes the tasks of the next batch off `queue` if one is due at `now`.
   std::vector<Pending> TakeDueBatch(Queue& queue, absl::Time now,
@@ -202,12 +209,19 @@ class Batcher {
   // so that they do not depend on the batcher's lifetime.
   struct Runner {
     attn::Engine* engine;
+    attn::Engine* wide_engine;  // may be null
     const Clock* clock;
     BatchObserver observer;
   };
+  // A batch taken off its queue, and whether it runs on the wide engine.
+  struct DueBatch {
+    std::vector<Pending> members;
+    bool wide = false;
+  };
 
-  void Dispatch(std::vector<Pending> batch);
-  static void RunBatch(const Runner& runner, std::vector<Pending>& batch);
+  void Dispatch(DueBatch batch);
+  static void RunBatch(const Runner& runner, std::vector<Pending>& batch,
+                       bool wide);
   void SchedulerLoop();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NothingInHand() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -231,6 +245,10 @@ class Batcher {
   // Batches handed to the executor that have not started yet; shared with
   // their closures, which may run after the batcher is gone.
   const std::shared_ptr<std::atomic<int>> waiting_to_start_ =
+      std::make_shared<std::atomic<int>>(0);
+  // Wide batches handed on and not finished (at most one): shared with
+  // their closures, as waiting_to_start_.
+  const std::shared_ptr<std::atomic<int>> wide_running_ =
       std::make_shared<std::atomic<int>>(0);
   // Serialises StartScheduler and Shutdown (the std::thread is not
   // thread-safe). Taken before mu_, never while holding it.

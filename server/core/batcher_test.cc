@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
@@ -488,6 +489,99 @@ TEST_F(BatcherTest, DueBatchIsHeldWhileEveryThreadIsBusy) {
   ASSERT_EQ(RunExecuted(), 1);  // the report never came: on it goes
   EXPECT_TRUE(d->result.has_value() && d->result->ok());
   batcher_.reset();  // it calls back into `available`, a local of this test
+}
+
+// With a wide engine, the batches of a stored memory's classes (their work
+// one pass over the memory) run on it, one at a time across every such
+// class, while other classes go on as before. The wide engine here is the
+// reference engine, so that a result says which engine computed it; the
+// first batch is held inside its run (the batch observer waits) while the
+// others are scheduled.
+TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  attn::EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  std::unique_ptr<attn::Engine> wide =
+      attn::Engine::Create(reference_options).value();
+  absl::Mutex mu;
+  std::vector<std::function<void()>> handed_on;
+  auto take_handed_on = [&] {
+    absl::MutexLock lock(&mu);
+    std::vector<std::function<void()>> work;
+    work.swap(handed_on);
+    return work;
+  };
+  absl::Notification first_running, release_first;
+  std::atomic<int> batches{0};
+  batcher_ = Batcher::Create(
+                 BatchingOptions{}, engine_.get(), &clock_,
+                 [&](std::function<void()> work, uint64_t) {
+                   absl::MutexLock lock(&mu);
+                   handed_on.push_back(std::move(work));
+                   return absl::OkStatus();
+                 },
+                 [&](const BatchStats&) {
+                   if (batches.fetch_add(1) == 0) {
+                     first_running.Notify();
+                     release_first.WaitForNotification();
+                   }
+                 },
+                 /*executor_available=*/[] { return true; }, wide.get())
+                 .value();
+  std::mt19937 rng(12);
+  // Two memories (told apart by identity, as stored versions are) and one
+  // call that sends its own keys and values.
+  const int first_memory = 0, second_memory = 0;
+  auto on_first = MakeCall(rng, 1, 1, 64), on_second = MakeCall(rng, 1, 1, 64),
+       plain = MakeCall(rng, 1, 2, 3);
+  auto schedule = [&](Call* call, const void* memory) {
+    auto task = std::make_unique<Batcher::Task>();
+    if (memory != nullptr) {
+      task->request = MemoryAttentionRequest{call->request, memory, 1, 1};
+    } else {
+      task->request = call->request;
+    }
+    task->done = [call](absl::StatusOr<attn::OpResult> result,
+                        const BatchTiming&) { call->result = std::move(result); };
+    return batcher_->Schedule(std::move(task));
+  };
+  ASSERT_TRUE(schedule(on_first.get(), &first_memory).ok());
+  std::vector<std::function<void()>> first = take_handed_on();
+  ASSERT_EQ(first.size(), 1u);  // a thread is free: on at once
+  std::thread runner(std::move(first.front()));
+  // However the test ends, the first batch is released, its thread joined,
+  // and the batcher gone before `wide` and the locals its closures use.
+  struct Release {
+    absl::Notification& release;
+    std::thread& thread;
+    std::unique_ptr<Batcher>& batcher;
+    ~Release() {
+      if (!release.HasBeenNotified()) release.Notify();
+      if (thread.joinable()) thread.join();
+      batcher.reset();
+    }
+  } release_on_exit{release_first, runner, batcher_};
+  first_running.WaitForNotification();
+  ASSERT_TRUE(schedule(on_second.get(), &second_memory).ok());
+  ASSERT_TRUE(schedule(plain.get(), nullptr).ok());
+  // The plain call goes on; the other memory's batch waits for the first.
+  std::vector<std::function<void()>> next = take_handed_on();
+  ASSERT_EQ(next.size(), 1u);
+  next.front()();
+  ASSERT_TRUE(plain->result.has_value() && plain->result->ok());
+  EXPECT_EQ((*plain->result)->implementation, "onednn-cpu");
+  batcher_->OnExecutorIdle();
+  EXPECT_TRUE(take_handed_on().empty());
+  release_first.Notify();
+  runner.join();
+  ASSERT_TRUE(on_first->result.has_value() && on_first->result->ok());
+  EXPECT_EQ((*on_first->result)->implementation, "reference");
+  batcher_->OnExecutorIdle();  // the worker that ran it frees up
+  next = take_handed_on();
+  ASSERT_EQ(next.size(), 1u);
+  next.front()();
+  ASSERT_TRUE(on_second->result.has_value() && on_second->result->ok());
+  EXPECT_EQ((*on_second->result)->implementation, "reference");
 }
 
 // The destructor shuts down: what still waits is handed to the executor,

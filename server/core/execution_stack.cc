@@ -12,13 +12,15 @@
 namespace attnserve {
 
 absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
-    const Options& options, std::unique_ptr<attn::Engine> engine) {
+    const Options& options, std::unique_ptr<attn::Engine> engine,
+    std::unique_ptr<attn::Engine> wide_engine) {
   if (engine == nullptr) {
     return absl::InvalidArgumentError("ExecutionStack::Create: no engine");
   }
   RETURN_IF_ERROR(Admission::Check(options.admission));
   std::unique_ptr<ExecutionStack> core(new ExecutionStack(options));
   core->engine_ = std::move(engine);
+  core->wide_engine_ = std::move(wide_engine);
   ASSIGN_OR_RETURN(core->metrics_,
                    ServiceMetrics::Create(core->engine_->backend_names()));
   ASSIGN_OR_RETURN(core->pool_, WorkerPool::Create(options.workers));
@@ -44,7 +46,8 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
             },
             // A batch is handed on at once while a worker waits for work:
             // waiting for more requests would only idle it.
-            [raw] { return raw->pool_->available_threads() > 0; }));
+            [raw] { return raw->pool_->available_threads() > 0; },
+            core->wide_engine_.get()));
     core->pool_->SetIdleCallback([raw] { raw->batcher_->OnExecutorIdle(); });
     core->batcher_->StartScheduler();
   }

@@ -62,8 +62,12 @@ class ExecutionStack {
 
   // Takes `engine` and assembles the rest. INVALID_ARGUMENT naming the
   // option for options out of range (workers, admission, batching).
+  // `wide_engine` (may be null): an engine whose calls may use every core,
+  // on which the batcher runs stored-memory batches one at a time
+  // (Batcher::Create).
   static absl::StatusOr<std::unique_ptr<ExecutionStack>> Create(
-      const Options& options, std::unique_ptr<attn::Engine> engine);
+      const Options& options, std::unique_ptr<attn::Engine> engine,
+      std::unique_ptr<attn::Engine> wide_engine = nullptr);
 
   ExecutionStack(const ExecutionStack&) = delete;
   ExecutionStack& operator=(const ExecutionStack&) = delete;
@@ -109,6 +113,7 @@ class ExecutionStack {
   std::atomic<bool> ready_{true};
   RealClock real_clock_;
   std::unique_ptr<attn::Engine> engine_;
+  std::unique_ptr<attn::Engine> wide_engine_;  // may be null
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Batcher> batcher_;
