@@ -9,9 +9,17 @@
 #ifndef ATTN_WORK_H_
 #define ATTN_WORK_H_
 
+#include <cstdint>
+
 #include "attn/params.h"
 
 namespace attn {
+
+// Keys one thread takes at least when an attention call with fewer tasks
+// (batch entries x heads x query blocks) than threads shares each task's
+// keys out among them: a call over fewer than twice this many keys keeps
+// its tasks whole, one thread each.
+inline constexpr int64_t kMinKeysPerShare = 4096;
 
 inline double EstimatedFlops(const MaskedSoftmaxParams& p) {
   // max, subtract, exp, sum and scale per element.

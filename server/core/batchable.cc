@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "attn/status_macros.h"
 #include "attn/validate.h"
+#include "attn/work.h"
 
 namespace attnserve {
 namespace {
@@ -255,7 +256,8 @@ absl::StatusOr<BatchClass> Classify(const MemoryAttentionRequest& r) {
                    p.d, "/", p.dv, "/", static_cast<int>(p.score), "/",
                    Bits(p.scale), "/", static_cast<int>(p.precision), "/",
                    r.attention.return_weights),
-      p.lq * p.d, /*shares_a_pass=*/true};
+      p.lq * p.d,
+      /*shares_a_pass=*/p.lk >= 2 * attn::kMinKeysPerShare};
 }
 
 // Whether `r` may join a batch led by `first` (their keys are equal).

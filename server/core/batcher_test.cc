@@ -20,6 +20,7 @@
 #include "attn/testing/engines.h"
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
+#include "attn/work.h"
 #include "gtest/gtest.h"
 #include "server/core/worker_pool.h"
 
@@ -492,8 +493,8 @@ TEST_F(BatcherTest, DueBatchIsHeldWhileEveryThreadIsBusy) {
 }
 
 // With a wide engine, the batches of a stored memory's classes (their work
-// one pass over the memory) run on it, one at a time across every such
-// class, while other classes go on as before. The wide engine here is the
+// one pass over a memory long enough to share out) run on it, one at a time
+// across every such class, while other classes go on as before. The wide engine here is the
 // reference engine, so that a result says which engine computed it; the
 // first batch is held inside its run (the batch observer waits) while the
 // others are scheduled.
@@ -532,8 +533,10 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
   // Two memories (told apart by identity, as stored versions are) and one
   // call that sends its own keys and values.
   const int first_memory = 0, second_memory = 0;
-  auto on_first = MakeCall(rng, 1, 1, 64), on_second = MakeCall(rng, 1, 1, 64),
-       plain = MakeCall(rng, 1, 2, 3);
+  // (Memories long enough to share out: attn::kMinKeysPerShare x 2 keys.)
+  const int64_t keys = 2 * attn::kMinKeysPerShare;
+  auto on_first = MakeCall(rng, 1, 1, keys),
+       on_second = MakeCall(rng, 1, 1, keys), plain = MakeCall(rng, 1, 2, 3);
   auto schedule = [&](Call* call, const void* memory) {
     auto task = std::make_unique<Batcher::Task>();
     if (memory != nullptr) {

@@ -17,6 +17,7 @@
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu_kernels_impl.h"
 #include "attn/internal/isa.h"
+#include "attn/work.h"
 
 ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
@@ -684,7 +685,7 @@ absl::Status CpuAttention(const AttentionParams& p, BFloat16Mode bfloat16,
   const int64_t shares =
       p.weights == nullptr && tasks < threads
           ? std::min<int64_t>((threads + tasks - 1) / tasks,
-                              p.lk / kCompiledKeys)
+                              p.lk / kMinKeysPerShare)
           : 1;
   const int64_t share_blocks =
       ((p.lk + kKeyBlock - 1) / kKeyBlock + shares - 1) / shares;
