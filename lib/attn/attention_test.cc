@@ -276,10 +276,7 @@ bool NativeBFloat16() {
 // products they give exactly what the same values as floats give at
 // bfloat16 precision; on the reference, always.
 TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
-  EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  auto reference = Engine::Create(reference_options);
-  ASSERT_TRUE(reference.ok());
+  Engine& reference = ReferenceEngine();
   const bool native = NativeBFloat16();
   std::mt19937 rng(11);
   Tensor k = RandomNormal(rng, {2, 300, 64});
@@ -331,14 +328,14 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
           // score's peaked weights found the bound's bfloat16 rounding of the
           // probabilities taken as 2^-9, half what it is.)
           floats.return_weights = true;
-          auto expected = (*reference)->ScaledDotProductAttention(floats);
+          auto expected = reference.ScaledDotProductAttention(floats);
           floats.return_weights = weights;
           ASSERT_TRUE(expected.ok());
           EXPECT_TRUE(WithinBounds(from_held->output, expected->output,
                                    AttentionBounds(floats, *expected).output));
         }
-        auto reference_held = (*reference)->ScaledDotProductAttention(held);
-        auto reference_floats = (*reference)->ScaledDotProductAttention(floats);
+        auto reference_held = reference.ScaledDotProductAttention(held);
+        auto reference_floats = reference.ScaledDotProductAttention(floats);
         ASSERT_TRUE(reference_held.ok()) << reference_held.status();
         ASSERT_TRUE(reference_floats.ok());
         EXPECT_EQ(reference_held->output.data, reference_floats->output.data);
@@ -354,7 +351,7 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
   mixed.values = v.view();
   mixed.precision = Precision::kBFloat16;
   mixed.values_bfloat16 = v_bits.data();
-  auto refused = (*reference)->ScaledDotProductAttention(mixed);
+  auto refused = reference.ScaledDotProductAttention(mixed);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("not a mix"), std::string::npos);
   AttentionRequest float32 = mixed;
@@ -362,7 +359,7 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
   float32.values.data = nullptr;
   float32.keys_bfloat16 = k_bits.data();
   float32.precision = Precision::kFloat32;
-  refused = (*reference)->ScaledDotProductAttention(float32);
+  refused = reference.ScaledDotProductAttention(float32);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("precision: keys and values held "
                                             "as bfloat16 compute in bfloat16"),
@@ -374,10 +371,7 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
 // 32 rows, bfloat16 from 5); within the derived bounds either way, with and
 // without valid lengths.
 TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
-  EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  auto reference = Engine::Create(reference_options);
-  ASSERT_TRUE(reference.ok());
+  Engine& reference = ReferenceEngine();
   std::mt19937 rng(21);
   const Tensor k = RandomNormal(rng, {1, 4608, 64});
   const Tensor v = RandomNormal(rng, {1, 4608, 64});
@@ -399,7 +393,7 @@ TEST(AttentionPrecisionTest, LongKeysWithCompiledBlockShapes) {
           auto result = OptimizedEngine(threads).ScaledDotProductAttention(request);
           ASSERT_TRUE(result.ok()) << result.status();
           request.return_weights = true;
-          auto expected = (*reference)->ScaledDotProductAttention(request);
+          auto expected = reference.ScaledDotProductAttention(request);
           ASSERT_TRUE(expected.ok());
           EXPECT_TRUE(WithinBounds(result->output, expected->output,
                                    AttentionBounds(request, *expected).output));

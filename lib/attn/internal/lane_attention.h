@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attn/internal/isa.h"
@@ -158,6 +159,17 @@ class Prefetch {
   int64_t done_ = 0;
 };
 
+// f(std::integral_constant<int, n>{}) for a run-time n in [1, kMax]: the
+// register tiles' sizes are compile-time, so that their accumulators stay
+// in registers, and a remainder takes the tile of its own size.
+template <int kMax, typename F>
+void WithTileSize(int64_t n, const F& f) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return WithTileSize<kMax - 1>(n, f);
+  }
+  f(std::integral_constant<int, kMax>{});
+}
+
 // Keys per register tile of the scores for `groups` lane groups at a time:
 // keys x groups accumulators, the groups' query vectors and a broadcast key
 // element fit in the registers.
@@ -207,20 +219,6 @@ void ScoreTile(const float* qt, int64_t groups, int64_t g0, const float* k,
   }
 }
 
-// Groups [g0, g0 + n) with n <= G, on the tile for exactly n.
-template <int L, int G>
-void ScoreGroups(int64_t n, const float* qt, int64_t groups, int64_t g0,
-                 const float* k, int64_t d, int64_t count, float* scores,
-                 Prefetch& next) {
-  if constexpr (G > 1) {
-    if (n < G) {
-      return ScoreGroups<L, G - 1>(n, qt, groups, g0, k, d, count, scores,
-                                   next);
-    }
-  }
-  ScoreTile<L, G>(qt, groups, g0, k, d, count, scores, next);
-}
-
 // The weighted sum's register tile: R rows x C vectors of columns (natural
 // width), with the C value vectors of one key and a broadcast probability.
 inline constexpr int kPoolRows = kLaneRegisters >= 32 ? 6 : 3;
@@ -258,26 +256,6 @@ void PoolTile(const float* p, int64_t lanes, int64_t r0, const float* v,
   }
 }
 
-// PoolTile for exactly `rows` <= R rows and `vectors` <= C column vectors.
-template <int R, int C>
-void PoolTileOf(int64_t rows, int64_t vectors, const float* p, int64_t lanes,
-                int64_t r0, const float* v, int64_t dv, int64_t count,
-                float* acc, int64_t c0, Prefetch& next) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      return PoolTileOf<R - 1, C>(rows, vectors, p, lanes, r0, v, dv, count,
-                                  acc, c0, next);
-    }
-  }
-  if constexpr (C > 1) {
-    if (vectors < C) {
-      return PoolTileOf<R, C - 1>(rows, vectors, p, lanes, r0, v, dv, count,
-                                  acc, c0, next);
-    }
-  }
-  PoolTile<R, C>(p, lanes, r0, v, dv, count, acc, c0, next);
-}
-
 // The float32 products of a pass on L lanes.
 template <int L>
 struct FloatProducts {
@@ -307,10 +285,11 @@ struct FloatProducts {
     const float* k = static_cast<const float*>(pass.k) + j0 * pass.d;
     for (int64_t g0 = 0; g0 < groups; g0 += kMaxScoreGroups) {
       Prefetch none;
-      ScoreGroups<L, kMaxScoreGroups>(
-          std::min<int64_t>(kMaxScoreGroups, groups - g0),
-          s.packed_queries.data(), groups, g0, k, pass.d, count,
-          s.scores.data(), g0 == 0 ? next_keys : none);
+      Prefetch& next = g0 == 0 ? next_keys : none;
+      WithTileSize<kMaxScoreGroups>(groups - g0, [&](auto group_count) {
+        ScoreTile<L, group_count()>(s.packed_queries.data(), groups, g0, k,
+                                    pass.d, count, s.scores.data(), next);
+      });
     }
   }
 
@@ -324,10 +303,14 @@ struct FloatProducts {
           std::min<int64_t>(kPoolVectors, (pass.dv - c0) / kWidth);
       for (int64_t r0 = 0; r0 < pass.rows; r0 += kPoolRows) {
         Prefetch none;
-        PoolTileOf<kPoolRows, kPoolVectors>(
-            std::min<int64_t>(kPoolRows, pass.rows - r0), vectors,
-            s.scores.data(), lanes, r0, v, pass.dv, count, s.acc.data(), c0,
-            c0 == 0 && r0 == 0 ? next_values : none);
+        Prefetch& next = c0 == 0 && r0 == 0 ? next_values : none;
+        WithTileSize<kPoolRows>(pass.rows - r0, [&](auto row_count) {
+          WithTileSize<kPoolVectors>(vectors, [&](auto vector_count) {
+            PoolTile<row_count(), vector_count()>(s.scores.data(), lanes, r0,
+                                                  v, pass.dv, count,
+                                                  s.acc.data(), c0, next);
+          });
+        });
       }
     }
   }
@@ -534,21 +517,6 @@ ATTN_LANES_BF16 void PairScoreTile(const uint32_t* qp, int64_t groups,
   }
 }
 
-template <int G>
-ATTN_LANES_BF16 void PairScoreGroups(int64_t n, const uint32_t* qp,
-                                     int64_t groups, int64_t g0,
-                                     const uint16_t* k, int64_t d,
-                                     int64_t count, float* scores,
-                                     Prefetch& next) {
-  if constexpr (G > 1) {
-    if (n < G) {
-      return PairScoreGroups<G - 1>(n, qp, groups, g0, k, d, count, scores,
-                                    next);
-    }
-  }
-  PairScoreTile<G>(qp, groups, g0, k, d, count, scores, next);
-}
-
 // acc[r][c0 + ...] += sum over key pairs of pp[pair][r] . vp[pair][c0 + ...]
 // for rows [r0, r0 + R) and C vectors of 16 columns.
 template <int R, int C>
@@ -581,27 +549,6 @@ ATTN_LANES_BF16 void PairPoolTile(const uint32_t* pp, int64_t lanes,
   }
 }
 
-template <int R, int C>
-ATTN_LANES_BF16 void PairPoolTileOf(int64_t rows, int64_t vectors,
-                                    const uint32_t* pp, int64_t lanes,
-                                    int64_t r0, const uint32_t* vp,
-                                    int64_t dv, int64_t pairs, float* acc,
-                                    int64_t c0) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      return PairPoolTileOf<R - 1, C>(rows, vectors, pp, lanes, r0, vp, dv,
-                                      pairs, acc, c0);
-    }
-  }
-  if constexpr (C > 1) {
-    if (vectors < C) {
-      return PairPoolTileOf<R, C - 1>(rows, vectors, pp, lanes, r0, vp, dv,
-                                      pairs, acc, c0);
-    }
-  }
-  PairPoolTile<R, C>(pp, lanes, r0, vp, dv, pairs, acc, c0);
-}
-
 struct BFloat16Products {
   static constexpr int kLanes = 16;
 
@@ -629,10 +576,11 @@ struct BFloat16Products {
     const uint16_t* k = static_cast<const uint16_t*>(pass.k) + j0 * pass.d;
     for (int64_t g0 = 0; g0 < groups; g0 += kMaxScoreGroups) {
       Prefetch none;
-      PairScoreGroups<kMaxScoreGroups>(
-          std::min<int64_t>(kMaxScoreGroups, groups - g0),
-          s.query_pairs.data(), groups, g0, k, pass.d, count,
-          s.scores.data(), g0 == 0 ? next_keys : none);
+      Prefetch& next = g0 == 0 ? next_keys : none;
+      WithTileSize<kMaxScoreGroups>(groups - g0, [&](auto group_count) {
+        PairScoreTile<group_count()>(s.query_pairs.data(), groups, g0, k,
+                                     pass.d, count, s.scores.data(), next);
+      });
     }
   }
 
@@ -699,10 +647,13 @@ struct BFloat16Products {
     for (int64_t c0 = 0; c0 < dv; c0 += kPoolVectors * 16) {
       const int64_t vectors = std::min<int64_t>(kPoolVectors, (dv - c0) / 16);
       for (int64_t r0 = 0; r0 < pass.rows; r0 += kPoolRows) {
-        PairPoolTileOf<kPoolRows, kPoolVectors>(
-            std::min<int64_t>(kPoolRows, pass.rows - r0), vectors,
-            s.probability_pairs.data(), lanes, r0, s.value_pairs.data(), dv,
-            pairs, s.acc.data(), c0);
+        WithTileSize<kPoolRows>(pass.rows - r0, [&](auto row_count) {
+          WithTileSize<kPoolVectors>(vectors, [&](auto vector_count) {
+            PairPoolTile<row_count(), vector_count()>(
+                s.probability_pairs.data(), lanes, r0, s.value_pairs.data(),
+                dv, pairs, s.acc.data(), c0);
+          });
+        });
       }
     }
   }
