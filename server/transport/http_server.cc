@@ -4,14 +4,17 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -38,6 +41,15 @@ constexpr timeval kNow = {0, 0};
 // How often a loop looks for connections to close (slow requests, idle
 // keep-alive) and for connections evhttp has let go.
 constexpr timeval kSweepInterval = {0, 200000};
+// A socket evhttp has answered and let go while its client may still be
+// sending (a body over the limit, refused with 413 from its headers) is
+// read and dropped until the client closes, quiet for kLingerQuiet, or
+// kLingerTime in all, as nginx's lingering close does. Closing it at once
+// with data unread makes the kernel reset the connection: the client,
+// still sending, gets a broken pipe, and the answer waiting in its receive
+// buffer can be lost with it.
+constexpr timeval kLingerQuiet = {1, 0};
+constexpr absl::Duration kLingerTime = absl::Seconds(5);
 
 std::string OpenSslError() {
   const unsigned long code = ERR_get_error();
@@ -137,6 +149,11 @@ class HttpServer::Loop {
     if (sweep_ != nullptr) event_free(sweep_);
     if (http_ != nullptr) evhttp_free(http_);
     for (auto& [bev, connection] : connections_) bufferevent_decref(bev);
+    for (Lingering* lingering : lingering_) {
+      event_free(lingering->drain);
+      close(lingering->fd);
+      delete lingering;
+    }
     if (base_ != nullptr) event_base_free(base_);
   }
 
@@ -329,8 +346,56 @@ class HttpServer::Loop {
     }
     bufferevent* bev = it->first;
     connections_.erase(it);
-    server_->open_connections_.fetch_sub(1);
+    // Still open while it lingers: it counts against --http_max_connections
+    // until then.
+    if (!Linger(bufferevent_getfd(bev))) server_->open_connections_.fetch_sub(1);
     bufferevent_decref(bev);
+  }
+
+  // Keeps the socket open past evhttp (a second descriptor of it) and
+  // drains it; false if it cannot, and the socket closes with `bev`.
+  bool Linger(evutil_socket_t fd) {
+    if (fd < 0) return false;
+    const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) return false;
+    auto* lingering = new Lingering{this, copy, nullptr,
+                                    absl::Now() + kLingerTime};
+    lingering->drain = event_new(base_, copy, EV_READ | EV_PERSIST,
+                                 &Loop::Drain, lingering);
+    if (lingering->drain == nullptr ||
+        event_add(lingering->drain, &kLingerQuiet) != 0) {
+      if (lingering->drain != nullptr) event_free(lingering->drain);
+      close(copy);
+      delete lingering;
+      return false;
+    }
+    lingering_.insert(lingering);
+    return true;
+  }
+
+  static void Drain(evutil_socket_t fd, short what, void* arg) {
+    auto* lingering = static_cast<Lingering*>(arg);
+    if ((what & EV_READ) != 0 && absl::Now() < lingering->deadline) {
+      char sink[16 << 10];
+      // A few reads a wake-up, so one client cannot hold the loop.
+      bool still_open = true;
+      for (int i = 0; i < 8 && still_open; ++i) {
+        const ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK ||
+                      errno == EINTR)) {
+          return;
+        }
+        still_open = false;  // the client closed, or the socket failed
+      }
+      if (still_open) return;
+    }
+    Loop* loop = lingering->loop;
+    loop->lingering_.erase(lingering);
+    event_free(lingering->drain);
+    close(lingering->fd);
+    delete lingering;
+    loop->server_->open_connections_.fetch_sub(1);
   }
 
   static void OnRequest(evhttp_request* request, void* arg) {
@@ -495,6 +560,14 @@ class HttpServer::Loop {
   int listen_fd_ = -1;
   std::thread thread_;
   std::unordered_map<bufferevent*, Connection> connections_;
+  // A socket let go by evhttp, drained until its client stops sending.
+  struct Lingering {
+    Loop* loop;
+    evutil_socket_t fd;
+    event* drain;
+    absl::Time deadline;
+  };
+  std::unordered_set<Lingering*> lingering_;
 };
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
