@@ -5,6 +5,7 @@
 //
 // Run through bench/run_benchmarks.sh, which also runs the PyTorch peer and
 // prints one table. OMP_NUM_THREADS sets the thread count (2 on the dev box).
+#include <immintrin.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -281,6 +282,84 @@ void BM_MemoryQuery(benchmark::State& state) {
   state.counters["memory_GBps"] = benchmark::Counter(
       2.0 * n * d * (bfloat16 ? 2 : 4) * 1e-9,
       benchmark::Counter::kIsIterationInvariantRate);
+  // Both products, a multiply and an add per term; BM_ArithmeticPeak gives
+  // the core's ceiling to hold it against.
+  state.counters["GFLOPs"] = benchmark::Counter(
+      4.0 * queries * n * d * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The core's arithmetic ceiling, for BM_MemoryQuery's GFLOPs to be read
+// against: twelve independent chains of float32 FMAs, 512-bit where the CPU
+// has AVX-512 and 256-bit where it has AVX2 alone (arg 0), or of
+// VDPBF16PS, two bfloat16 products a float32 lane (arg 1), the instructions
+// the lane kernel runs. A CPU without them is skipped, saying which.
+constexpr int64_t kPeakSteps = 1 << 20;
+
+// (A macro, not a template: the three bodies need different target
+// attributes, which GCC does not let an inlined helper take on.)
+#define ATTN_PEAK_CHAINS(ZERO, STEP)                                       \
+  auto a0 = ZERO, a1 = a0, a2 = a0, a3 = a0, a4 = a0,                      \
+         a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0; \
+  for (int64_t i = 0; i < kPeakSteps; ++i) {                               \
+    a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3);            \
+    a4 = STEP(a4), a5 = STEP(a5), a6 = STEP(a6), a7 = STEP(a7);            \
+    a8 = STEP(a8), a9 = STEP(a9), a10 = STEP(a10), a11 = STEP(a11);        \
+    /* Keeps the chains in registers and every step alive. */             \
+    __asm__ volatile(""                                                    \
+                     : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4),   \
+                       "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9),   \
+                       "+v"(a10), "+v"(a11));                              \
+  }                                                                        \
+  const auto sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 +  \
+                   a11;                                                    \
+  return sum[0]
+
+__attribute__((target("avx512f"))) float FloatFmaChains() {
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-4f);
+#define ATTN_FMA_STEP(a) _mm512_fmadd_ps(a, x, y)
+  ATTN_PEAK_CHAINS(_mm512_setzero_ps(), ATTN_FMA_STEP);
+#undef ATTN_FMA_STEP
+}
+
+// The same on 256-bit vectors, for CPUs with AVX2 alone.
+__attribute__((target("avx2,fma"))) float FloatFma256Chains() {
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f);
+#define ATTN_FMA_STEP(a) _mm256_fmadd_ps(a, x, y)
+  ATTN_PEAK_CHAINS(_mm256_setzero_ps(), ATTN_FMA_STEP);
+#undef ATTN_FMA_STEP
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float BFloat16DotChains() {
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f);
+  const __m512bh y = (__m512bh)_mm512_set1_epi32(0x38d138d1);
+#define ATTN_DOT_STEP(a) _mm512_dpbf16_ps(a, x, y)
+  ATTN_PEAK_CHAINS(_mm512_setzero_ps(), ATTN_DOT_STEP);
+#undef ATTN_DOT_STEP
+}
+#undef ATTN_PEAK_CHAINS
+
+void BM_ArithmeticPeak(benchmark::State& state) {
+  const bool bfloat16 = state.range(0) != 0;
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (bfloat16 ? !(avx512 && __builtin_cpu_supports("avx512bf16"))
+               : !(avx512 || (__builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma")))) {
+    state.SkipWithError(bfloat16 ? "no AVX512-BF16 on this CPU"
+                                 : "no AVX2 with FMA on this CPU");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(bfloat16 ? BFloat16DotChains()
+                             : avx512 ? FloatFmaChains()
+                                      : FloatFma256Chains());
+  }
+  // 12 chains x lanes x (2 flops, or 2 products of 2 flops).
+  const int lanes = avx512 ? 16 : 8;
+  state.counters["GFLOPs"] = benchmark::Counter(
+      kPeakSteps * 12.0 * lanes * (bfloat16 ? 4 : 2) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The attention-scoring section's toy call: queries (2, 1, 2), keys
@@ -361,6 +440,12 @@ BENCHMARK(BM_MemoryQuery)
     ->Args({16, 262144, 1, 2})
     ->Args({32, 262144, 0, 2})
     ->Args({32, 262144, 1, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ArithmeticPeak)
+    ->ArgName("bf16")
+    ->Arg(0)
+    ->Arg(1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);
