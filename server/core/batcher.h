@@ -220,8 +220,10 @@ class Batcher {
   };
 
   void Dispatch(DueBatch batch);
+  // `wide_slot`: a wide batch's hold on the wide engine (null for others),
+  // released once its kernel has run.
   static void RunBatch(const Runner& runner, std::vector<Pending>& batch,
-                       bool wide);
+                       std::atomic<int>* wide_slot);
   void SchedulerLoop();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NothingInHand() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -246,8 +248,8 @@ class Batcher {
   // their closures, which may run after the batcher is gone.
   const std::shared_ptr<std::atomic<int>> waiting_to_start_ =
       std::make_shared<std::atomic<int>>(0);
-  // Wide batches handed on and not finished (at most one): shared with
-  // their closures, as waiting_to_start_.
+  // Wide batches handed on whose kernel has not finished (at most one):
+  // shared with their closures, as waiting_to_start_.
   const std::shared_ptr<std::atomic<int>> wide_running_ =
       std::make_shared<std::atomic<int>>(0);
   // Serialises StartScheduler and Shutdown (the std::thread is not

@@ -587,6 +587,81 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
   EXPECT_EQ((*on_second->result)->implementation, "reference");
 }
 
+// The wide engine is free again once a batch's kernel is done: the next
+// memory's batch goes on while the first one's answers are still going out.
+TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  attn::EngineOptions reference_options;
+  reference_options.use_onednn = false;
+  std::unique_ptr<attn::Engine> wide =
+      attn::Engine::Create(reference_options).value();
+  absl::Mutex mu;
+  std::vector<std::function<void()>> handed_on;
+  auto take_handed_on = [&] {
+    absl::MutexLock lock(&mu);
+    std::vector<std::function<void()>> work;
+    work.swap(handed_on);
+    return work;
+  };
+  batcher_ = Batcher::Create(
+                 BatchingOptions{}, engine_.get(), &clock_,
+                 [&](std::function<void()> work, uint64_t) {
+                   absl::MutexLock lock(&mu);
+                   handed_on.push_back(std::move(work));
+                   return absl::OkStatus();
+                 },
+                 {}, /*executor_available=*/[] { return true; }, wide.get())
+                 .value();
+  std::mt19937 rng(13);
+  const int first_memory = 0, second_memory = 0;
+  const int64_t keys = 2 * attn::kMinKeysPerShare;
+  auto on_first = MakeCall(rng, 1, 1, keys), on_second = MakeCall(rng, 1, 1, keys);
+  absl::Notification first_answering, release_first;
+  auto first_task = std::make_unique<Batcher::Task>();
+  first_task->request =
+      MemoryAttentionRequest{on_first->request, &first_memory, 1, 1};
+  first_task->done = [&, call = on_first.get()](
+                         absl::StatusOr<attn::OpResult> result,
+                         const BatchTiming&) {
+    call->result = std::move(result);
+    first_answering.Notify();
+    release_first.WaitForNotification();
+  };
+  ASSERT_TRUE(batcher_->Schedule(std::move(first_task)).ok());
+  std::vector<std::function<void()>> first = take_handed_on();
+  ASSERT_EQ(first.size(), 1u);
+  std::thread runner(std::move(first.front()));
+  struct Release {
+    absl::Notification& release;
+    std::thread& thread;
+    std::unique_ptr<Batcher>& batcher;
+    ~Release() {
+      if (!release.HasBeenNotified()) release.Notify();
+      if (thread.joinable()) thread.join();
+      batcher.reset();
+    }
+  } release_on_exit{release_first, runner, batcher_};
+  first_answering.WaitForNotification();
+  auto second_task = std::make_unique<Batcher::Task>();
+  second_task->request =
+      MemoryAttentionRequest{on_second->request, &second_memory, 1, 1};
+  second_task->done = [call = on_second.get()](
+                          absl::StatusOr<attn::OpResult> result,
+                          const BatchTiming&) {
+    call->result = std::move(result);
+  };
+  ASSERT_TRUE(batcher_->Schedule(std::move(second_task)).ok());
+  // Handed on while the first batch is still answering.
+  std::vector<std::function<void()>> next = take_handed_on();
+  ASSERT_EQ(next.size(), 1u);
+  next.front()();
+  ASSERT_TRUE(on_second->result.has_value() && on_second->result->ok());
+  EXPECT_EQ((*on_second->result)->implementation, "reference");
+  release_first.Notify();
+  runner.join();
+  ASSERT_TRUE(on_first->result.has_value() && on_first->result->ok());
+}
+
 // The destructor shuts down: what still waits is handed to the executor,
 // not dropped.
 TEST_F(BatcherTest, DestroyingTheBatcherHandsQueuedTasksOn) {
