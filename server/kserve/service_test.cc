@@ -498,5 +498,85 @@ TEST_F(GainfulBatchingTest, OnlyStoredMemoryCallsAreBatched) {
   EXPECT_EQ(Batches("NadarayaWatson"), 0);
 }
 
+
+// A stored memory's attention_weights are [B, Lq, N]: sent only when asked
+// for, and, over the response limit, refused before the kernel runs, while
+// the same call without them is answered.
+class SmallResponseLimitTest : public KServeServiceTest {
+ protected:
+  ExecutionStack::Options StackOptions() const override {
+    ExecutionStack::Options options;
+    options.limits.max_response_bytes = 4096;
+    return options;
+  }
+
+  // attnserve_kernel_runs_total, all its series together.
+  double KernelRuns() {
+    double runs = 0;
+    for (const prometheus::MetricFamily& family :
+         stack_->metrics().registry()->Collect()) {
+      if (family.name != "attnserve_kernel_runs_total") continue;
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        runs += metric.counter.value;
+      }
+    }
+    return runs;
+  }
+};
+
+TEST_F(SmallResponseLimitTest, AMemorysWeightsComeOnlyWhenAskedAndWithinTheLimit) {
+  std::mt19937 rng(21);
+  const int64_t n = 2000, d = 4, dv = 2;
+  RepositoryModel memory;
+  memory.config.set_name("memory");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  memory.tensors["keys"] = attn::testing::RandomNormal(rng, {n, d});
+  memory.tensors["values"] = attn::testing::RandomNormal(rng, {n, dv});
+  ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
+                                     std::move(memory))
+                  .ok());
+  auto request_for = [&](const std::vector<std::string>& outputs) {
+    inference::ModelInferRequest request;
+    request.set_model_name("memory");
+    auto* input = request.add_inputs();
+    input->set_name("queries");
+    input->set_datatype("FP32");
+    for (int64_t dim : {int64_t{1}, int64_t{1}, d}) input->add_shape(dim);
+    for (int64_t i = 0; i < d; ++i) {
+      input->mutable_contents()->add_fp32_contents(0.25f * i);
+    }
+    for (const std::string& name : outputs) request.add_outputs()->set_name(name);
+    return request;
+  };
+  inference::ModelInferResponse response;
+  {
+    // No outputs named: the output alone (the weights would be 8,000 bytes).
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub_->ModelInfer(&context, request_for({}), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).name(), "output");
+  }
+  const double kernel_runs_before = KernelRuns();
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->ModelInfer(
+        &context, request_for({"output", "attention_weights"}), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("(1, 1, 2000)"));
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("4096"));
+  }
+  EXPECT_EQ(KernelRuns(), kernel_runs_before);  // refused before it ran
+  {
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub_->ModelInfer(&context, request_for({"output"}), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).shape(2), dv);
+  }
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -218,7 +218,7 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
           FileBytesInMemory(weights->second, "uploaded in a request"));
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kWeightsFile, ": ", tensors.status().message(),
+        model_name, ": ", kWeightsFile, ": ", tensors.status().message(),
         "; nothing was written"));
   }
   model.tensors = *std::move(tensors);

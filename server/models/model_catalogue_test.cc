@@ -34,6 +34,20 @@ void SetElement(RepositoryModel& model, const std::string& name, size_t index,
   model.tensors[name] = std::move(copy);
 }
 
+// A safetensors file whose `keys` are F16 (a dtype the server does not
+// serve) beside F32 `values`: written by hand, as SerializeSafetensors
+// writes only the dtypes served.
+std::string HalfPrecisionKeys() {
+  const std::string header =
+      R"({"keys":{"dtype":"F16","shape":[5,4],"data_offsets":[0,40]},)"
+      R"("values":{"dtype":"F32","shape":[5,3],"data_offsets":[40,100]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  }
+  return file + header + std::string(100, '\0');
+}
+
 class ModelCatalogueTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -189,6 +203,90 @@ TEST_F(ModelCatalogueTest, AnAttentionMemoryIsCheckedWhenStored) {
   EXPECT_EQ(repository_->Find("memory")->tensors.at("values").shape,
             (attn::Shape{5, 3}));
   EXPECT_TRUE(ModelCatalogue(repository_.get()).Resolve("memory", "").ok());
+}
+
+// A memory's file replaced on disk by a bad one (an operator's copy, a
+// shared volume) and reloaded: refused naming the model's file and the
+// tensor, and the version loaded before serves on. --max_model_bytes
+// bounds the reload too.
+TEST_F(ModelCatalogueTest, ABadMemoryOnDiskIsRefusedWhenLoaded) {
+  auto memory_file = [](attn::Shape keys, attn::Shape values) {
+    std::map<std::string, attn::Tensor> tensors;
+    tensors["keys"] = attn::Tensor::Zeros(std::move(keys));
+    tensors["keys"].data[0] = 1.0f;
+    tensors["values"] = attn::Tensor::Zeros(std::move(values));
+    return tensors;
+  };
+  const std::string good = SerializeSafetensors(memory_file({5, 4}, {5, 3}));
+  ModelRepository::Options options;
+  options.dir = dir_;
+  options.max_model_bytes = static_cast<int64_t>(good.size()) + 64;
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(options).value();
+  ModelCatalogue catalogue(repository.get(),
+                           ModelControl{/*explicit_mode=*/true});
+  RepositoryModel first;
+  first.config.set_name("mem");
+  first.config.set_backend(AttentionMemoryKind().backend);
+  for (auto& [name, tensor] : memory_file({5, 4}, {5, 3})) {
+    first.tensors[name] = std::move(tensor);
+  }
+  ASSERT_TRUE(
+      repository->SaveModel({"test", "a memory"}, "mem", std::move(first)).ok());
+  const std::string file = dir_ + "/mem/weights.safetensors";
+  auto replace_file = [&](const std::string& bytes) {
+    // A new file under the name, as cp or an editor leaves it.
+    ASSERT_EQ(unlink(file.c_str()), 0);
+    std::ofstream(file, std::ios::binary) << bytes;
+  };
+
+  auto nan = memory_file({5, 4}, {5, 3});
+  nan["values"].data[4] = std::nanf("");
+  auto missing = memory_file({5, 4}, {5, 3});
+  missing.erase("values");
+  auto mismatched = memory_file({5, 4}, {6, 3});
+  auto flat = memory_file({20}, {5, 3});
+  struct Refusal {
+    std::string bytes;
+    absl::StatusCode code;
+    std::vector<std::string> says;
+  };
+  const Refusal refusals[] = {
+      {HalfPrecisionKeys(), absl::StatusCode::kInvalidArgument,
+       {"mem/weights.safetensors", "tensor 'keys' is F16"}},
+      {SerializeSafetensors(nan), absl::StatusCode::kInvalidArgument,
+       {"mem", "tensor 'values' element 4 is nan"}},
+      {SerializeSafetensors(missing), absl::StatusCode::kInvalidArgument,
+       {"mem", "tensor 'values'"}},
+      {SerializeSafetensors(mismatched), absl::StatusCode::kInvalidArgument,
+       {"mem", "keys (5, 4) and values (6, 3)"}},
+      {SerializeSafetensors(flat), absl::StatusCode::kInvalidArgument,
+       {"mem", "rank-2 tensor 'keys'"}},
+      {good.substr(0, good.size() - 9), absl::StatusCode::kInvalidArgument,
+       {"mem/weights.safetensors"}},
+      {SerializeSafetensors(memory_file({50, 4}, {50, 3})),
+       absl::StatusCode::kResourceExhausted,
+       {"mem/weights.safetensors", "--max_model_bytes"}},
+  };
+  for (const Refusal& refusal : refusals) {
+    replace_file(refusal.bytes);
+    const absl::Status status = catalogue.Load(true, "mem", {});
+    EXPECT_EQ(status.code(), refusal.code) << status;
+    for (const std::string& part : refusal.says) {
+      EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+    }
+    // The version loaded before serves on, and the index says why.
+    absl::StatusOr<ServedModel> served = catalogue.Resolve("mem", "");
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(served->stored->tensors.at("keys").shape, (attn::Shape{5, 4}));
+    EXPECT_EQ(served->stored->tensors.at("keys").data[0], 1.0f);
+    ASSERT_EQ(repository->Index().size(), 1u);
+    EXPECT_EQ(repository->Index()[0].state, "READY");
+    EXPECT_THAT(repository->Index()[0].reason, HasSubstr("failed to reload"));
+  }
+  // Mended, it reloads.
+  replace_file(good);
+  EXPECT_TRUE(catalogue.Load(true, "mem", {}).ok());
 }
 
 // The kinds read their parameters whatever wire they came by, with the
@@ -507,6 +605,8 @@ TEST_F(ModelCatalogueTest, UploadsAreCheckedThenSavedWhole) {
   std::map<std::string, attn::Tensor> mismatched =
       ParseSafetensors(other).value();
   mismatched["values"] = attn::Tensor::Zeros({6, 3});
+  std::map<std::string, attn::Tensor> flat_keys = ParseSafetensors(other).value();
+  flat_keys["keys"] = attn::Tensor::Zeros({20});
   const Refusal refusals[] = {
       {upload(config, {{"file:../mem2/weights.safetensors", other}}),
        absl::StatusCode::kInvalidArgument,
@@ -535,7 +635,14 @@ TEST_F(ModelCatalogueTest, UploadsAreCheckedThenSavedWhole) {
        absl::StatusCode::kInvalidArgument, "backend 'no_such_backend'"},
       {upload(config, {{"file:weights.safetensors",
                         other.substr(0, other.size() - 7)}}),
-       absl::StatusCode::kInvalidArgument, "file:weights.safetensors: "},
+       absl::StatusCode::kInvalidArgument, "mem: file:weights.safetensors: "},
+      {upload(config, {{"file:weights.safetensors", HalfPrecisionKeys()}}),
+       absl::StatusCode::kInvalidArgument,
+       "mem: file:weights.safetensors: safetensors: tensor 'keys' is F16"},
+      {upload(config, {{"file:weights.safetensors",
+                        SerializeSafetensors(flat_keys)}}),
+       absl::StatusCode::kInvalidArgument,
+       "mem: backend attention_memory needs a rank-2 tensor 'keys'"},
       {upload(config, {{"file:weights.safetensors",
                         SerializeSafetensors(nan_tensors)}}),
        absl::StatusCode::kInvalidArgument,
