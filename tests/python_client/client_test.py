@@ -470,6 +470,42 @@ class StoredMemoryTest(Case):
         self.assertWithin(got.output, out, ob, "memory output")
         self.assertWithin(got.weights, w, wb, "memory weights")
 
+    def test_stored_then_queried(self):
+        # store_memory uploads it (RepositoryModelLoad); queries name it.
+        keys, values = self.randn(40, 3), self.randn(40, 2)
+        CLIENT.store_memory("py_memory", keys, values, scale=0.7)
+        queries = self.randn(2, 5, 3)
+        got = CLIENT.scaled_dot_product_attention(queries, memory_name="py_memory",
+                                                  return_weights=True)
+        out, w, ob, wb = attention_ref(queries, np.broadcast_to(keys, (2, 40, 3)),
+                                       np.broadcast_to(values, (2, 40, 2)), scale=0.7)
+        self.assertWithin(got.output, out, ob, "stored memory output")
+        self.assertWithin(got.weights, w, wb, "stored memory weights")
+        self.assertIn("py_memory", [m.name for m in CLIENT.models(ready_only=True)])
+        # Replaced whole by the next upload, as BF16 (the bits the server
+        # rounds to): the keys now differ, the answer with them.
+        CLIENT.store_memory("py_memory", keys + 1.0, values, scale=0.7, bfloat16=True)
+        again = CLIENT.scaled_dot_product_attention(queries, memory_name="py_memory")
+        self.assertFalse(np.allclose(again.output, got.output, atol=1e-3))
+
+    def test_a_bad_memory_is_refused_and_the_stored_one_kept(self):
+        keys, values = self.randn(8, 2), self.randn(8, 4)
+        CLIENT.store_memory("kept_memory", keys, values)
+        before = CLIENT.scaled_dot_product_attention(self.randn(1, 1, 2) * 0 + 0.5,
+                                                     memory_name="kept_memory")
+        bad = values.copy()
+        bad[3, 1] = np.nan
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.store_memory("kept_memory", keys, bad)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("tensor 'values' element 13 is nan", caught.exception.message)
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.store_memory("kept_memory", keys, values[:5])
+        self.assertIn("(8, 2) and values (5, 4)", caught.exception.message)
+        after = CLIENT.scaled_dot_product_attention(self.randn(1, 1, 2) * 0 + 0.5,
+                                                    memory_name="kept_memory")
+        np.testing.assert_array_equal(after.output, before.output)
+
     def test_keys_beside_a_memory_are_refused(self):
         with self.assertRaises(attnserve.Error) as caught:
             CLIENT.scaled_dot_product_attention(self.randn(1, 1, 2), self.randn(1, 10, 2),
@@ -950,7 +986,7 @@ class ExamplesTest(Case):
         scripts = sorted(EXAMPLES.glob("*.py"))
         self.assertEqual({s.name for s in scripts},
                          {"attention_cues.py", "masked_softmax.py", "attention_scoring.py",
-                          "nadaraya_watson.py"})
+                          "nadaraya_watson.py", "attention_memory.py"})
         for script in scripts:
             argv = sys.argv
             sys.argv = [str(script), "--target", TARGET, "--out", str(figures)]
@@ -968,10 +1004,13 @@ class ExamplesTest(Case):
             if script.name == "nadaraya_watson.py":
                 self.assertIn("saved as chapter_example; queried by name",
                               out.getvalue())
+            if script.name == "attention_memory.py":
+                self.assertIn("the memory's answer is the Nadaraya-Watson "
+                              "estimate: True", out.getvalue())
         made = {p.name for p in figures.glob("*.png")}
         self.assertEqual(made, {"chapter_identity.png", "chapter_masked_softmax.png",
                                 "chapter_additive.png", "chapter_dot_product.png",
-                                "chapter_nadaraya_watson.png"})
+                                "chapter_nadaraya_watson.png", "chapter_memory.png"})
 
     def test_readme_three_lines(self):
         # The README's example, verbatim but for the target.

@@ -97,8 +97,10 @@ values = [0.25 * i for i in range(40)]
 make_examples.write_model(sys.argv[1], "toy_memory", "attention_memory",
                           {"keys": ([10, 2], keys), "values": ([10, 4], values)})
 PY
+# Uploads (store_memory, the memory example) need explicit model control.
 start_server "$server_bin" "$workdir/server.log" --kernel_threads=1 \
-  --model_repository="$workdir/models" --max_request_elements=1048576
+  --model_repository="$workdir/models" --max_request_elements=1048576 \
+  --model_control_mode=explicit
 echo "run_test.sh: attnserve pid $SERVER_PID on 127.0.0.1:$GRPC_PORT"
 
 status=0

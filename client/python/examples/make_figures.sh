@@ -28,6 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+mkdir -p "$workdir/models"
 
 if [[ -z "${PYTHON:-}" ]]; then
   venv=${VENV:-/tmp/attnserve-figures-venv}
@@ -41,9 +42,12 @@ if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=$venv/bin/python
 fi
 
-start_server "$server_bin" "$workdir/server.log" --kernel_threads=1
+# Explicit model control: attention_memory.py stores its memory (an upload).
+start_server "$server_bin" "$workdir/server.log" --kernel_threads=1 \
+  --model_repository="$workdir/models" --model_control_mode=explicit
 mkdir -p "$out"
-for example in attention_cues masked_softmax attention_scoring nadaraya_watson; do
+for example in attention_cues masked_softmax attention_scoring nadaraya_watson \
+  attention_memory; do
   echo "== $example.py"
   "$PYTHON" "$here/$example.py" --target "127.0.0.1:$GRPC_PORT" --out "$out"
 done

@@ -17,6 +17,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 REPOSITORY_INDEX = "/inference.GRPCInferenceService/RepositoryIndex"
+REPOSITORY_MODEL_LOAD = "/inference.GRPCInferenceService/RepositoryModelLoad"
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,6 +57,11 @@ def health_check(channel: Any) -> Tuple[Callable[..., Any], Any]:
 def repository_index(channel: Any) -> Tuple[Callable[..., Any], Any]:
     return method(channel, REPOSITORY_INDEX, "inference.RepositoryIndexRequest",
                   "inference.RepositoryIndexResponse")
+
+
+def repository_model_load(channel: Any) -> Tuple[Callable[..., Any], Any]:
+    return method(channel, REPOSITORY_MODEL_LOAD, "inference.RepositoryModelLoadRequest",
+                  "inference.RepositoryModelLoadResponse")
 
 
 def serving_status_name(response: Any) -> str:

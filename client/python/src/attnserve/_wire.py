@@ -6,6 +6,8 @@ for ``TENSOR_ENCODING_RAW`` answers: no per-element parsing either way.
 
 from __future__ import annotations
 
+import json
+import struct
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -33,6 +35,7 @@ _INT32 = np.iinfo(np.int32)
 _PRECISIONS = {"float32": pb.PRECISION_FLOAT32, "bfloat16": pb.PRECISION_BFLOAT16,
                "float16": pb.PRECISION_FLOAT16}
 _SCORES = {"dot_product": pb.SCORE_DOT_PRODUCT, "gaussian": pb.SCORE_GAUSSIAN}
+MEMORY_FILE = "file:weights.safetensors"
 _KERNELS = {"gaussian": pb.REGRESSION_KERNEL_GAUSSIAN,
             "boxcar": pb.REGRESSION_KERNEL_BOXCAR,
             "constant": pb.REGRESSION_KERNEL_CONSTANT,
@@ -268,3 +271,42 @@ def fit_result(response: pb.FitBandwidthResponse) -> FitResult:
     return FitResult(float(response.bandwidth),
                      np.asarray(response.loss_per_epoch, dtype=np.float64),
                      float(response.final_loss), info(response))
+
+
+def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounded to nearest even (as the server's
+    BF16 memories are read)."""
+    bits = array.astype(_F32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
+def memory_upload(name: str, keys: ArrayLike, values: ArrayLike, score: str,
+                  scale: Optional[float], bfloat16: bool) -> Tuple[str, bytes]:
+    """An ``attention_memory`` model: its config as JSON and its
+    weights.safetensors bytes (keys [N, d], values [N, v]), for a KServe
+    RepositoryModelLoad."""
+    k, v = np.asarray(keys), np.asarray(values)
+    if k.ndim != 2 or v.ndim != 2 or k.shape[0] != v.shape[0] or k.shape[0] == 0:
+        raise invalid(f"store_memory: keys {tuple(k.shape)} and values "
+                      f"{tuple(v.shape)} must be (N, d) and (N, v), N >= 1")
+    if score not in _SCORES:
+        raise invalid(f"store_memory: score '{score}' is not one of "
+                      f"{sorted(_SCORES)}")
+    header, blobs, offset = {}, [], 0
+    for tensor_name, array in (("keys", k), ("values", v)):
+        blob = (_bfloat16_bits(array) if bfloat16
+                else np.ascontiguousarray(array, _F32)).tobytes()
+        header[tensor_name] = {"dtype": "BF16" if bfloat16 else "F32",
+                               "shape": list(array.shape),
+                               "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data 8-byte aligned
+    weights = struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    parameters = {"score": {"string_value": score}}
+    if scale is not None:
+        parameters["scale"] = {"string_value": repr(float(scale))}
+    config = json.dumps({"name": name, "backend": "attention_memory",
+                         "parameters": parameters})
+    return config, weights

@@ -66,6 +66,7 @@ class Client:
         self._metadata = tuple(metadata)
         self._health, self._health_request = _services.health_check(channel)
         self._index, self._index_request = _services.repository_index(channel)
+        self._load, self._load_request = _services.repository_model_load(channel)
 
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
@@ -192,6 +193,17 @@ class Client:
             await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         raise last or Error(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"not SERVING within {timeout} s", "Health.Check")
+
+    async def store_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
+                           score: str = "dot_product", scale: Optional[float] = None,
+                           bfloat16: bool = False, timeout: Timeout = _UNSET,
+                           metadata: Metadata = ()) -> None:
+        """Stores an ``attention_memory`` model (see ``Client.store_memory``)."""
+        config, weights = _wire.memory_upload(name, keys, values, score, scale, bfloat16)
+        request = self._load_request(model_name=name)
+        request.parameters["config"].string_param = config
+        request.parameters[_wire.MEMORY_FILE].bytes_param = weights
+        await self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
 
     async def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                      metadata: Metadata = ()) -> List[ModelInfo]:

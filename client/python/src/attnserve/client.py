@@ -89,6 +89,7 @@ class Client:
         self._metadata = tuple(metadata)
         self._health, self._health_request = _services.health_check(channel)
         self._index, self._index_request = _services.repository_index(channel)
+        self._load, self._load_request = _services.repository_model_load(channel)
 
     # -- plumbing ----------------------------------------------------------
 
@@ -303,6 +304,32 @@ class Client:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         raise last or Error(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"not SERVING within {timeout} s", "Health.Check")
+
+    def store_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
+                     score: str = "dot_product", scale: Optional[float] = None,
+                     bfloat16: bool = False, timeout: Timeout = _UNSET,
+                     metadata: Metadata = ()) -> None:
+        """Stores keys (N, d) and values (N, v) on the server as the
+        ``attention_memory`` model ``name``, which queries then name:
+        ``scaled_dot_product_attention(queries, memory_name=name)``. Sent
+        whole in one KServe RepositoryModelLoad (Triton's model_repository
+        extension, as ``tritonclient``'s ``load_model(name, config=...,
+        files=...)`` sends it); the server must run with
+        ``--model_control_mode=explicit``. A model of that name is replaced
+        whole, and a refused one leaves it as it was.
+
+        Args:
+            score: "dot_product" (scale * q . k) or "gaussian"
+                (scale * -||q - k||^2 / 2).
+            scale: None: 1/sqrt(d) for the dot product, 1 for the Gaussian.
+            bfloat16: store the memory as BF16 (half the bytes to read;
+                its calls compute in bfloat16).
+        """
+        config, weights = _wire.memory_upload(name, keys, values, score, scale, bfloat16)
+        request = self._load_request(model_name=name)
+        request.parameters["config"].string_param = config
+        request.parameters[_wire.MEMORY_FILE].bytes_param = weights
+        self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
 
     def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                metadata: Metadata = ()) -> List[ModelInfo]:
