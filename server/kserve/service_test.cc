@@ -362,6 +362,77 @@ TEST_F(KServeServiceTest, AFittedModelAnswersQueriesAlone) {
   EXPECT_EQ(stack_->calls().statistics().Get("net").success_count, 2u);
 }
 
+// A stored model's metadata carries the dimensions it holds (a client
+// learns the d its queries need), and a training set of several outputs
+// answers y_pred [m, dy].
+TEST_F(KServeServiceTest, StoredModelsReportTheirDimensions) {
+  std::mt19937 rng(9);
+  const int64_t n = 30, m = 4, dx = 2, dy = 3;
+  const attn::Tensor x_train = attn::testing::RandomNormal(rng, {n, dx});
+  const attn::Tensor y_train = attn::testing::RandomNormal(rng, {n, dy});
+  const attn::Tensor x_query = attn::testing::RandomNormal(rng, {m, dx});
+  ASSERT_TRUE(ModelCatalogue(repository_.get())
+                  .SaveFittedModel("multi", 0.8f, x_train.view(), y_train.view())
+                  .ok());
+  RepositoryModel memory;
+  memory.config.set_name("memory");
+  memory.config.set_backend(AttentionMemoryKind().backend);
+  memory.tensors["keys"] = attn::testing::RandomNormal(rng, {7, 5});
+  memory.tensors["values"] = attn::testing::RandomNormal(rng, {7, 2});
+  ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "memory",
+                                     std::move(memory))
+                  .ok());
+  auto metadata = [&](const std::string& name) {
+    inference::ModelMetadataRequest request;
+    request.set_name(name);
+    inference::ModelMetadataResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->ModelMetadata(&context, request, &response).ok());
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& t : response.inputs()) {
+      shapes[t.name()].assign(t.shape().begin(), t.shape().end());
+    }
+    for (const auto& t : response.outputs()) {
+      shapes[t.name()].assign(t.shape().begin(), t.shape().end());
+    }
+    return shapes;
+  };
+  using Shapes = std::map<std::string, std::vector<int64_t>>;
+  EXPECT_EQ(metadata("memory"),
+            (Shapes{{"queries", {-1, -1, 5}},
+                    {"output", {-1, -1, 2}},
+                    {"attention_weights", {-1, -1, 7}}}));
+  EXPECT_EQ(metadata("multi"), (Shapes{{"x_query", {-1, dx}},
+                                       {"y_pred", {-1, dy}},
+                                       {"attention_weights", {-1, n}}}));
+
+  inference::ModelInferRequest request;
+  request.set_model_name("multi");
+  auto* input = request.add_inputs();
+  input->set_name("x_query");
+  input->set_datatype("FP32");
+  for (int64_t dim : x_query.shape) input->add_shape(dim);
+  for (float value : x_query.data) {
+    input->mutable_contents()->add_fp32_contents(value);
+  }
+  inference::ModelInferResponse response;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->ModelInfer(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  attn::NadarayaWatsonRequest plain{x_train.view(), y_train.view(),
+                                    x_query.view(),
+                                    attn::RegressionKernel::kGaussian, 0.8f,
+                                    /*return_weights=*/true};  // for the bound
+  const attn::OpResult exact =
+      attn::testing::ReferenceEngine().NadarayaWatson(plain).value();
+  const attn::Tensor got = OutputTensor(response, 0);
+  EXPECT_EQ(got.shape, (attn::Shape{m, dy}));
+  EXPECT_TRUE(attn::testing::WithinBounds(
+      got, exact.output, attn::testing::NadarayaWatsonBounds(plain, exact).output));
+}
+
 // Uploads (--model_control_mode=explicit): a load with `config` and
 // `file:weights.safetensors` over gRPC (bytes) and REST (base64) writes and
 // serves the model, which answers at once; a file of the wrong type or not

@@ -25,6 +25,22 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
   return LoadModelRepository(std::move(options));
 }
 
+namespace {
+
+// A stored model's signature: its kind's, under its own name, with the
+// dimensions it fixes.
+ModelSignature SignatureOf(const ModelKind& kind, const std::string& name,
+                           const RepositoryModel& stored) {
+  ModelSignature signature = kind.signature;
+  signature.name = name;
+  if (kind.stored_dimensions != nullptr) {
+    kind.stored_dimensions(stored, &signature);
+  }
+  return signature;
+}
+
+}  // namespace
+
 absl::StatusOr<ServedModel> ModelCatalogue::Resolve(
     const std::string& name, const std::string& version) const {
   ServedModel served;
@@ -43,8 +59,7 @@ absl::StatusOr<ServedModel> ModelCatalogue::Resolve(
             "model '", name, "': backend '", served.stored->config.backend(),
             "' is not one the repository loads"));
       }
-      served.signature = served.kind->signature;
-      served.signature.name = name;
+      served.signature = SignatureOf(*served.kind, name, *served.stored);
     }
   }
   if (served.kind == nullptr) {
@@ -71,8 +86,7 @@ absl::StatusOr<ServedModel> ModelCatalogue::ResolveStored(
                                             "' in the model repository"));
   }
   served.kind = KindOfStored(*served.stored);
-  served.signature = served.kind->signature;
-  served.signature.name = name;
+  served.signature = SignatureOf(*served.kind, name, *served.stored);
   return served;
 }
 

@@ -101,6 +101,11 @@ struct ModelKind {
   // values): OK, or INVALID_ARGUMENT whose message starts with `where`.
   using CheckStored = absl::Status (*)(const std::string& where,
                                        const RepositoryModel& model);
+  // Writes the dimensions a checked stored model fixes into its signature
+  // (the -1s of the kind's), so that metadata and the model config tell a
+  // client what the model takes and returns.
+  using StoredDimensions = void (*)(const RepositoryModel& model,
+                                    ModelSignature* signature);
 
   // The tensors; `signature.name` is the built-in model's name (a stored
   // model is served under its own).
@@ -109,6 +114,7 @@ struct ModelKind {
   // check; empty and null for a built-in kind.
   std::string backend;
   CheckStored check_stored = nullptr;
+  StoredDimensions stored_dimensions = nullptr;  // null: the kind's stand
   BuildRequest build_request = nullptr;
   // The outputs the result's `output` and `weights` are returned as; every
   // output of the signature is one of them. `weights_output` is empty when

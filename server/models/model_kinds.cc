@@ -378,6 +378,37 @@ absl::Status CheckAttentionMemory(const std::string& where,
   return ScoringOf(where, model).status();
 }
 
+// The spec named `name` of `specs` (one the kind declares).
+TensorSpec& SpecNamed(std::vector<TensorSpec>& specs, const std::string& name) {
+  return *std::find_if(specs.begin(), specs.end(),
+                       [&](const TensorSpec& spec) { return spec.name == name; });
+}
+
+// queries [B, Lq, d], output [B, Lq, v], attention_weights [B, Lq, N].
+void AttentionMemoryDimensions(const RepositoryModel& memory,
+                               ModelSignature* signature) {
+  const attn::Shape& keys = memory.tensors.at("keys").shape;
+  const attn::Shape& values = memory.tensors.at("values").shape;
+  SpecNamed(signature->inputs, "queries").shape = {-1, -1, keys[1]};
+  SpecNamed(signature->outputs, "output").shape = {-1, -1, values[1]};
+  SpecNamed(signature->outputs, "attention_weights").shape = {-1, -1, keys[0]};
+}
+
+// x_query [m] or [m, dx] and y_pred [m] or [m, dy], as the stored set's
+// ranks; attention_weights [m, N].
+void TrainingSetDimensions(const RepositoryModel& model,
+                           ModelSignature* signature) {
+  const attn::Shape& x = model.tensors.at("x_train").shape;
+  const attn::Shape& y = model.tensors.at("y_train").shape;
+  auto rows_of = [](const attn::Shape& set) {
+    return set.size() == 1 ? std::vector<int64_t>{-1}
+                           : std::vector<int64_t>{-1, set[1]};
+  };
+  SpecNamed(signature->inputs, "x_query").shape = rows_of(x);
+  SpecNamed(signature->outputs, "y_pred").shape = rows_of(y);
+  SpecNamed(signature->outputs, "attention_weights").shape = {-1, x[0]};
+}
+
 // Every query of the call attends to the memory: the call's [B, Lq, d]
 // queries are one batch entry of B * Lq rows (server/core/operation.h).
 absl::StatusOr<OperationRequest> BuildAttentionMemory(
@@ -519,6 +550,7 @@ const ModelKind& TrainedNadarayaWatsonKind() {
         BuildTrainedNadarayaWatson, "y_pred", "attention_weights");
     kind->backend = "nadaraya_watson";
     kind->check_stored = CheckNadarayaWatsonModel;
+    kind->stored_dimensions = TrainingSetDimensions;
     // Not by default: one query over a stored set costs an exponential per
     // point, which stacking does not share. Measured single-query calls
     // over 1-D sets at 64 in flight, batching on / off: 0.85x at 65,536
@@ -542,6 +574,7 @@ const ModelKind& AttentionMemoryKind() {
         BuildAttentionMemory, "output", "attention_weights");
     kind->backend = "attention_memory";
     kind->check_stored = CheckAttentionMemory;
+    kind->stored_dimensions = AttentionMemoryDimensions;
     kind->argument_inputs = {{"queries:", "queries"}};
     kind->gains_from_batching = true;
     return kind;
