@@ -492,35 +492,64 @@ TEST_F(BatcherTest, DueBatchIsHeldWhileEveryThreadIsBusy) {
   batcher_.reset();  // it calls back into `available`, a local of this test
 }
 
+// What a batcher hands its executor, kept until a test runs it.
+class HandedOn {
+ public:
+  Batcher::Executor executor() {
+    return [this](std::function<void()> work, uint64_t) {
+      absl::MutexLock lock(&mu_);
+      work_.push_back(std::move(work));
+      return absl::OkStatus();
+    };
+  }
+  std::vector<std::function<void()>> Take() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::function<void()>> work;
+    work.swap(work_);
+    return work;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);
+};
+
+// However a test ends, a batch held on `thread` is released, the thread
+// joined, and the batcher gone before the locals its closures use.
+struct ReleaseOnExit {
+  absl::Notification& release;
+  std::thread& thread;
+  std::unique_ptr<Batcher>& batcher;
+  ~ReleaseOnExit() {
+    if (!release.HasBeenNotified()) release.Notify();
+    if (thread.joinable()) thread.join();
+    batcher.reset();
+  }
+};
+
+// The reference engine as a wide engine, so that a result says which
+// engine computed it.
+std::unique_ptr<attn::Engine> ReferenceAsWideEngine() {
+  attn::EngineOptions options;
+  options.use_onednn = false;
+  return attn::Engine::Create(options).value();
+}
+
 // With a wide engine, the batches of a stored memory's classes (their work
 // one pass over a memory long enough to share out) run on it, one at a time
-// across every such class, while other classes go on as before. The wide engine here is the
-// reference engine, so that a result says which engine computed it; the
-// first batch is held inside its run (the batch observer waits) while the
-// others are scheduled.
+// across every such class, while other classes go on as before. The wide
+// engine here is the reference engine, so that a result says which engine
+// computed it; the first batch is held inside its run (the batch observer
+// waits) while the others are scheduled.
 TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
   engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
-  attn::EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  std::unique_ptr<attn::Engine> wide =
-      attn::Engine::Create(reference_options).value();
-  absl::Mutex mu;
-  std::vector<std::function<void()>> handed_on;
-  auto take_handed_on = [&] {
-    absl::MutexLock lock(&mu);
-    std::vector<std::function<void()>> work;
-    work.swap(handed_on);
-    return work;
-  };
+  std::unique_ptr<attn::Engine> wide = ReferenceAsWideEngine();
+  HandedOn handed_on;
   absl::Notification first_running, release_first;
   std::atomic<int> batches{0};
   batcher_ = Batcher::Create(
                  BatchingOptions{}, engine_.get(), &clock_,
-                 [&](std::function<void()> work, uint64_t) {
-                   absl::MutexLock lock(&mu);
-                   handed_on.push_back(std::move(work));
-                   return absl::OkStatus();
-                 },
+                 handed_on.executor(),
                  [&](const BatchStats&) {
                    if (batches.fetch_add(1) == 0) {
                      first_running.Notify();
@@ -549,38 +578,27 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
     return batcher_->Schedule(std::move(task));
   };
   ASSERT_TRUE(schedule(on_first.get(), &first_memory).ok());
-  std::vector<std::function<void()>> first = take_handed_on();
+  std::vector<std::function<void()>> first = handed_on.Take();
   ASSERT_EQ(first.size(), 1u);  // a thread is free: on at once
   std::thread runner(std::move(first.front()));
-  // However the test ends, the first batch is released, its thread joined,
-  // and the batcher gone before `wide` and the locals its closures use.
-  struct Release {
-    absl::Notification& release;
-    std::thread& thread;
-    std::unique_ptr<Batcher>& batcher;
-    ~Release() {
-      if (!release.HasBeenNotified()) release.Notify();
-      if (thread.joinable()) thread.join();
-      batcher.reset();
-    }
-  } release_on_exit{release_first, runner, batcher_};
+  ReleaseOnExit release_on_exit{release_first, runner, batcher_};
   first_running.WaitForNotification();
   ASSERT_TRUE(schedule(on_second.get(), &second_memory).ok());
   ASSERT_TRUE(schedule(plain.get(), nullptr).ok());
   // The plain call goes on; the other memory's batch waits for the first.
-  std::vector<std::function<void()>> next = take_handed_on();
+  std::vector<std::function<void()>> next = handed_on.Take();
   ASSERT_EQ(next.size(), 1u);
   next.front()();
   ASSERT_TRUE(plain->result.has_value() && plain->result->ok());
   EXPECT_EQ((*plain->result)->implementation, "onednn-cpu");
   batcher_->OnExecutorIdle();
-  EXPECT_TRUE(take_handed_on().empty());
+  EXPECT_TRUE(handed_on.Take().empty());
   release_first.Notify();
   runner.join();
   ASSERT_TRUE(on_first->result.has_value() && on_first->result->ok());
   EXPECT_EQ((*on_first->result)->implementation, "reference");
   batcher_->OnExecutorIdle();  // the worker that ran it frees up
-  next = take_handed_on();
+  next = handed_on.Take();
   ASSERT_EQ(next.size(), 1u);
   next.front()();
   ASSERT_TRUE(on_second->result.has_value() && on_second->result->ok());
@@ -591,25 +609,11 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
 // memory's batch goes on while the first one's answers are still going out.
 TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
   engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
-  attn::EngineOptions reference_options;
-  reference_options.use_onednn = false;
-  std::unique_ptr<attn::Engine> wide =
-      attn::Engine::Create(reference_options).value();
-  absl::Mutex mu;
-  std::vector<std::function<void()>> handed_on;
-  auto take_handed_on = [&] {
-    absl::MutexLock lock(&mu);
-    std::vector<std::function<void()>> work;
-    work.swap(handed_on);
-    return work;
-  };
+  std::unique_ptr<attn::Engine> wide = ReferenceAsWideEngine();
+  HandedOn handed_on;
   batcher_ = Batcher::Create(
                  BatchingOptions{}, engine_.get(), &clock_,
-                 [&](std::function<void()> work, uint64_t) {
-                   absl::MutexLock lock(&mu);
-                   handed_on.push_back(std::move(work));
-                   return absl::OkStatus();
-                 },
+                 handed_on.executor(),
                  {}, /*executor_available=*/[] { return true; }, wide.get())
                  .value();
   std::mt19937 rng(13);
@@ -628,19 +632,10 @@ TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
     release_first.WaitForNotification();
   };
   ASSERT_TRUE(batcher_->Schedule(std::move(first_task)).ok());
-  std::vector<std::function<void()>> first = take_handed_on();
+  std::vector<std::function<void()>> first = handed_on.Take();
   ASSERT_EQ(first.size(), 1u);
   std::thread runner(std::move(first.front()));
-  struct Release {
-    absl::Notification& release;
-    std::thread& thread;
-    std::unique_ptr<Batcher>& batcher;
-    ~Release() {
-      if (!release.HasBeenNotified()) release.Notify();
-      if (thread.joinable()) thread.join();
-      batcher.reset();
-    }
-  } release_on_exit{release_first, runner, batcher_};
+  ReleaseOnExit release_on_exit{release_first, runner, batcher_};
   first_answering.WaitForNotification();
   auto second_task = std::make_unique<Batcher::Task>();
   second_task->request =
@@ -652,7 +647,7 @@ TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
   };
   ASSERT_TRUE(batcher_->Schedule(std::move(second_task)).ok());
   // Handed on while the first batch is still answering.
-  std::vector<std::function<void()>> next = take_handed_on();
+  std::vector<std::function<void()>> next = handed_on.Take();
   ASSERT_EQ(next.size(), 1u);
   next.front()();
   ASSERT_TRUE(on_second->result.has_value() && on_second->result->ok());

@@ -1,10 +1,10 @@
 #include "server/transport/http_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

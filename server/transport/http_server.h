@@ -17,7 +17,9 @@
 //   slowloris); an idle keep-alive connection is closed after it too, and
 //   a connection that neither reads nor writes for that long;
 // - headers at most `max_header_bytes` (so also their count); a body over
-//   `max_body_bytes` is refused (413) before it is read.
+//   `max_body_bytes` is refused (413) before it is read, and what the
+//   client still sends is drained (at most 5 s) rather than reset, so that
+//   it reads the 413.
 //
 // Thread-safe. Borrows the metrics, the token store and the handler, which
 // must outlive it. Like the gRPC server it is never shut down: the process
