@@ -405,6 +405,21 @@ TEST_F(KServeServiceTest, StoredModelsReportTheirDimensions) {
   EXPECT_EQ(metadata("multi"), (Shapes{{"x_query", {-1, dx}},
                                        {"y_pred", {-1, dy}},
                                        {"attention_weights", {-1, n}}}));
+  RepositoryModel additive;
+  additive.config.set_name("additive");
+  additive.config.set_backend(AdditiveAttentionKind().backend);
+  additive.tensors["W_q"] = attn::Tensor::Zeros({8, 6});
+  additive.tensors["W_k"] = attn::Tensor::Zeros({8, 3});
+  additive.tensors["w_v"] = attn::Tensor::Zeros({8});
+  ASSERT_TRUE(repository_->SaveModel({"test", "weights"}, "additive",
+                                     std::move(additive))
+                  .ok());
+  EXPECT_EQ(metadata("additive"), (Shapes{{"queries", {-1, -1, 6}},
+                                          {"keys", {-1, -1, 3}},
+                                          {"values", {-1, -1, -1}},
+                                          {"valid_lens", {-1, -1}},
+                                          {"output", {-1, -1, -1}},
+                                          {"attention_weights", {-1, -1, -1}}}));
 
   inference::ModelInferRequest request;
   request.set_model_name("multi");

@@ -384,6 +384,16 @@ TensorSpec& SpecNamed(std::vector<TensorSpec>& specs, const std::string& name) {
                        [&](const TensorSpec& spec) { return spec.name == name; });
 }
 
+// queries [B, Lq, q] and keys [B, Lk, k], the widths W_q [h, q] and
+// W_k [h, k] take.
+void AdditiveWeightsDimensions(const RepositoryModel& model,
+                               ModelSignature* signature) {
+  SpecNamed(signature->inputs, "queries").shape = {
+      -1, -1, model.tensors.at("W_q").shape[1]};
+  SpecNamed(signature->inputs, "keys").shape = {
+      -1, -1, model.tensors.at("W_k").shape[1]};
+}
+
 // queries [B, Lq, d], output [B, Lq, v], attention_weights [B, Lq, N].
 void AttentionMemoryDimensions(const RepositoryModel& memory,
                                ModelSignature* signature) {
@@ -522,6 +532,7 @@ const ModelKind& AdditiveAttentionKind() {
         BuildAdditiveAttention, "output", "attention_weights");
     kind->backend = "additive_attention";
     kind->check_stored = CheckAdditiveAttention;
+    kind->stored_dimensions = AdditiveWeightsDimensions;
     return kind;
   }();
   return *kind;
