@@ -615,8 +615,12 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
             grpc::StatusCode::INVALID_ARGUMENT);
   v1::AttentionRequest wrong_d = request;
   *wrong_d.mutable_queries() = RandomTensor(rng, {3, 2, d + 1});
-  EXPECT_THAT(call(wrong_d, &response).error_message(),
+  const grpc::Status wrong_d_status = call(wrong_d, &response);
+  EXPECT_EQ(wrong_d_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(wrong_d_status.error_message(),
               HasSubstr("queries: shape (3, 2, 5) must be (B, Lq, 4)"));
+  EXPECT_THAT(wrong_d_status.error_message(),
+              HasSubstr("model 'memory' holds keys ("));
   v1::AttentionRequest unknown = request;
   unknown.set_memory_name("absent");
   EXPECT_EQ(call(unknown, &response).error_code(), grpc::StatusCode::NOT_FOUND);
