@@ -234,6 +234,19 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
       catalogue.Resolve("mem", "")->stored->tensors.at("keys").data[0];
   std::unique_ptr<ModelRepository> reread = LoadModelRepository(dir).value();
   EXPECT_EQ(reread->Find("mem")->tensors.at("keys").data[0], served);
+  // Once quiet, the index tells what is served: READY while it resolves,
+  // UNAVAILABLE once unloaded and it does not.
+  auto indexed = [&catalogue] {
+    for (const auto& state : catalogue.Index(true, false)) {
+      if (state.name == "mem") return state.state;
+    }
+    return std::string("not listed");
+  };
+  EXPECT_EQ(indexed(), "READY");
+  ASSERT_TRUE(catalogue.Unload(true, "mem", {}).ok());
+  EXPECT_EQ(catalogue.Resolve("mem", "").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(indexed(), "UNAVAILABLE");
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
