@@ -90,6 +90,18 @@ class KServeServiceTest : public ::testing::Test {
     return -1;
   }
 
+  // `tensor` as the request's input `name`, in typed FP32 contents.
+  static void AddFloatInput(const std::string& name, const attn::Tensor& tensor,
+                            inference::ModelInferRequest* request) {
+    auto* input = request->add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    for (int64_t dim : tensor.shape) input->add_shape(dim);
+    for (float value : tensor.data) {
+      input->mutable_contents()->add_fp32_contents(value);
+    }
+  }
+
   // Output `i` of a response with raw contents, as a tensor.
   static attn::Tensor OutputTensor(const inference::ModelInferResponse& response,
                                    int i) {
@@ -307,13 +319,7 @@ TEST_F(KServeServiceTest, AFittedModelAnswersQueriesAlone) {
 
   inference::ModelInferRequest request;
   request.set_model_name("net");
-  auto* input = request.add_inputs();
-  input->set_name("x_query");
-  input->set_datatype("FP32");
-  for (int64_t dim : x_query.shape) input->add_shape(dim);
-  for (float value : x_query.data) {
-    input->mutable_contents()->add_fp32_contents(value);
-  }
+  AddFloatInput("x_query", x_query, &request);
   request.add_outputs()->set_name("y_pred");
   request.add_outputs()->set_name("attention_weights");
   inference::ModelInferResponse response;
@@ -423,13 +429,7 @@ TEST_F(KServeServiceTest, StoredModelsReportTheirDimensions) {
 
   inference::ModelInferRequest request;
   request.set_model_name("multi");
-  auto* input = request.add_inputs();
-  input->set_name("x_query");
-  input->set_datatype("FP32");
-  for (int64_t dim : x_query.shape) input->add_shape(dim);
-  for (float value : x_query.data) {
-    input->mutable_contents()->add_fp32_contents(value);
-  }
+  AddFloatInput("x_query", x_query, &request);
   inference::ModelInferResponse response;
   {
     grpc::ClientContext context;

@@ -560,7 +560,8 @@ class HttpServer::Loop {
   int listen_fd_ = -1;
   std::thread thread_;
   std::unordered_map<bufferevent*, Connection> connections_;
-  // A socket let go by evhttp, drained until its client stops sending.
+  // A socket let go by evhttp, drained until its client stops sending
+  // (Linger, Drain). Like connections_, touched on the loop's thread only.
   struct Lingering {
     Loop* loop;
     evutil_socket_t fd;

@@ -488,6 +488,19 @@ class StoredMemoryTest(Case):
         again = CLIENT.scaled_dot_product_attention(queries, memory_name="py_memory")
         self.assertFalse(np.allclose(again.output, got.output, atol=1e-3))
 
+    def test_stored_over_asyncio(self):
+        keys, values = self.randn(12, 2), self.randn(12, 3)
+        queries = self.randn(1, 4, 2)
+
+        async def store_and_query():
+            async with attnserve.aio.Client(TARGET, timeout=30) as client:
+                await client.store_memory("aio_memory", keys, values)
+                return await client.scaled_dot_product_attention(
+                    queries, memory_name="aio_memory")
+        got = asyncio.run(store_and_query())
+        out, _, ob, _ = attention_ref(queries, keys[None], values[None])
+        self.assertWithin(got.output, out, ob, "aio stored memory output")
+
     def test_a_bad_memory_is_refused_and_the_stored_one_kept(self):
         keys, values = self.randn(8, 2), self.randn(8, 4)
         CLIENT.store_memory("kept_memory", keys, values)

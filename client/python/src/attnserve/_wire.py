@@ -280,11 +280,11 @@ def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
 
 
-def memory_upload(name: str, keys: ArrayLike, values: ArrayLike, score: str,
-                  scale: Optional[float], bfloat16: bool) -> Tuple[str, bytes]:
-    """An ``attention_memory`` model: its config as JSON and its
-    weights.safetensors bytes (keys [N, d], values [N, v]), for a KServe
-    RepositoryModelLoad."""
+def memory_load(request_class: Any, name: str, keys: ArrayLike, values: ArrayLike,
+                score: str, scale: Optional[float], bfloat16: bool) -> Any:
+    """A KServe RepositoryModelLoadRequest (`request_class`) uploading an
+    ``attention_memory`` model: its config as JSON and its
+    weights.safetensors bytes (keys [N, d], values [N, v])."""
     k, v = np.asarray(keys), np.asarray(values)
     if k.ndim != 2 or v.ndim != 2 or k.shape[0] != v.shape[0] or k.shape[0] == 0:
         raise invalid(f"store_memory: keys {tuple(k.shape)} and values "
@@ -307,6 +307,8 @@ def memory_upload(name: str, keys: ArrayLike, values: ArrayLike, score: str,
     parameters = {"score": {"string_value": score}}
     if scale is not None:
         parameters["scale"] = {"string_value": repr(float(scale))}
-    config = json.dumps({"name": name, "backend": "attention_memory",
-                         "parameters": parameters})
-    return config, weights
+    request = request_class(model_name=name)
+    request.parameters["config"].string_param = json.dumps(
+        {"name": name, "backend": "attention_memory", "parameters": parameters})
+    request.parameters[MEMORY_FILE].bytes_param = weights
+    return request

@@ -199,10 +199,8 @@ class Client:
                            bfloat16: bool = False, timeout: Timeout = _UNSET,
                            metadata: Metadata = ()) -> None:
         """Stores an ``attention_memory`` model (see ``Client.store_memory``)."""
-        config, weights = _wire.memory_upload(name, keys, values, score, scale, bfloat16)
-        request = self._load_request(model_name=name)
-        request.parameters["config"].string_param = config
-        request.parameters[_wire.MEMORY_FILE].bytes_param = weights
+        request = _wire.memory_load(self._load_request, name, keys, values, score,
+                                    scale, bfloat16)
         await self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
 
     async def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,

@@ -325,10 +325,8 @@ class Client:
             bfloat16: store the memory as BF16 (half the bytes to read;
                 its calls compute in bfloat16).
         """
-        config, weights = _wire.memory_upload(name, keys, values, score, scale, bfloat16)
-        request = self._load_request(model_name=name)
-        request.parameters["config"].string_param = config
-        request.parameters[_wire.MEMORY_FILE].bytes_param = weights
+        request = _wire.memory_load(self._load_request, name, keys, values, score,
+                                    scale, bfloat16)
         self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
 
     def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
