@@ -416,7 +416,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   core.limits.max_request_elements = absl::GetFlag(FLAGS_max_request_elements);
   core.limits.max_response_bytes = grpc.max_message_bytes;
-  core.limits.save_as_needs_permission = !config.auth_tokens_file.empty();
   core.return_memory_when_idle = true;
 
   config.fd_reserve = absl::GetFlag(FLAGS_fd_reserve);

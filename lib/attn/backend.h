@@ -34,6 +34,13 @@ class Backend {
   // to tell (the CUDA backend names its GPU).
   virtual std::string description() const { return name(); }
 
+  // Whether a call of `params` has its keys shared out among threads, so
+  // that one call over many keys uses every core the backend has.
+  virtual bool SpreadsKeysAcrossThreads(const AttentionParams& params) const {
+    (void)params;
+    return false;
+  }
+
   virtual absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) = 0;
   virtual absl::Status BatchMatmul(const BatchMatmulParams& params) = 0;
   virtual absl::Status ScaledDotProductAttention(

@@ -194,6 +194,12 @@ absl::StatusOr<OpResult> Engine::BatchMatmul(const BatchMatmulRequest& request) 
   return result;
 }
 
+bool Engine::SpreadsKeysAcrossThreads(const AttentionRequest& request) const {
+  const absl::StatusOr<Plan<AttentionParams>> plan =
+      ValidateAttentionShapes(request);
+  return plan.ok() && backends_.front()->SpreadsKeysAcrossThreads(plan->params);
+}
+
 absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
     const AttentionRequest& request) {
   ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(request));

@@ -99,6 +99,12 @@ class Engine {
   // rather than by the first requests. Blocks; returns the first failure.
   absl::Status WarmUp();
 
+  // Whether the backend that runs `request` first spreads one call's keys
+  // across its threads (the CPU backend's key shares, over a long memory):
+  // a batch of calls over the same keys then gains from every core at once.
+  // Shapes alone decide it; false for a request the engine refuses.
+  bool SpreadsKeysAcrossThreads(const AttentionRequest& request) const;
+
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
   std::vector<std::string> backend_names() const;
   // The same, described (the CUDA backend names its GPU).

@@ -268,6 +268,10 @@ const char* OneDnnBackend::bfloat16_attention() const {
   return impl_->native_bfloat16() ? "native" : "emulated";
 }
 
+bool OneDnnBackend::SpreadsKeysAcrossThreads(const AttentionParams& p) const {
+  return p.lk >= 2 * kMinKeysPerShare;
+}
+
 absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
   ScopedOmpThreads threads(impl_->ThreadsFor(EstimatedFlops(p)));
   if (p.valid.kind == ValidLengths::Kind::kNone) {

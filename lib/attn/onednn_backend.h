@@ -64,6 +64,9 @@ class OneDnnBackend final : public Backend {
   // How bfloat16 attention runs here: "native" or "emulated".
   const char* bfloat16_attention() const;
 
+  // Over at least twice kMinKeysPerShare keys (attn/work.h).
+  bool SpreadsKeysAcrossThreads(const AttentionParams& params) const override;
+
   absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
   absl::Status BatchMatmul(const BatchMatmulParams& params) override;
   absl::Status ScaledDotProductAttention(

@@ -440,21 +440,30 @@ absl::StatusOr<ResultSize> SizeOfPlan(
 absl::StatusOr<ResultSize> SizeOfResult(const MaskedSoftmaxRequest& request) {
   return SizeOfPlan(ValidateMaskedSoftmax(request));
 }
-// Shapes alone decide the size: the reduced precisions' range check, which
-// reads every operand, is left to the validation before the kernel.
-absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {
+absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmulShapes(
+    const BatchMatmulRequest& request) {
   BatchMatmulRequest shapes = request;
   shapes.precision = Precision::kFloat32;
-  return SizeOfPlan(ValidateBatchMatmul(shapes));
+  ASSIGN_OR_RETURN(Plan<BatchMatmulParams> plan, ValidateBatchMatmul(shapes));
+  plan.params.precision = request.precision;
+  return plan;
 }
-absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request) {
+absl::StatusOr<Plan<AttentionParams>> ValidateAttentionShapes(
+    const AttentionRequest& request) {
   AttentionRequest shapes = request;
-  // Keys and values held as bfloat16 go with that precision only (their
-  // range is not scanned either way).
   if (shapes.keys_bfloat16 == nullptr && shapes.values_bfloat16 == nullptr) {
     shapes.precision = Precision::kFloat32;
   }
-  return SizeOfPlan(ValidateAttention(shapes));
+  ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(shapes));
+  plan.params.precision = request.precision;
+  return plan;
+}
+
+absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {
+  return SizeOfPlan(ValidateBatchMatmulShapes(request));
+}
+absl::StatusOr<ResultSize> SizeOfResult(const AttentionRequest& request) {
+  return SizeOfPlan(ValidateAttentionShapes(request));
 }
 absl::StatusOr<ResultSize> SizeOfResult(
     const AdditiveAttentionRequest& request) {

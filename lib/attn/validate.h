@@ -32,6 +32,15 @@ absl::StatusOr<Plan<AdditiveAttentionParams>> ValidateAdditiveAttention(
     const AdditiveAttentionRequest& request);
 absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateNadarayaWatson(
     const NadarayaWatsonRequest& request);
+// The same checks of shapes and options without reading the operands: a
+// reduced precision's range check, which reads every element, is left to the
+// validation before the kernel (keys and values held as bfloat16 keep their
+// precision, which they alone decide). The params keep the request's
+// precision. For sizing and batching a request before it runs.
+absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmulShapes(
+    const BatchMatmulRequest& request);
+absl::StatusOr<Plan<AttentionParams>> ValidateAttentionShapes(
+    const AttentionRequest& request);
 // Checks the fit's inputs and hyperparameters; output_shape is unused.
 absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
     const FitBandwidthRequest& request);

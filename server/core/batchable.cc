@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "attn/status_macros.h"
 #include "attn/validate.h"
-#include "attn/work.h"
+#include "server/core/call_runner.h"
 
 namespace attnserve {
 namespace {
@@ -159,200 +159,18 @@ class Staging {
   }
 };
 
-// The params of a request that Schedule has validated in full: shapes
-// only, without the 16-bit range check, which reads every operand (the
-// engine checks it again anyway).
-attn::MaskedSoftmaxParams ParamsOf(const attn::MaskedSoftmaxRequest& r) {
-  return attn::ValidateMaskedSoftmax(r)->params;
-}
-attn::BatchMatmulParams ParamsOf(attn::BatchMatmulRequest r) {
-  r.precision = attn::Precision::kFloat32;
-  return attn::ValidateBatchMatmul(r)->params;
-}
-attn::AttentionParams ParamsOf(attn::AttentionRequest r) {
-  // Keys and values held as bfloat16 go with that precision only, and are
-  // never scanned.
-  if (r.keys_bfloat16 == nullptr) r.precision = attn::Precision::kFloat32;
-  return attn::ValidateAttention(r)->params;
-}
-attn::AdditiveAttentionParams ParamsOf(const attn::AdditiveAttentionRequest& r) {
-  return attn::ValidateAdditiveAttention(r)->params;
-}
-attn::NadarayaWatsonParams ParamsOf(const attn::NadarayaWatsonRequest& r) {
-  return attn::ValidateNadarayaWatson(r)->params;
-}
-
-// --- one set of rules per operation ---------------------------------------
-
-absl::StatusOr<BatchClass> Classify(const attn::MaskedSoftmaxRequest& r) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateMaskedSoftmax(r));
-  const auto& p = plan.params;
-  return BatchClass{absl::StrCat("masked_softmax/", r.x.rank()),
-                    p.batch * p.rows * p.columns};
-}
-
-absl::StatusOr<BatchClass> Classify(const attn::BatchMatmulRequest& r) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateBatchMatmul(r));
-  const auto& p = plan.params;
-  return BatchClass{absl::StrCat("batch_matmul/", p.k, "/", p.p, "/",
-                                 static_cast<int>(p.precision)),
-                    p.n * (p.m * p.k + p.k * p.p)};
-}
-
-absl::StatusOr<BatchClass> Classify(const attn::AttentionRequest& r) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(r));
-  const auto& p = plan.params;
-  return BatchClass{
-      absl::StrCat("attention/", r.queries.rank(), "/", p.heads, "/", p.d, "/",
-                   p.dv, "/", static_cast<int>(p.score), "/", Bits(p.scale),
-                   "/", p.causal, "/", static_cast<int>(p.precision), "/",
-                   r.return_weights),
-      p.batch * p.heads * (p.lq * p.d + p.lk * (p.d + p.dv))};
-}
-
-absl::StatusOr<BatchClass> Classify(const attn::AdditiveAttentionRequest& r) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateAdditiveAttention(r));
-  const auto& p = plan.params;
-  return BatchClass{
-      absl::StrCat("additive/", p.dq, "/", p.dk, "/", p.h, "/", p.dv, "/",
-                   r.return_weights, "/", ContentHash({r.w_q, r.w_k, r.w_v})),
-      p.batch * (p.lq * p.dq + p.lk * (p.dk + p.dv))};
-}
-
-// `training_set`: what the requests' x_train and y_train must be to share
-// a class, their contents' hash or a stored version's identity.
-absl::StatusOr<BatchClass> ClassifyRegression(
-    const attn::NadarayaWatsonRequest& r, absl::string_view training_set) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateNadarayaWatson(r));
-  const auto& p = plan.params;
-  return BatchClass{
-      absl::StrCat("nadaraya_watson/", r.x_query.rank(), "/", r.y_train.rank(),
-                   "/", p.dx, "/", p.dy, "/", static_cast<int>(p.kernel), "/",
-                   Bits(p.bandwidth), "/", r.return_weights, "/",
-                   training_set),
-      p.n_query * p.dx};
-}
-
-absl::StatusOr<BatchClass> Classify(const attn::NadarayaWatsonRequest& r) {
-  return ClassifyRegression(r, absl::StrCat(ContentHash({r.x_train, r.y_train})));
-}
-
-// A stored training set is keyed by identity: never hashed, never compared
-// (it may hold millions of points).
-absl::StatusOr<BatchClass> Classify(const StoredRegressionRequest& r) {
-  return ClassifyRegression(
-      r.regression,
-      absl::StrCat("stored/", reinterpret_cast<uintptr_t>(r.training_set)));
-}
-
-// Every query of every request attends to the same memory: the class is the
-// memory itself (the stored version, by identity; its contents are never
-// hashed), and the queries are stacked.
-absl::StatusOr<BatchClass> Classify(const MemoryAttentionRequest& r) {
-  ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(r.attention));
-  const auto& p = plan.params;
-  return BatchClass{
-      absl::StrCat("memory/", reinterpret_cast<uintptr_t>(r.memory), "/",
-                   p.d, "/", p.dv, "/", static_cast<int>(p.score), "/",
-                   Bits(p.scale), "/", static_cast<int>(p.precision), "/",
-                   r.attention.return_weights),
-      p.lq * p.d,
-      /*shares_a_pass=*/p.lk >= 2 * attn::kMinKeysPerShare};
-}
-
-// Whether `r` may join a batch led by `first` (their keys are equal).
-template <typename Request>
-bool SharesOperands(const Request&, const Request&) {
-  return true;
-}
-bool SharesOperands(const attn::AdditiveAttentionRequest& a,
-                    const attn::AdditiveAttentionRequest& b) {
-  return SameContents(a.w_q, b.w_q) && SameContents(a.w_k, b.w_k) &&
-         SameContents(a.w_v, b.w_v);
-}
-bool SharesOperands(const attn::NadarayaWatsonRequest& a,
-                    const attn::NadarayaWatsonRequest& b) {
-  return SameContents(a.x_train, b.x_train) &&
-         SameContents(a.y_train, b.y_train);
-}
-
 using Results = std::vector<absl::StatusOr<attn::OpResult>>;
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::MaskedSoftmaxRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::MaskedSoftmaxParams> params;
-  int64_t total = 0, rows = 0, columns = 0;
-  for (const auto* r : members) {
-    params.push_back(ParamsOf(*r));
-    total += params.back().batch;
-    rows = std::max(rows, params.back().rows);
-    columns = std::max(columns, params.back().columns);
-  }
-  const Staging::Staged x = Staging::Get(0, {total, rows, columns}, true);
-  PaddedLengths lengths(total, rows, columns);
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    CopyPadded(p.x, p.batch, p.rows, p.columns, rows, columns,
-               x.data() + offset * rows * columns);
-    lengths.Add(offset, p.batch, p.rows, p.columns, p.valid);
-    work->useful_elements += p.batch * p.rows * p.columns;
-    offset += p.batch;
-  }
-  work->computed_elements = total * rows * columns;
-  attn::MaskedSoftmaxRequest combined{x.view(), lengths.view()};
-  absl::StatusOr<attn::OpResult> all = engine.MaskedSoftmax(combined);
-  if (!all.ok()) return {};
-  Results results;
-  offset = 0;
-  for (size_t i = 0; i < members.size(); ++i) {
-    const auto& p = params[i];
-    attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(all->output, offset, p.batch, p.rows, p.columns,
-                                rows, columns, members[i]->x.shape);
-    offset += p.batch;
-    results.push_back(std::move(result));
-  }
-  return results;
-}
+// Every operation's batching rules (below).
+template <typename Request>
+struct Rules;
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::BatchMatmulRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::BatchMatmulParams> params;
-  int64_t total = 0, m = 0;
-  for (const auto* r : members) {
-    params.push_back(ParamsOf(*r));
-    total += params.back().n;
-    m = std::max(m, params.back().m);
-  }
-  const int64_t k = params.front().k, p_cols = params.front().p;
-  const Staging::Staged a = Staging::Get(0, {total, m, k}, true);
-  const Staging::Staged b = Staging::Get(1, {total, k, p_cols}, false);
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    CopyPadded(p.a, p.n, p.m, k, m, k, a.data() + offset * m * k);
-    CopyFloats(p.b, p.n * k * p_cols, b.data() + offset * k * p_cols);
-    work->useful_elements += p.n * p.m * p_cols;
-    offset += p.n;
-  }
-  work->computed_elements = total * m * p_cols;
-  attn::BatchMatmulRequest combined{a.view(), b.view(),
-                                    members.front()->precision};
-  absl::StatusOr<attn::OpResult> all = engine.BatchMatmul(combined);
-  if (!all.ok()) return {};
-  Results results;
-  offset = 0;
-  for (const auto& p : params) {
-    attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(all->output, offset, p.n, p.m, p_cols, m,
-                                p_cols, {p.n, p.m, p_cols});
-    offset += p.n;
-    results.push_back(std::move(result));
-  }
-  return results;
+// A member's part of a combined result: the run's report, with tensors of
+// its own to fill.
+attn::OpResult PartOf(const attn::OpResult& all) {
+  attn::OpResult part;
+  part.implementation = all.implementation;
+  return part;
 }
 
 // The layout of an attention-like request (attention, additive attention):
@@ -416,9 +234,8 @@ Results SliceAttentionResults(const attn::OpResult& all,
   int64_t offset = 0;
   for (const Params& p : params) {
     const int64_t blocks = p.batch * layout.heads, first = offset * layout.heads;
-    attn::OpResult result;
-    result.implementation = all.implementation;
-    result.output =
+    attn::OpResult result = PartOf(all);
+        result.output =
         SlicePadded(all.output, first, blocks, p.lq, layout.dv, in.lq,
                     layout.dv, layout.Shape(p.batch, p.lq, layout.dv));
     if (!all.weights.empty()) {
@@ -431,192 +248,433 @@ Results SliceAttentionResults(const attn::OpResult& all,
   return results;
 }
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::AttentionRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::AttentionParams> params;
-  for (const auto* r : members) {
-    params.push_back(ParamsOf(*r));
-  }
-  const attn::AttentionRequest& like = *members.front();
-  const attn::AttentionParams& first = params.front();
-  const AttentionLayout layout{first.heads, first.d, first.d, first.dv,
-                               like.queries.rank() == 4};
-  const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
-  attn::AttentionRequest combined;
-  combined.queries = in.q.view();
-  combined.keys = in.k.view();
-  combined.values = in.v.view();
-  combined.valid_lens = in.lengths.view();
-  combined.causal = like.causal;
-  combined.scale = first.scale;
-  combined.score = like.score;
-  combined.return_weights = like.return_weights;
-  combined.precision = like.precision;
-  absl::StatusOr<attn::OpResult> all =
-      engine.ScaledDotProductAttention(combined);
-  if (!all.ok()) return {};
-  return SliceAttentionResults(*all, params, layout, in);
+// Rows stacked: requests that share every operand but their query rows
+// (a regression's queries against one training set; any call on a stored
+// version) run as one request over all the rows, and each takes its rows of
+// the result back in its own shapes.
+
+// The query rows of a library request: [1, rows, d] for attention (one batch
+// entry), [rows] or [rows, dx] for the regression.
+const attn::TensorView& QueryRows(const attn::AttentionRequest& r) {
+  return r.queries;
+}
+attn::TensorView& QueryRows(attn::AttentionRequest& r) { return r.queries; }
+const attn::TensorView& QueryRows(const attn::NadarayaWatsonRequest& r) {
+  return r.x_query;
+}
+attn::TensorView& QueryRows(attn::NadarayaWatsonRequest& r) {
+  return r.x_query;
+}
+int64_t RowAxis(const attn::TensorView& rows) {
+  return rows.rank() == 1 ? 0 : rows.rank() - 2;
+}
+int64_t RowCount(const attn::TensorView& rows) {
+  return rows.shape[RowAxis(rows)];
 }
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::AdditiveAttentionRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::AdditiveAttentionParams> params;
-  for (const auto* r : members) {
-    params.push_back(ParamsOf(*r));
-  }
-  const attn::AdditiveAttentionRequest& like = *members.front();
-  const attn::AdditiveAttentionParams& first = params.front();
-  const AttentionLayout layout{1, first.dq, first.dk, first.dv, false};
-  const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
-  attn::AdditiveAttentionRequest combined;
-  combined.queries = in.q.view();
-  combined.keys = in.k.view();
-  combined.values = in.v.view();
-  combined.w_q = like.w_q;
-  combined.w_k = like.w_k;
-  combined.w_v = like.w_v;
-  combined.valid_lens = in.lengths.view();
-  combined.return_weights = like.return_weights;
-  absl::StatusOr<attn::OpResult> all = engine.AdditiveAttention(combined);
-  if (!all.ok()) return {};
-  return SliceAttentionResults(*all, params, layout, in);
+absl::StatusOr<attn::OpResult> RunLibrary(attn::Engine& engine,
+                                          const attn::AttentionRequest& r) {
+  return engine.ScaledDotProductAttention(r);
+}
+absl::StatusOr<attn::OpResult> RunLibrary(attn::Engine& engine,
+                                          const attn::NadarayaWatsonRequest& r) {
+  return engine.NadarayaWatson(r);
 }
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const attn::NadarayaWatsonRequest*>& members,
-                CombinedWork* work) {
-  std::vector<attn::NadarayaWatsonParams> params;
+// One member of a stacked batch: its library request and the shapes it sees
+// its rows of the result in.
+template <typename LibraryRequest>
+struct RowsMember {
+  const LibraryRequest* request;
+  attn::Shape output_shape;
+  attn::Shape weights_shape;
+};
+
+// The members' rows as one request to `like`'s operands; computed elements
+// are useful ones (nothing is padded).
+template <typename LibraryRequest>
+Results StackRows(attn::Engine& engine,
+                  const std::vector<RowsMember<LibraryRequest>>& members,
+                  CombinedWork* work) {
+  const LibraryRequest& like = *members.front().request;
+  const attn::TensorView& like_rows = QueryRows(like);
   int64_t total = 0;
-  for (const auto* r : members) {
-    params.push_back(ParamsOf(*r));
-    total += params.back().n_query;
-  }
-  const attn::NadarayaWatsonRequest& like = *members.front();
-  const int64_t dx = params.front().dx, dy = params.front().dy,
-                n = params.front().n_train;
-  const Staging::Staged queries = Staging::Get(
-      0, like.x_query.rank() == 1 ? attn::Shape{total} : attn::Shape{total, dx},
-      false);
+  for (const auto& member : members) total += RowCount(QueryRows(*member.request));
+  attn::Shape shape = like_rows.shape;
+  shape[RowAxis(like_rows)] = total;
+  const int64_t width = like_rows.rank() == 1 ? 1 : like_rows.shape.back();
+  const Staging::Staged rows = Staging::Get(0, shape, false);
   int64_t offset = 0;
-  for (const auto& p : params) {
-    CopyFloats(p.x_query, p.n_query * dx, queries.data() + offset * dx);
-    work->useful_elements += p.n_query * n;
-    offset += p.n_query;
+  for (const auto& member : members) {
+    const attn::TensorView& own = QueryRows(*member.request);
+    CopyFloats(own.data, RowCount(own) * width, rows.data() + offset * width);
+    offset += RowCount(own);
   }
-  work->computed_elements = total * n;
-  attn::NadarayaWatsonRequest combined = like;
-  combined.x_query = queries.view();
-  absl::StatusOr<attn::OpResult> all = engine.NadarayaWatson(combined);
+  LibraryRequest combined = like;
+  QueryRows(combined) = rows.view();
+  absl::StatusOr<attn::OpResult> all = RunLibrary(engine, combined);
   if (!all.ok()) return {};
+  work->computed_elements = work->useful_elements =
+      Rules<LibraryRequest>::WorkElements(combined);
+  const int64_t output_width =
+      total > 0 ? static_cast<int64_t>(all->output.data.size()) / total : 0;
+  const int64_t weights_width =
+      total > 0 ? static_cast<int64_t>(all->weights.data.size()) / total : 0;
   Results results;
   offset = 0;
-  for (const auto& p : params) {
-    attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(
-        all->output, offset, p.n_query, 1, dy, 1, dy,
-        like.y_train.rank() == 1 ? attn::Shape{p.n_query}
-                                 : attn::Shape{p.n_query, dy});
+  for (const auto& member : members) {
+    const int64_t count = RowCount(QueryRows(*member.request));
+    attn::OpResult result = PartOf(*all);
+    result.output = SlicePadded(all->output, offset, count, 1, output_width, 1,
+                                output_width, member.output_shape);
     if (!all->weights.empty()) {
-      result.weights = SlicePadded(all->weights, offset, p.n_query, 1, n, 1, n,
-                                   {p.n_query, n});
+      result.weights = SlicePadded(all->weights, offset, count, 1, weights_width,
+                                   1, weights_width, member.weights_shape);
     }
-    offset += p.n_query;
+    offset += count;
     results.push_back(std::move(result));
   }
   return results;
 }
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const StoredRegressionRequest*>& members,
-                CombinedWork* work) {
-  std::vector<const attn::NadarayaWatsonRequest*> regressions;
-  regressions.reserve(members.size());
-  for (const auto* r : members) regressions.push_back(&r->regression);
-  return Combine(engine, regressions, work);
-}
+// --- one set of rules per operation ---------------------------------------
+//
+// Rules<Request> says, for one kind of request: its class (Classify, given
+// the wide engine, which decides whether a batch is worth every core),
+// whether two members of a class may really share a call (SharesOperands:
+// their hashed operands compared in full), how many score elements it is
+// alone (WorkElements), and how members run as one call (Combine, empty
+// when that call failed). A new operation is one more Rules.
 
-// The result of attention against a memory in the call's own shape:
-// [B, Lq, v] (and weights [B, Lq, N]) from the [1, B * Lq, ...] computed.
-attn::OpResult InCallShape(attn::OpResult result,
-                           const MemoryAttentionRequest& r) {
-  result.output.shape = {r.batch, r.queries, result.output.shape.back()};
-  if (!result.weights.empty()) {
-    result.weights.shape = {r.batch, r.queries, result.weights.shape.back()};
+struct NothingHashed {
+  template <typename Request>
+  static bool SharesOperands(const Request&, const Request&) {
+    return true;
   }
-  return result;
-}
+};
 
-Results Combine(attn::Engine& engine,
-                const std::vector<const MemoryAttentionRequest*>& members,
-                CombinedWork* work) {
-  const attn::AttentionRequest& like = members.front()->attention;
-  const int64_t d = like.queries.shape.back();
-  const int64_t n = like.keys.shape[1];
-  const int64_t dv = like.values.shape.back();
-  int64_t total = 0;
-  for (const auto* r : members) total += r->attention.queries.shape[1];
-  const Staging::Staged queries = Staging::Get(0, {1, total, d}, false);
-  int64_t offset = 0;
-  for (const auto* r : members) {
-    const int64_t rows = r->attention.queries.shape[1];
-    CopyFloats(r->attention.queries.data, rows * d,
-               queries.data() + offset * d);
-    offset += rows;
+template <>
+struct Rules<attn::MaskedSoftmaxRequest> : NothingHashed {
+  using Request = attn::MaskedSoftmaxRequest;
+  static attn::MaskedSoftmaxParams ParamsOf(const Request& r) {
+    return attn::ValidateMaskedSoftmax(r)->params;
   }
-  work->computed_elements = total * n;
-  work->useful_elements = total * n;
-  attn::AttentionRequest combined = like;
-  combined.queries = queries.view();
-  absl::StatusOr<attn::OpResult> all = engine.ScaledDotProductAttention(combined);
-  if (!all.ok()) return {};
-  Results results;
-  offset = 0;
-  for (const auto* r : members) {
-    const int64_t rows = r->attention.queries.shape[1];
-    attn::OpResult result;
-    result.implementation = all->implementation;
-    result.output = SlicePadded(all->output, offset, rows, 1, dv, 1, dv,
-                                {r->batch, r->queries, dv});
-    if (!all->weights.empty()) {
-      result.weights = SlicePadded(all->weights, offset, rows, 1, n, 1, n,
-                                   {r->batch, r->queries, n});
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine*) {
+    ASSIGN_OR_RETURN(auto plan, attn::ValidateMaskedSoftmax(r));
+    const auto& p = plan.params;
+    return BatchClass{absl::StrCat("masked_softmax/", r.x.rank()),
+                      p.batch * p.rows * p.columns};
+  }
+  static int64_t WorkElements(const Request& r) {
+    const auto p = ParamsOf(r);
+    return p.batch * p.rows * p.columns;
+  }
+  static Results Combine(attn::Engine& engine,
+                           const std::vector<const Request*>& members,
+                           CombinedWork* work) {
+    std::vector<attn::MaskedSoftmaxParams> params;
+    int64_t total = 0, rows = 0, columns = 0;
+    for (const auto* r : members) {
+      params.push_back(ParamsOf(*r));
+      total += params.back().batch;
+      rows = std::max(rows, params.back().rows);
+      columns = std::max(columns, params.back().columns);
     }
-    offset += rows;
-    results.push_back(std::move(result));
+    const Staging::Staged x = Staging::Get(0, {total, rows, columns}, true);
+    PaddedLengths lengths(total, rows, columns);
+    int64_t offset = 0;
+    for (const auto& p : params) {
+      CopyPadded(p.x, p.batch, p.rows, p.columns, rows, columns,
+                 x.data() + offset * rows * columns);
+      lengths.Add(offset, p.batch, p.rows, p.columns, p.valid);
+      work->useful_elements += p.batch * p.rows * p.columns;
+      offset += p.batch;
+    }
+    work->computed_elements = total * rows * columns;
+    attn::MaskedSoftmaxRequest combined{x.view(), lengths.view()};
+    absl::StatusOr<attn::OpResult> all = engine.MaskedSoftmax(combined);
+    if (!all.ok()) return {};
+    Results results;
+    offset = 0;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const auto& p = params[i];
+      attn::OpResult result = PartOf(*all);
+          result.output = SlicePadded(all->output, offset, p.batch, p.rows, p.columns,
+                                  rows, columns, members[i]->x.shape);
+      offset += p.batch;
+      results.push_back(std::move(result));
+    }
+    return results;
   }
-  return results;
+};
+
+template <>
+struct Rules<attn::BatchMatmulRequest> : NothingHashed {
+  using Request = attn::BatchMatmulRequest;
+  static attn::BatchMatmulParams ParamsOf(const Request& r) {
+    return attn::ValidateBatchMatmulShapes(r)->params;
+  }
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine*) {
+    ASSIGN_OR_RETURN(auto plan, attn::ValidateBatchMatmul(r));
+    const auto& p = plan.params;
+    return BatchClass{absl::StrCat("batch_matmul/", p.k, "/", p.p, "/",
+                                   static_cast<int>(p.precision)),
+                      p.n * (p.m * p.k + p.k * p.p)};
+  }
+  static int64_t WorkElements(const Request& r) {
+    const auto p = ParamsOf(r);
+    return p.n * p.m * p.p;
+  }
+  static Results Combine(attn::Engine& engine,
+                           const std::vector<const Request*>& members,
+                           CombinedWork* work) {
+    std::vector<attn::BatchMatmulParams> params;
+    int64_t total = 0, m = 0;
+    for (const auto* r : members) {
+      params.push_back(ParamsOf(*r));
+      total += params.back().n;
+      m = std::max(m, params.back().m);
+    }
+    const int64_t k = params.front().k, p_cols = params.front().p;
+    const Staging::Staged a = Staging::Get(0, {total, m, k}, true);
+    const Staging::Staged b = Staging::Get(1, {total, k, p_cols}, false);
+    int64_t offset = 0;
+    for (const auto& p : params) {
+      CopyPadded(p.a, p.n, p.m, k, m, k, a.data() + offset * m * k);
+      CopyFloats(p.b, p.n * k * p_cols, b.data() + offset * k * p_cols);
+      work->useful_elements += p.n * p.m * p_cols;
+      offset += p.n;
+    }
+    work->computed_elements = total * m * p_cols;
+    attn::BatchMatmulRequest combined{a.view(), b.view(),
+                                      members.front()->precision};
+    absl::StatusOr<attn::OpResult> all = engine.BatchMatmul(combined);
+    if (!all.ok()) return {};
+    Results results;
+    offset = 0;
+    for (const auto& p : params) {
+      attn::OpResult result = PartOf(*all);
+          result.output = SlicePadded(all->output, offset, p.n, p.m, p_cols, m,
+                                  p_cols, {p.n, p.m, p_cols});
+      offset += p.n;
+      results.push_back(std::move(result));
+    }
+    return results;
+  }
+};
+
+// What attention requests must agree on to share a call, whatever holds
+// their keys and values.
+std::string AttentionKey(const attn::AttentionRequest& r,
+                         const attn::AttentionParams& p) {
+  return absl::StrCat("attention/", r.queries.rank(), "/", p.heads, "/", p.d,
+                      "/", p.dv, "/", static_cast<int>(p.score), "/",
+                      Bits(p.scale), "/", p.causal, "/",
+                      static_cast<int>(p.precision), "/", r.return_weights);
 }
 
-// A request's own score (or output) elements, for CombinedWork.
-int64_t WorkElements(const attn::MaskedSoftmaxRequest& r) {
-  const auto p = ParamsOf(r);
-  return p.batch * p.rows * p.columns;
+template <>
+struct Rules<attn::AttentionRequest> : NothingHashed {
+  using Request = attn::AttentionRequest;
+  static attn::AttentionParams ParamsOf(const Request& r) {
+    return attn::ValidateAttentionShapes(r)->params;
+  }
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine*) {
+    ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(r));
+    const auto& p = plan.params;
+    return BatchClass{AttentionKey(r, p),
+                      p.batch * p.heads * (p.lq * p.d + p.lk * (p.d + p.dv))};
+  }
+  static int64_t WorkElements(const Request& r) {
+    const auto p = ParamsOf(r);
+    return p.batch * p.heads * p.lq * p.lk;
+  }
+  static Results Combine(attn::Engine& engine,
+                           const std::vector<const Request*>& members,
+                           CombinedWork* work) {
+    std::vector<attn::AttentionParams> params;
+    for (const auto* r : members) {
+      params.push_back(ParamsOf(*r));
+    }
+    const attn::AttentionRequest& like = *members.front();
+    const attn::AttentionParams& first = params.front();
+    const AttentionLayout layout{first.heads, first.d, first.d, first.dv,
+                                 like.queries.rank() == 4};
+    const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
+    attn::AttentionRequest combined;
+    combined.queries = in.q.view();
+    combined.keys = in.k.view();
+    combined.values = in.v.view();
+    combined.valid_lens = in.lengths.view();
+    combined.causal = like.causal;
+    combined.scale = first.scale;
+    combined.score = like.score;
+    combined.return_weights = like.return_weights;
+    combined.precision = like.precision;
+    absl::StatusOr<attn::OpResult> all =
+        engine.ScaledDotProductAttention(combined);
+    if (!all.ok()) return {};
+    return SliceAttentionResults(*all, params, layout, in);
+  }
+};
+
+template <>
+struct Rules<attn::AdditiveAttentionRequest> {
+  using Request = attn::AdditiveAttentionRequest;
+  static attn::AdditiveAttentionParams ParamsOf(const Request& r) {
+    return attn::ValidateAdditiveAttention(r)->params;
+  }
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine*) {
+    ASSIGN_OR_RETURN(auto plan, attn::ValidateAdditiveAttention(r));
+    const auto& p = plan.params;
+    return BatchClass{
+        absl::StrCat("additive/", p.dq, "/", p.dk, "/", p.h, "/", p.dv, "/",
+                     r.return_weights, "/", ContentHash({r.w_q, r.w_k, r.w_v})),
+        p.batch * (p.lq * p.dq + p.lk * (p.dk + p.dv))};
+  }
+  static bool SharesOperands(const Request& a, const Request& b) {
+    return SameContents(a.w_q, b.w_q) && SameContents(a.w_k, b.w_k) &&
+           SameContents(a.w_v, b.w_v);
+  }
+  static int64_t WorkElements(const Request& r) {
+    const auto p = ParamsOf(r);
+    return p.batch * p.lq * p.lk;
+  }
+  static Results Combine(attn::Engine& engine,
+                           const std::vector<const Request*>& members,
+                           CombinedWork* work) {
+    std::vector<attn::AdditiveAttentionParams> params;
+    for (const auto* r : members) {
+      params.push_back(ParamsOf(*r));
+    }
+    const attn::AdditiveAttentionRequest& like = *members.front();
+    const attn::AdditiveAttentionParams& first = params.front();
+    const AttentionLayout layout{1, first.dq, first.dk, first.dv, false};
+    const PaddedAttentionInputs in = PadAttentionInputs(params, layout, work);
+    attn::AdditiveAttentionRequest combined;
+    combined.queries = in.q.view();
+    combined.keys = in.k.view();
+    combined.values = in.v.view();
+    combined.w_q = like.w_q;
+    combined.w_k = like.w_k;
+    combined.w_v = like.w_v;
+    combined.valid_lens = in.lengths.view();
+    combined.return_weights = like.return_weights;
+    absl::StatusOr<attn::OpResult> all = engine.AdditiveAttention(combined);
+    if (!all.ok()) return {};
+    return SliceAttentionResults(*all, params, layout, in);
+  }
+};
+
+// What regressions must agree on to share a call; `training_set` is what
+// their x_train and y_train must be, their contents' hash or a stored
+// version's identity.
+std::string RegressionKey(const attn::NadarayaWatsonRequest& r,
+                          const attn::NadarayaWatsonParams& p,
+                          absl::string_view training_set) {
+  return absl::StrCat("nadaraya_watson/", r.x_query.rank(), "/",
+                      r.y_train.rank(), "/", p.dx, "/", p.dy, "/",
+                      static_cast<int>(p.kernel), "/", Bits(p.bandwidth), "/",
+                      r.return_weights, "/", training_set);
 }
-int64_t WorkElements(const attn::BatchMatmulRequest& r) {
-  const auto p = ParamsOf(r);
-  return p.n * p.m * p.p;
-}
-int64_t WorkElements(const attn::AttentionRequest& r) {
-  const auto p = ParamsOf(r);
-  return p.batch * p.heads * p.lq * p.lk;
-}
-int64_t WorkElements(const attn::AdditiveAttentionRequest& r) {
-  const auto p = ParamsOf(r);
-  return p.batch * p.lq * p.lk;
-}
-int64_t WorkElements(const attn::NadarayaWatsonRequest& r) {
-  const auto p = ParamsOf(r);
-  return p.n_query * p.n_train;
-}
-int64_t WorkElements(const MemoryAttentionRequest& r) {
-  return WorkElements(r.attention);
-}
-int64_t WorkElements(const StoredRegressionRequest& r) {
-  return WorkElements(r.regression);
-}
+
+template <>
+struct Rules<attn::NadarayaWatsonRequest> {
+  using Request = attn::NadarayaWatsonRequest;
+  static attn::NadarayaWatsonParams ParamsOf(const Request& r) {
+    return attn::ValidateNadarayaWatson(r)->params;
+  }
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine*) {
+    ASSIGN_OR_RETURN(auto plan, attn::ValidateNadarayaWatson(r));
+    const auto& p = plan.params;
+    return BatchClass{
+        RegressionKey(r, p, absl::StrCat(ContentHash({r.x_train, r.y_train}))),
+        p.n_query * p.dx};
+  }
+  static bool SharesOperands(const Request& a, const Request& b) {
+    return SameContents(a.x_train, b.x_train) &&
+           SameContents(a.y_train, b.y_train);
+  }
+  static int64_t WorkElements(const Request& r) {
+    const auto p = ParamsOf(r);
+    return p.n_query * p.n_train;
+  }
+  // The queries concatenated: y_pred [m] or [m, dy], weights [m, N].
+  static Results Combine(attn::Engine& engine,
+                         const std::vector<const Request*>& members,
+                         CombinedWork* work) {
+    std::vector<RowsMember<Request>> rows;
+    for (const Request* r : members) {
+      const int64_t m = RowCount(r->x_query);
+      rows.push_back({r,
+                      r->y_train.rank() == 1
+                          ? attn::Shape{m}
+                          : attn::Shape{m, r->y_train.shape.back()},
+                      {m, r->x_train.shape.front()}});
+    }
+    return StackRows(engine, rows, work);
+  }
+};
+
+// A call on a stored version: its class is the version itself, by identity
+// (never hashed: it may hold gigabytes), and what its library request must
+// agree on; the rows are stacked, so a batch reads the version once. A batch
+// of attention over keys the wide engine spreads across its threads is
+// worth every core.
+template <>
+struct Rules<StoredRequest> : NothingHashed {
+  using Request = StoredRequest;
+  static absl::StatusOr<BatchClass> Classify(const Request& r,
+                                             const attn::Engine* wide_engine) {
+    const std::string version =
+        absl::StrCat("stored/", reinterpret_cast<uintptr_t>(r.version));
+    struct Visitor {
+      const std::string& version;
+      const attn::Engine* wide_engine;
+      absl::StatusOr<BatchClass> operator()(const attn::AttentionRequest& a) {
+        ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(a));
+        return BatchClass{
+            absl::StrCat(version, "/", AttentionKey(a, plan.params)),
+            a.queries.num_elements(),
+            wide_engine != nullptr && wide_engine->SpreadsKeysAcrossThreads(a)};
+      }
+      absl::StatusOr<BatchClass> operator()(
+          const attn::NadarayaWatsonRequest& n) {
+        ASSIGN_OR_RETURN(auto plan, attn::ValidateNadarayaWatson(n));
+        const auto& p = plan.params;
+        return BatchClass{RegressionKey(n, p, version), p.n_query * p.dx};
+      }
+    };
+    return std::visit(Visitor{version, wide_engine}, r.request);
+  }
+  static int64_t WorkElements(const Request& r) {
+    return std::visit(
+        [](const auto& library) {
+          return Rules<std::decay_t<decltype(library)>>::WorkElements(library);
+        },
+        r.request);
+  }
+  static Results Combine(attn::Engine& engine,
+                         const std::vector<const Request*>& members,
+                         CombinedWork* work) {
+    return std::visit(
+        [&](const auto& like) {
+          using LibraryRequest = std::decay_t<decltype(like)>;
+          std::vector<RowsMember<LibraryRequest>> rows;
+          for (const Request* r : members) {
+            rows.push_back({&std::get<LibraryRequest>(r->request),
+                            r->output_shape, r->weights_shape});
+          }
+          return StackRows(engine, rows, work);
+        },
+        members.front()->request);
+  }
+};
 
 // The members that share the first one's operands run as one call; the
 // others, and all of them if that call fails, run alone.
@@ -629,7 +687,7 @@ Results RunClass(attn::Engine& engine,
   std::vector<size_t> positions;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Request& request = std::get<Request>(*requests[i]);
-    if (SharesOperands(first, request)) {
+    if (Rules<Request>::SharesOperands(first, request)) {
       together.push_back(&request);
       positions.push_back(i);
     }
@@ -638,7 +696,7 @@ Results RunClass(attn::Engine& engine,
   std::vector<bool> answered(requests.size(), false);
   if (together.size() > 1) {
     CombinedWork combined_work;
-    Results combined = Combine(engine, together, &combined_work);
+    Results combined = Rules<Request>::Combine(engine, together, &combined_work);
     Staging::Trim();
     if (!combined.empty()) {
       work->computed_elements += combined_work.computed_elements;
@@ -652,9 +710,9 @@ Results RunClass(attn::Engine& engine,
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     if (answered[i]) continue;
-    const Request& request = std::get<Request>(*requests[i]);
     results[i] = RunAlone(engine, *requests[i]);
-    const int64_t elements = WorkElements(request);
+    const int64_t elements =
+        Rules<Request>::WorkElements(std::get<Request>(*requests[i]));
     work->computed_elements += elements;
     work->useful_elements += elements;
   }
@@ -664,40 +722,13 @@ Results RunClass(attn::Engine& engine,
 
 }  // namespace
 
-absl::StatusOr<BatchClass> ClassifyForBatching(const OperationRequest& request) {
-  return std::visit([](const auto& r) { return Classify(r); }, request);
-}
-
-absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
-                                        const OperationRequest& request) {
-  struct Visitor {
-    attn::Engine& engine;
-    auto operator()(const attn::MaskedSoftmaxRequest& r) {
-      return engine.MaskedSoftmax(r);
-    }
-    auto operator()(const attn::BatchMatmulRequest& r) {
-      return engine.BatchMatmul(r);
-    }
-    auto operator()(const attn::AttentionRequest& r) {
-      return engine.ScaledDotProductAttention(r);
-    }
-    auto operator()(const attn::AdditiveAttentionRequest& r) {
-      return engine.AdditiveAttention(r);
-    }
-    auto operator()(const attn::NadarayaWatsonRequest& r) {
-      return engine.NadarayaWatson(r);
-    }
-    auto operator()(const StoredRegressionRequest& r) {
-      return engine.NadarayaWatson(r.regression);
-    }
-    absl::StatusOr<attn::OpResult> operator()(const MemoryAttentionRequest& r) {
-      absl::StatusOr<attn::OpResult> result =
-          engine.ScaledDotProductAttention(r.attention);
-      if (!result.ok()) return result;
-      return InCallShape(*std::move(result), r);
-    }
-  };
-  return std::visit(Visitor{engine}, request);
+absl::StatusOr<BatchClass> ClassifyForBatching(
+    const OperationRequest& request, const attn::Engine* wide_engine) {
+  return std::visit(
+      [wide_engine](const auto& r) {
+        return Rules<std::decay_t<decltype(r)>>::Classify(r, wide_engine);
+      },
+      request);
 }
 
 std::vector<absl::StatusOr<attn::OpResult>> RunTogether(

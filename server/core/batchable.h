@@ -19,12 +19,10 @@
 // - Nadaraya-Watson: the training set itself (x_train, y_train contents),
 //   kernel, bandwidth, weights flag and layout; the queries are
 //   concatenated.
-// - Nadaraya-Watson over a stored training set (StoredRegressionRequest):
-//   the stored version itself, by identity, and the rest as above.
-// - attention against a stored memory (MemoryAttentionRequest): the stored
-//   version itself, by identity (its contents are never hashed: a memory may
-//   hold gigabytes), d, v, score, scale, precision and the weights flag; the
-//   queries are stacked, so the batch reads the memory once.
+// - a call on a stored version (StoredRequest): the version itself, by
+//   identity (its contents are never hashed: it may hold gigabytes), and
+//   what its library request must agree on as above; the query rows are
+//   stacked, so the batch reads the version once.
 // Operands that must be equal are keyed by a hash of their contents and
 // compared in full before they are combined: a request whose operands only
 // collide in the hash runs alone.
@@ -56,19 +54,18 @@ struct BatchClass {
   // Its input elements, as a batch would hold them (the request's own, not
   // padded): what max_batch_elements bounds.
   int64_t elements = 0;
-  // A batch's work is one pass over a memory the class's requests share
-  // (a stored memory's): it can run on every core, one batch at a time
-  // (Batcher's wide engine).
+  // A batch's work is one pass over keys the class's requests share (a
+  // stored version's) that the wide engine spreads across its threads: it
+  // can run on every core, one batch at a time (Batcher's wide engine).
   bool shares_a_pass = false;
 };
 
 // Validates `request` (INVALID_ARGUMENT in the library's words, as the
-// engine would answer) and classifies it.
-absl::StatusOr<BatchClass> ClassifyForBatching(const OperationRequest& request);
-
-// Runs `request` alone on the engine.
-absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
-                                        const OperationRequest& request);
+// engine would answer) and classifies it; `wide_engine` (may be null: no
+// class then shares a pass) answers whether a batch is worth every core.
+absl::StatusOr<BatchClass> ClassifyForBatching(
+    const OperationRequest& request,
+    const attn::Engine* wide_engine = nullptr);
 
 // What a combined run computed: the padded batch's and the members' own
 // score (or output) elements; their difference is padding.

@@ -16,6 +16,7 @@
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
+#include "server/core/call_runner.h"
 
 namespace attnserve {
 namespace {
@@ -233,7 +234,7 @@ TEST_F(BatchableTest, NadarayaWatsonConcatenatesQueriesOfOneTrainingSet) {
 // answer is, within its bound, the plain reference of the same queries
 // against the memory repeated for every batch entry (keys [B, N, d]), so the
 // reshapes in and out are checked too.
-TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
+TEST_F(BatchableTest, StoredAttentionStacksQueriesOfOneMemory) {
   const int64_t n = 37, d = 8, dv = 5;
   const attn::Tensor keys = RandomNormal(rng_, {1, n, d});
   const attn::Tensor values = RandomNormal(rng_, {1, n, dv});
@@ -245,16 +246,18 @@ TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
       std::vector<OperationRequest> requests;
       std::vector<const OperationRequest*> pointers;
       for (int i = 0; i < 4; ++i) {
-        MemoryAttentionRequest r;
-        r.memory = &keys;
-        r.batch = Uniform(1, 3);
-        r.queries = Uniform(1, 4);
-        r.attention.queries = Normal({1, r.batch * r.queries, d});
-        r.attention.keys = keys.view();
-        r.attention.values = values.view();
-        r.attention.score = score;
-        r.attention.return_weights = weights;
-        requests.push_back(r);
+        // As the memory's kind builds a call of queries [B, Lq, d]: one
+        // batch entry of B * Lq rows, seen as [B, Lq, ...].
+        const int64_t batch = Uniform(1, 3), queries = Uniform(1, 4);
+        attn::AttentionRequest attention;
+        attention.queries = Normal({1, batch * queries, d});
+        attention.keys = keys.view();
+        attention.values = values.view();
+        attention.score = score;
+        attention.return_weights = weights;
+        requests.push_back(StoredRequest{attention, &keys,
+                                         {batch, queries, dv},
+                                         {batch, queries, n}});
         EXPECT_EQ(ClassifyForBatching(requests.back())->key,
                   ClassifyForBatching(requests.front())->key);
       }
@@ -267,15 +270,19 @@ TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
       for (size_t i = 0; i < requests.size(); ++i) {
         SCOPED_TRACE(::testing::Message() << "request " << i);
         ASSERT_TRUE(results[i].ok()) << results[i].status();
-        const auto& r = std::get<MemoryAttentionRequest>(requests[i]);
+        const auto& stored = std::get<StoredRequest>(requests[i]);
+        const auto& attention =
+            std::get<attn::AttentionRequest>(stored.request);
+        const int64_t batch = stored.output_shape[0];
+        const int64_t queries = stored.output_shape[1];
         // The same queries as B batch entries, each with its own copy of
         // the memory.
         const attn::Tensor repeated_keys =
-            attn::testing::RepeatAsBatch(keys, r.batch);
+            attn::testing::RepeatAsBatch(keys, batch);
         const attn::Tensor repeated_values =
-            attn::testing::RepeatAsBatch(values, r.batch);
-        attn::AttentionRequest plain = r.attention;
-        plain.queries.shape = {r.batch, r.queries, d};
+            attn::testing::RepeatAsBatch(values, batch);
+        attn::AttentionRequest plain = attention;
+        plain.queries.shape = {batch, queries, d};
         plain.keys = repeated_keys.view();
         plain.values = repeated_values.view();
         plain.return_weights = true;  // the bounds are derived from them
@@ -301,13 +308,13 @@ TEST_F(BatchableTest, MemoryAttentionStacksQueriesOfOneMemory) {
     }
   }
   // Another memory, or another stored version of it, is another class.
-  MemoryAttentionRequest other;
-  other.memory = &values;
-  other.attention.queries = Normal({1, 2, d});
-  other.attention.keys = keys.view();
-  other.attention.values = values.view();
-  MemoryAttentionRequest same = other;
-  same.memory = &keys;
+  attn::AttentionRequest attention;
+  attention.queries = Normal({1, 2, d});
+  attention.keys = keys.view();
+  attention.values = values.view();
+  const StoredRequest other{attention, &values, {1, 2, dv}, {1, 2, n}};
+  StoredRequest same = other;
+  same.version = &keys;
   EXPECT_NE(ClassifyForBatching(other)->key, ClassifyForBatching(same)->key);
 }
 
@@ -321,13 +328,14 @@ TEST_F(BatchableTest, StoredRegressionConcatenatesQueriesOfOneTrainingSet) {
   std::vector<OperationRequest> requests;
   std::vector<const OperationRequest*> pointers;
   for (int i = 0; i < 3; ++i) {
-    StoredRegressionRequest r;
-    r.training_set = &x_train;
-    r.regression.x_train = x_train.view();
-    r.regression.y_train = y_train.view();
-    r.regression.x_query = Normal({Uniform(1, 5), dx});
-    r.regression.bandwidth = 1.3f;
-    requests.push_back(r);
+    attn::NadarayaWatsonRequest regression;
+    regression.x_train = x_train.view();
+    regression.y_train = y_train.view();
+    const int64_t m = Uniform(1, 5);
+    regression.x_query = Normal({m, dx});
+    regression.bandwidth = 1.3f;
+    requests.push_back(
+        StoredRequest{regression, &x_train, {m, dy}, {m, n}});
     EXPECT_EQ(ClassifyForBatching(requests.back())->key,
               ClassifyForBatching(requests.front())->key);
   }
@@ -340,8 +348,8 @@ TEST_F(BatchableTest, StoredRegressionConcatenatesQueriesOfOneTrainingSet) {
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "request " << i);
     ASSERT_TRUE(results[i].ok()) << results[i].status();
-    attn::NadarayaWatsonRequest plain =
-        std::get<StoredRegressionRequest>(requests[i]).regression;
+    attn::NadarayaWatsonRequest plain = std::get<attn::NadarayaWatsonRequest>(
+        std::get<StoredRequest>(requests[i]).request);
     plain.return_weights = true;  // the bounds are derived from them
     const attn::OpResult exact =
         attn::testing::ReferenceEngine().NadarayaWatson(plain).value();
@@ -354,11 +362,12 @@ TEST_F(BatchableTest, StoredRegressionConcatenatesQueriesOfOneTrainingSet) {
   }
   // Another stored version is another class, even with equal contents;
   // the same contents sent by a client are a third (keyed by their hash).
-  StoredRegressionRequest other = std::get<StoredRegressionRequest>(requests[0]);
-  other.training_set = &y_train;
+  StoredRequest other = std::get<StoredRequest>(requests[0]);
+  other.version = &y_train;
   EXPECT_NE(ClassifyForBatching(other)->key,
             ClassifyForBatching(requests[0])->key);
-  EXPECT_NE(ClassifyForBatching(other.regression)->key,
+  EXPECT_NE(ClassifyForBatching(std::get<attn::NadarayaWatsonRequest>(
+                                    other.request))->key,
             ClassifyForBatching(requests[0])->key);
 }
 

@@ -56,7 +56,8 @@ Batcher::Batcher(const BatchingOptions& options, attn::Engine* engine,
 Batcher::~Batcher() { Shutdown(); }
 
 absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
-  absl::StatusOr<BatchClass> batch_class = ClassifyForBatching(task->request);
+  absl::StatusOr<BatchClass> batch_class =
+      ClassifyForBatching(task->request, runner_->wide_engine);
   if (!batch_class.ok()) return batch_class.status();
   const int64_t elements = batch_class->elements;
   const absl::Time now = clock_->Now();
@@ -65,7 +66,7 @@ absl::Status Batcher::Schedule(std::unique_ptr<Task> task) {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(RoomLocked());
     Queue& queue = queues_[std::move(batch_class->key)];
-    queue.wide = batch_class->shares_a_pass && runner_->wide_engine != nullptr;
+    queue.wide = batch_class->shares_a_pass;
     // After every request of the same or a better level.
     const uint64_t rank = Rank(task->priority);
     auto position = std::find_if(
@@ -144,7 +145,7 @@ std::vector<Batcher::Pending> Batcher::TakeDueBatch(Queue& queue,
   // it. Past max_queue_delay it is held on while every thread is busy, up to
   // kMaxHold (so that a wrong report never holds a request for good), and
   // then goes on only while none of ours is waiting. Handing every due
-  // batch on kept batches of single-query calls on a stored memory at ~4
+  // batch on kept batches of single-query calls on a stored version at ~4
   // requests with 64 in flight, and handing one on at max_queue_delay kept
   // them at ~15 (bench/memory_batching_bench.sh).
   const int waiting = waiting_to_start_->load() + taken_this_pass;
@@ -290,7 +291,7 @@ void Batcher::RunBatch(const Runner& runner, std::vector<Pending>& batch,
   // The next wide batch may start as soon as this one's kernel is done:
   // answering the requests below costs ~1.5 ms of one core for a batch of
   // 32 (their responses built and handed to the transport), which the
-  // next batch's pass over the memory would otherwise wait out.
+  // next batch's pass over its stored version would otherwise wait out.
   if (wide_slot != nullptr) wide_slot->fetch_sub(1);
   for (size_t i = 0; i < live.size(); ++i) {
     // A member that ran alone (its operands differed, or the combined call

@@ -134,7 +134,7 @@ class Batcher {
   // INVALID_ARGUMENT for options out of range. `wide_engine` (may be null;
   // it must outlive the batcher's closures, as `engine`): an engine whose
   // calls may use every core. Batches of the classes whose work is one
-  // shared pass (BatchClass::shares_a_pass: a stored memory's) then run on
+  // shared pass (BatchClass::shares_a_pass: a stored version's) then run on
   // it one at a time, all such classes together, instead of one per worker.
   static absl::StatusOr<std::unique_ptr<Batcher>> Create(
       const BatchingOptions& options, attn::Engine* engine, const Clock* clock,

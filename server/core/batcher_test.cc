@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "attn/engine.h"
+#include "attn/reference.h"
 #include "attn/testing/compare.h"
 #include "attn/testing/engines.h"
 #include "attn/testing/error_bounds.h"
@@ -529,10 +530,48 @@ struct ReleaseOnExit {
 
 // The reference engine as a wide engine, so that a result says which
 // engine computed it.
+// The reference backend, spreading keys across threads where the CPU
+// backend does: a wide engine whose results say which engine computed them.
+class SpreadingReference final : public attn::Backend {
+ public:
+  std::string name() const override { return reference_.name(); }
+  bool SpreadsKeysAcrossThreads(const attn::AttentionParams& p) const override {
+    return p.lk >= 2 * attn::kMinKeysPerShare;
+  }
+  absl::Status MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override {
+    return reference_.MaskedSoftmax(p);
+  }
+  absl::Status BatchMatmul(const attn::BatchMatmulParams& p) override {
+    return reference_.BatchMatmul(p);
+  }
+  absl::Status ScaledDotProductAttention(
+      const attn::AttentionParams& p) override {
+    return reference_.ScaledDotProductAttention(p);
+  }
+  absl::Status AdditiveAttention(
+      const attn::AdditiveAttentionParams& p) override {
+    return reference_.AdditiveAttention(p);
+  }
+  absl::Status NadarayaWatson(const attn::NadarayaWatsonParams& p) override {
+    return reference_.NadarayaWatson(p);
+  }
+
+ private:
+  attn::ReferenceBackend reference_;
+};
+
 std::unique_ptr<attn::Engine> ReferenceAsWideEngine() {
-  attn::EngineOptions options;
-  options.use_onednn = false;
-  return attn::Engine::Create(options).value();
+  std::vector<std::unique_ptr<attn::Backend>> backends;
+  backends.push_back(std::make_unique<SpreadingReference>());
+  return attn::Engine::CreateWithBackends(std::move(backends)).value();
+}
+
+// `request`, one batch entry of query rows, as a call on the stored version
+// `version` (its result in the library's own shapes).
+StoredRequest OnStoredVersion(const attn::AttentionRequest& request,
+                              const void* version) {
+  const attn::ResultSize size = attn::SizeOfResult(request).value();
+  return StoredRequest{request, version, size.output_shape, size.weights_shape};
 }
 
 // With a wide engine, the batches of a stored memory's classes (their work
@@ -569,7 +608,7 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
   auto schedule = [&](Call* call, const void* memory) {
     auto task = std::make_unique<Batcher::Task>();
     if (memory != nullptr) {
-      task->request = MemoryAttentionRequest{call->request, memory, 1, 1};
+      task->request = OnStoredVersion(call->request, memory);
     } else {
       task->request = call->request;
     }
@@ -623,7 +662,7 @@ TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
   absl::Notification first_answering, release_first;
   auto first_task = std::make_unique<Batcher::Task>();
   first_task->request =
-      MemoryAttentionRequest{on_first->request, &first_memory, 1, 1};
+      OnStoredVersion(on_first->request, &first_memory);
   first_task->done = [&, call = on_first.get()](
                          absl::StatusOr<attn::OpResult> result,
                          const BatchTiming&) {
@@ -639,7 +678,7 @@ TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
   first_answering.WaitForNotification();
   auto second_task = std::make_unique<Batcher::Task>();
   second_task->request =
-      MemoryAttentionRequest{on_second->request, &second_memory, 1, 1};
+      OnStoredVersion(on_second->request, &second_memory);
   second_task->done = [call = on_second.get()](
                           absl::StatusOr<attn::OpResult> result,
                           const BatchTiming&) {

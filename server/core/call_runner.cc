@@ -154,6 +154,41 @@ void CallRunner::Run(Operation operation, const CallContext& context,
   if (!scheduled.ok()) call->Finish(scheduled);
 }
 
+absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
+                                        const OperationRequest& request) {
+  struct Visitor {
+    attn::Engine& engine;
+    absl::StatusOr<attn::OpResult> operator()(
+        const attn::MaskedSoftmaxRequest& r) {
+      return engine.MaskedSoftmax(r);
+    }
+    absl::StatusOr<attn::OpResult> operator()(
+        const attn::BatchMatmulRequest& r) {
+      return engine.BatchMatmul(r);
+    }
+    absl::StatusOr<attn::OpResult> operator()(const attn::AttentionRequest& r) {
+      return engine.ScaledDotProductAttention(r);
+    }
+    absl::StatusOr<attn::OpResult> operator()(
+        const attn::AdditiveAttentionRequest& r) {
+      return engine.AdditiveAttention(r);
+    }
+    absl::StatusOr<attn::OpResult> operator()(
+        const attn::NadarayaWatsonRequest& r) {
+      return engine.NadarayaWatson(r);
+    }
+    // The library's rows, in the call's own shapes.
+    absl::StatusOr<attn::OpResult> operator()(const StoredRequest& r) {
+      absl::StatusOr<attn::OpResult> result = std::visit(*this, r.request);
+      if (!result.ok()) return result;
+      result->output.shape = r.output_shape;
+      if (!result->weights.empty()) result->weights.shape = r.weights_shape;
+      return result;
+    }
+  };
+  return std::visit(Visitor{engine}, request);
+}
+
 void CallRunner::RunOp(Operation operation, const CallContext& context,
                        const DecodeOp& decode, EncodeOp encode,
                        WireNames wire_names, CallResponder* responder) {

@@ -54,10 +54,6 @@ struct ServiceLimits {
   // The largest response message; a larger result is answered with
   // RESOURCE_EXHAUSTED naming the limit (gRPC would fail the send anyway).
   int64_t max_response_bytes = int64_t{256} << 20;
-  // FitBandwidth's save_as writes into the model repository: with token
-  // authentication on, only calls whose token grants `save_as` may
-  // (server/transport/auth.h); others get PERMISSION_DENIED.
-  bool save_as_needs_permission = false;
 };
 
 // A call as the core sees it, whatever its protocol.
@@ -70,8 +66,8 @@ struct CallContext {
   // then 2, ...; 0 (none given) after every explicit level.
   uint64_t priority = 0;
   Protocol protocol = Protocol::kGrpc;  // the metrics' `protocol` label
-  // The call gains from batching whatever else runs (queries against a
-  // stored memory: a batch reads the memory once for all of them), so it is
+  // The call gains from batching whatever else runs (its model's kind says
+  // so: a batch reads the stored version once for all of them), so it is
   // batched even where only such calls are (CallRunner's batch_everything
   // false).
   bool gains_from_batching = false;
@@ -104,6 +100,12 @@ class CallResponder {
   virtual void Answer(const absl::Status& status, const CallRecord& record,
                       Admission::Ticket ticket) = 0;
 };
+
+// Runs `request` alone on `engine`, as one library call: what a call that is
+// not batched runs, and a batch member that cannot share its batch's call.
+// Blocks while the engine computes; thread-safe.
+absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
+                                        const OperationRequest& request);
 
 class CallRunner {
  public:

@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
       options.batching.has_value() ? options.batching : options.gainful_batching;
   if (batching.has_value()) {
     // A batch of every operation frees several large buffers at once: keep
-    // them for the next. (Stored-memory batches stack queries alone: small.)
+    // them for the next. (Batches on a stored version stack queries alone:
+    // small.)
     if (options.batching.has_value()) KeepFreedMemoryForReuse();
     ASSIGN_OR_RETURN(
         core->batcher_,

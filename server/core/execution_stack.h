@@ -46,8 +46,8 @@ class ExecutionStack {
     // batch (server/core/malloc_policy.h; process-wide).
     std::optional<BatchingOptions> batching;
     // When `batching` is off: batching of the calls that gain from it alone
-    // (CallContext::gains_from_batching: queries against a stored memory,
-    // which a batch reads once for all), the others running alone; nullopt:
+    // (CallContext::gains_from_batching: calls on a stored version, which a
+    // batch reads once for all), the others running alone; nullopt:
     // those run alone too. The server's default (--batch_stored_memories).
     std::optional<BatchingOptions> gainful_batching;
     Admission::Options admission;
@@ -63,7 +63,8 @@ class ExecutionStack {
   // Takes `engine` and assembles the rest. INVALID_ARGUMENT naming the
   // option for options out of range (workers, admission, batching).
   // `wide_engine` (may be null): an engine whose calls may use every core,
-  // on which the batcher runs stored-memory batches one at a time
+  // on which the batcher runs the batches that share one pass over a stored
+  // version one at a time
   // (Batcher::Create).
   static absl::StatusOr<std::unique_ptr<ExecutionStack>> Create(
       const Options& options, std::unique_ptr<attn::Engine> engine,

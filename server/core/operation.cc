@@ -24,8 +24,12 @@ const char* OperationName(Operation operation) {
 
 Operation OperationOf(const OperationRequest& request) {
   struct Visitor {
-    Operation operator()(const attn::MaskedSoftmaxRequest&) { return Operation::kMaskedSoftmax; }
-    Operation operator()(const attn::BatchMatmulRequest&) { return Operation::kBatchMatmul; }
+    Operation operator()(const attn::MaskedSoftmaxRequest&) {
+      return Operation::kMaskedSoftmax;
+    }
+    Operation operator()(const attn::BatchMatmulRequest&) {
+      return Operation::kBatchMatmul;
+    }
     Operation operator()(const attn::AttentionRequest&) {
       return Operation::kScaledDotProductAttention;
     }
@@ -35,11 +39,8 @@ Operation OperationOf(const OperationRequest& request) {
     Operation operator()(const attn::NadarayaWatsonRequest&) {
       return Operation::kNadarayaWatson;
     }
-    Operation operator()(const MemoryAttentionRequest&) {
-      return Operation::kScaledDotProductAttention;
-    }
-    Operation operator()(const StoredRegressionRequest&) {
-      return Operation::kNadarayaWatson;
+    Operation operator()(const StoredRequest& r) {
+      return std::visit(*this, r.request);
     }
   };
   return std::visit(Visitor{}, request);
@@ -47,30 +48,26 @@ Operation OperationOf(const OperationRequest& request) {
 
 namespace {
 
-absl::StatusOr<attn::ResultSize> SizeOf(const MemoryAttentionRequest& r) {
-  absl::StatusOr<attn::ResultSize> size = attn::SizeOfResult(r.attention);
-  if (size.ok()) {
-    size->output_shape = {r.batch, r.queries, size->output_shape.back()};
-    if (!size->weights_shape.empty()) {
-      size->weights_shape = {r.batch, r.queries, size->weights_shape.back()};
-    }
+// A request's result size; a stored version's in the call's own shapes.
+struct ResultSizeVisitor {
+  template <typename Request>
+  absl::StatusOr<attn::ResultSize> operator()(const Request& r) const {
+    return attn::SizeOfResult(r);
   }
-  return size;
-}
-
-absl::StatusOr<attn::ResultSize> SizeOf(const StoredRegressionRequest& r) {
-  return attn::SizeOfResult(r.regression);
-}
-
-template <typename Request>
-absl::StatusOr<attn::ResultSize> SizeOf(const Request& r) {
-  return attn::SizeOfResult(r);
-}
+  absl::StatusOr<attn::ResultSize> operator()(const StoredRequest& r) const {
+    absl::StatusOr<attn::ResultSize> size = std::visit(*this, r.request);
+    if (size.ok()) {
+      size->output_shape = r.output_shape;
+      if (!size->weights_shape.empty()) size->weights_shape = r.weights_shape;
+    }
+    return size;
+  }
+};
 
 }  // namespace
 
 absl::StatusOr<attn::ResultSize> ResultSizeOf(const OperationRequest& request) {
-  return std::visit([](const auto& r) { return SizeOf(r); }, request);
+  return std::visit(ResultSizeVisitor{}, request);
 }
 
 }  // namespace attnserve

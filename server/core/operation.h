@@ -44,30 +44,22 @@ inline constexpr int kOperationCount = 6;
 // The operation's name, e.g. "ScaledDotProductAttention". Thread-safe.
 const char* OperationName(Operation operation);
 
-// Scaled dot-product attention against a memory a model holds
-// (server/models/model_kinds.h, backend attention_memory): every query of
-// the call, all of its B x Lq, attends to the same N keys and values, so
-// `attention` is one batch entry: queries [1, B * Lq, d], keys [1, N, d],
-// values [1, N, v]; the result is reshaped to the call's [B, Lq, v] (and
-// weights [B, Lq, N]). `memory` identifies the stored version the views
-// point into: requests with the same identity share their keys and values,
-// so the batcher stacks their queries into one pass over the memory.
-struct MemoryAttentionRequest {
-  attn::AttentionRequest attention;
-  const void* memory = nullptr;
-  int64_t batch = 1;    // B
-  int64_t queries = 0;  // Lq
-};
-
-// Nadaraya-Watson regression over a training set a model holds
-// (server/models/model_kinds.h, backend nadaraya_watson with x_train and
-// y_train): `regression` points into the stored version that `training_set`
-// identifies. Requests with the same identity share their keys and values,
-// so the batcher concatenates their queries without reading the set to
-// compare it.
-struct StoredRegressionRequest {
-  attn::NadarayaWatsonRequest regression;
-  const void* training_set = nullptr;
+// A call whose large operands a stored version holds. A model kind
+// (server/models/) builds `request` with its views pointing into the version
+// `version` identifies and at the call's own query rows, one row of output
+// (and of weights) per query row:
+// - attention: queries [1, rows, d] against keys [1, N, d], values [1, N, v];
+// - regression: x_query [rows] or [rows, dx] against x_train and y_train.
+// Calls on the same version share everything but their rows, so a batch
+// stacks the rows and reads the version once; it is keyed by identity and
+// never hashed or compared (a version may hold gigabytes). The call sees its
+// result in the shapes the kind gives: `output_shape`, and `weights_shape`
+// when weights are returned, each the same elements as the rows computed.
+struct StoredRequest {
+  std::variant<attn::AttentionRequest, attn::NadarayaWatsonRequest> request;
+  const void* version = nullptr;
+  attn::Shape output_shape;
+  attn::Shape weights_shape;
 };
 
 // One request of any operation the execution stack runs, batched or alone
@@ -76,8 +68,7 @@ struct StoredRegressionRequest {
 using OperationRequest =
     std::variant<attn::MaskedSoftmaxRequest, attn::BatchMatmulRequest,
                  attn::AttentionRequest, attn::AdditiveAttentionRequest,
-                 attn::NadarayaWatsonRequest, MemoryAttentionRequest,
-                 StoredRegressionRequest>;
+                 attn::NadarayaWatsonRequest, StoredRequest>;
 
 // The request's operation, for metrics.
 Operation OperationOf(const OperationRequest& request);

@@ -146,6 +146,19 @@ std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
   return index;
 }
 
+absl::Status ModelCatalogue::CheckSaveAllowed(bool may_save) const {
+  if (repository_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "save_as: the server runs without --model_repository");
+  }
+  if (control_.needs_permission && !may_save) {
+    return absl::PermissionDeniedError(
+        "save_as: this token may not write models; give it the "
+        "permission save_as in --auth_tokens_file");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelCatalogue::CheckControlAllowed(
     bool may_control_models, const std::string& model_name,
     const std::vector<std::string>& parameters, bool uploads) const {

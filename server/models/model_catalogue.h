@@ -49,11 +49,12 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
 
 // Triton's --model-control-mode: with `explicit_mode`, loads and unloads
 // change what is served (calls in flight on an unloaded model finish with
-// it); without it they answer FAILED_PRECONDITION. With `needs_permission`
-// (token authentication on), only tokens with the model_control permission
-// may (server/transport/auth.h); others get PERMISSION_DENIED. Built-in
-// models are always served: loading one is a no-op, unloading one
-// INVALID_ARGUMENT.
+// it); without it they answer FAILED_PRECONDITION. Built-in models are
+// always served: loading one is a no-op, unloading one INVALID_ARGUMENT.
+// With `needs_permission` (token authentication on), every change to the
+// repository needs its permission (server/transport/auth.h): loads and
+// unloads model_control, a fit's save_as save_as; others get
+// PERMISSION_DENIED. The catalogue is the one place that decides it.
 struct ModelControl {
   bool explicit_mode = false;
   bool needs_permission = false;
@@ -131,6 +132,11 @@ class ModelCatalogue {
   }
   absl::Status Unload(bool may_control_models, const std::string& model_name,
                       const std::vector<std::string>& parameters);
+  // Whether a caller may save a fit (FitBandwidth's save_as), checked before
+  // the fit runs: FAILED_PRECONDITION without a repository,
+  // PERMISSION_DENIED for a caller without the save_as permission while
+  // permissions are needed.
+  absl::Status CheckSaveAllowed(bool may_save) const;
 
   // Stores a fitted Nadaraya-Watson model `name` holding `bandwidth` and
   // the training set it was fitted on (copied), and serves it at once, to

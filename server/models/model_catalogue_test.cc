@@ -341,8 +341,8 @@ TEST_F(ModelCatalogueTest, BFloat16TensorsOnlyInMemories) {
       KindArguments{"m16", ModelParameters{}, inputs, memory->stored.get(),
                     false});
   ASSERT_TRUE(built.ok()) << built.status();
-  const attn::AttentionRequest& attention =
-      std::get<MemoryAttentionRequest>(*built).attention;
+  const attn::AttentionRequest& attention = std::get<attn::AttentionRequest>(
+      std::get<StoredRequest>(*built).request);
   EXPECT_EQ(attention.keys_bfloat16,
             memory->stored->tensors.at("keys").bfloat16);
   EXPECT_EQ(attention.keys.data, nullptr);
@@ -422,15 +422,17 @@ TEST_F(ModelCatalogueTest, AFittedModelHoldsItsTrainingSet) {
   };
   absl::StatusOr<OperationRequest> built = build({});
   ASSERT_TRUE(built.ok()) << built.status();
-  const auto& op = std::get<StoredRegressionRequest>(*built);
-  EXPECT_EQ(op.training_set, net.stored.get());
-  EXPECT_EQ(op.regression.x_train.data,
-            net.stored->tensors.at("x_train").data);
-  EXPECT_EQ(op.regression.y_train.shape, (attn::Shape{4}));
-  EXPECT_EQ(op.regression.x_query.data, queries);
-  EXPECT_EQ(op.regression.bandwidth, 1.5f);
-  EXPECT_EQ(op.regression.kernel, attn::RegressionKernel::kGaussian);
-  EXPECT_TRUE(op.regression.return_weights);
+  const auto& op = std::get<StoredRequest>(*built);
+  EXPECT_EQ(op.version, net.stored.get());
+  const auto& regression = std::get<attn::NadarayaWatsonRequest>(op.request);
+  EXPECT_EQ(regression.x_train.data, net.stored->tensors.at("x_train").data);
+  EXPECT_EQ(regression.y_train.shape, (attn::Shape{4}));
+  EXPECT_EQ(regression.x_query.data, queries);
+  EXPECT_EQ(regression.bandwidth, 1.5f);
+  EXPECT_EQ(regression.kernel, attn::RegressionKernel::kGaussian);
+  EXPECT_TRUE(regression.return_weights);
+  EXPECT_EQ(op.output_shape, (attn::Shape{2}));
+  EXPECT_EQ(op.weights_shape, (attn::Shape{2, 4}));
   EXPECT_FALSE(net.kind->gains_from_batching);  // measured: it does not pay
   // Its bandwidth and kernel are what was fitted: a call's are refused.
   EXPECT_THAT(std::string(build({{"bandwidth", 2.0}}).status().message()),

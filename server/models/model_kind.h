@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -87,6 +88,9 @@ struct KindArguments {
   const ModelInputs& inputs;  // decoded against the kind's signature
   const RepositoryModel* stored;  // what the model holds; null if built in
   bool return_weights;  // the weights output was asked for
+  // The precision the call asked for, where its API has one (the typed
+  // API's); unset: the kind's default.
+  std::optional<attn::Precision> precision = std::nullopt;
 };
 
 // One kind: immutable data and plain functions, so a model's kind is chosen

@@ -241,6 +241,15 @@ absl::StatusOr<OperationRequest> BuildDotProductAttention(
   return op;
 }
 
+// Points `op`'s weights at a stored additive attention model's (checked
+// when it was stored); the model must outlive the request.
+void BindAdditiveWeights(const RepositoryModel& model,
+                         attn::AdditiveAttentionRequest* op) {
+  op->w_q = model.tensors.at("W_q").view();
+  op->w_k = model.tensors.at("W_k").view();
+  op->w_v = model.tensors.at("w_v").view();
+}
+
 absl::StatusOr<OperationRequest> BuildAdditiveAttention(
     const KindArguments& arguments) {
   attn::AdditiveAttentionRequest op;
@@ -306,17 +315,24 @@ absl::StatusOr<OperationRequest> BuildFittedNadarayaWatson(
 // A model that holds its training set takes the queries alone: the call's
 // x_query against the stored x_train and y_train, with the fitted
 // bandwidth. Calls on one stored version share the set, so a batcher
-// concatenates their queries (StoredRegressionRequest).
+// concatenates their queries (server/core/operation.h, StoredRequest).
 absl::StatusOr<OperationRequest> BuildTrainedNadarayaWatson(
     const KindArguments& arguments) {
   ASSIGN_OR_RETURN(OperationRequest fitted,
                    BuildFittedNadarayaWatson(arguments));
-  StoredRegressionRequest op;
-  op.regression = std::get<attn::NadarayaWatsonRequest>(std::move(fitted));
-  op.regression.x_train = arguments.stored->tensors.at("x_train").view();
-  op.regression.y_train = arguments.stored->tensors.at("y_train").view();
-  op.training_set = arguments.stored;
-  return op;
+  attn::NadarayaWatsonRequest regression =
+      std::get<attn::NadarayaWatsonRequest>(std::move(fitted));
+  regression.x_train = arguments.stored->tensors.at("x_train").view();
+  regression.y_train = arguments.stored->tensors.at("y_train").view();
+  // y_pred [m] or [m, dy], as the set's y_train; weights [m, N].
+  const attn::Shape& y = regression.y_train.shape;
+  const int64_t m =
+      regression.x_query.rank() >= 1 ? regression.x_query.shape[0] : 0;
+  attn::Shape output_shape = y.size() == 1 ? attn::Shape{m}
+                                           : attn::Shape{m, y.back()};
+  attn::Shape weights_shape = {m, regression.x_train.shape.front()};
+  return StoredRequest{std::move(regression), arguments.stored,
+                       std::move(output_shape), std::move(weights_shape)};
 }
 
 // An attention memory's score and scale, from its config's parameters:
@@ -420,7 +436,11 @@ void TrainingSetDimensions(const RepositoryModel& model,
 }
 
 // Every query of the call attends to the memory: the call's [B, Lq, d]
-// queries are one batch entry of B * Lq rows (server/core/operation.h).
+// queries are one batch entry of B * Lq rows (server/core/operation.h,
+// StoredRequest), and its result is seen as [B, Lq, v] (weights
+// [B, Lq, N]). A memory stored as bfloat16 computes in bfloat16 (the
+// library's rule), which a call asking for float32, the default, or
+// bfloat16 gets; float16 is refused.
 absl::StatusOr<OperationRequest> BuildAttentionMemory(
     const KindArguments& arguments) {
   const RepositoryModel& memory = *arguments.stored;
@@ -435,25 +455,35 @@ absl::StatusOr<OperationRequest> BuildAttentionMemory(
   }
   ASSIGN_OR_RETURN(const MemoryScoring scoring,
                    ScoringOf(arguments.model_name, memory));
-  MemoryAttentionRequest op;
-  op.memory = &memory;
-  op.batch = queries.shape[0];
-  op.queries = queries.shape[1];
-  op.attention.queries = queries;
-  op.attention.queries.shape = {1, op.batch * op.queries, queries.shape[2]};
-  op.attention.keys = keys.view();
-  op.attention.keys.shape = {1, keys.shape[0], keys.shape[1]};
-  op.attention.values = values.view();
-  op.attention.values.shape = {1, values.shape[0], values.shape[1]};
-  if (keys.is_bfloat16()) {  // stored rounded: computed in bfloat16
-    op.attention.keys_bfloat16 = keys.bfloat16;
-    op.attention.values_bfloat16 = values.bfloat16;
-    op.attention.precision = attn::Precision::kBFloat16;
+  const int64_t batch = queries.shape[0], rows = queries.shape[1];
+  attn::AttentionRequest attention;
+  attention.queries = queries;
+  attention.queries.shape = {1, batch * rows, queries.shape[2]};
+  attention.keys = keys.view();
+  attention.keys.shape = {1, keys.shape[0], keys.shape[1]};
+  attention.values = values.view();
+  attention.values.shape = {1, values.shape[0], values.shape[1]};
+  attention.precision =
+      arguments.precision.value_or(attn::Precision::kFloat32);
+  if (keys.is_bfloat16()) {
+    if (attention.precision == attn::Precision::kFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "precision: memory '", arguments.model_name,
+          "' holds bfloat16 keys and values, so its calls compute in "
+          "bfloat16 (precision float32, the default, or bfloat16), not "
+          "float16"));
+    }
+    attention.keys_bfloat16 = keys.bfloat16;
+    attention.values_bfloat16 = values.bfloat16;
+    attention.precision = attn::Precision::kBFloat16;
   }
-  op.attention.score = scoring.score;
-  op.attention.scale = scoring.scale;
-  op.attention.return_weights = arguments.return_weights;
-  return op;
+  attention.score = scoring.score;
+  attention.scale = scoring.scale;
+  attention.return_weights = arguments.return_weights;
+  return StoredRequest{std::move(attention),
+                       &memory,
+                       {batch, rows, values.shape[1]},
+                       {batch, rows, keys.shape[0]}};
 }
 
 ModelKind* NewKind(ModelSignature signature, ModelKind::BuildRequest build,
@@ -622,12 +652,6 @@ absl::Status CheckStoredModel(const std::string& where,
   return kind->check_stored(where, model);
 }
 
-void BindAdditiveWeights(const RepositoryModel& model,
-                         attn::AdditiveAttentionRequest* op) {
-  op->w_q = model.tensors.at("W_q").view();
-  op->w_k = model.tensors.at("W_k").view();
-  op->w_v = model.tensors.at("w_v").view();
-}
 
 RepositoryModel FittedNadarayaWatsonModel(const std::string& name,
                                           float bandwidth) {

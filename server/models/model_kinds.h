@@ -16,8 +16,8 @@
 //   sends x_query alone and gets y_pred (and, on request,
 //   attention_weights), the textbook's net(x_test, keys, values). Calls on
 //   one stored version share its training set: with --batching the batcher
-//   concatenates their queries (server/core/operation.h,
-//   StoredRegressionRequest); not by default, where it was measured not to
+//   concatenates their queries (server/core/operation.h, StoredRequest);
+//   not by default, where it was measured not to
 //   pay.
 //   Either Nadaraya-Watson model may set a `kernel` config parameter
 //   (gaussian, boxcar, constant, epanechnikov); it then serves that kernel
@@ -29,7 +29,7 @@
 //   Gaussian); a call sends queries [B, Lq, d] alone and gets output
 //   [B, Lq, v] and, on request, attention_weights [B, Lq, N]. Calls on one
 //   stored version share its memory: the batcher stacks their queries into
-//   one pass over it (server/core/operation.h, MemoryAttentionRequest).
+//   one pass over it (server/core/operation.h, StoredRequest).
 //
 // A new kind is one new entry here: the repository checks stored models
 // through CheckStoredModel, the catalogue resolves them through
@@ -71,11 +71,6 @@ const ModelKind* KindOfStored(const RepositoryModel& model);
 // what that kind needs. INVALID_ARGUMENT starting with `where`.
 absl::Status CheckStoredModel(const std::string& where,
                               const RepositoryModel& model);
-
-// Points `op`'s weights at a stored additive attention model's (checked
-// when it was stored); the model must outlive the request.
-void BindAdditiveWeights(const RepositoryModel& model,
-                         attn::AdditiveAttentionRequest* op);
 
 // A fitted Nadaraya-Watson model `name` holding `bandwidth`, to be stored
 // (ModelRepository::SaveModel checks it).

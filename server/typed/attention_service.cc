@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <tuple>
+#include <variant>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -135,15 +136,14 @@ grpc::ServerUnaryReactor* AttentionService::Serve(
 grpc::ServerUnaryReactor* AttentionService::ServeOp(
     Operation operation, grpc::CallbackServerContext* context,
     google::protobuf::Message* response, v1::ExecutionInfo* info,
-    const DecodeTypedOp& decode, EncodeWith encode, CallRunner::WireNames wire_names,
-    std::string model, bool gains_from_batching) {
+    const DecodeTypedOp& decode, EncodeWith encode, OpOptions options) {
   CallContext call;
   UnaryCallReactor* reactor = nullptr;
   if (!BeginCall(operation, context, response, info, &reactor, &call)) {
     return reactor;
   }
-  call.model = std::move(model);
-  call.gains_from_batching = gains_from_batching;
+  call.model = std::move(options.model);
+  call.gains_from_batching = options.gains_from_batching;
   // The decoded views point into `storage`: the encoding step, which the
   // core keeps until the kernel has run, holds it.
   auto storage = std::make_shared<DecodeStorage>();
@@ -155,8 +155,18 @@ grpc::ServerUnaryReactor* AttentionService::ServeOp(
       [encode = std::move(encode), storage](const attn::OpResult& result) {
         encode(result);
       },
-      std::move(wire_names), reactor);
+      std::move(options.wire_names), reactor);
   return reactor;
+}
+
+AttentionService::OpOptions AttentionService::ForStoredModel(
+    const absl::StatusOr<ServedModel>& model, const std::string& name) {
+  OpOptions options;
+  if (model.ok()) {
+    options.model = name;
+    options.gains_from_batching = model->kind->gains_from_batching;
+  }
+  return options;
 }
 
 grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
@@ -175,7 +185,8 @@ grpc::ServerUnaryReactor* AttentionService::MaskedSoftmax(
       },
       [request, response](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
-      });
+      },
+      OpOptions());
 }
 
 grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
@@ -196,7 +207,8 @@ grpc::ServerUnaryReactor* AttentionService::BatchMatmul(
       },
       [request, response](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
-      });
+      },
+      OpOptions());
 }
 
 namespace {
@@ -243,7 +255,8 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
         },
         [request, response](const attn::OpResult& result) {
           EncodeResult(result, request->output_encoding(), response);
-        });
+        },
+        OpOptions());
   }
   // Queries against a stored memory: its kind builds the request, as for a
   // KServe call on the same model; the encoding step holds the memory until
@@ -279,64 +292,37 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
         ASSIGN_OR_RETURN(inputs.floats["queries"],
                          DecodeTensor("queries", request->queries(), budget,
                                       storage));
-        ASSIGN_OR_RETURN(
-            OperationRequest op,
-            memory->kind->build_request(KindArguments{
-                request->memory_name(), ModelParameters{}, inputs,
-                memory->stored.get(), request->return_weights()}));
-        attn::AttentionRequest& attention =
-            std::get<MemoryAttentionRequest>(op).attention;
-        if (attention.keys_bfloat16 == nullptr) {
-          attention.precision = PrecisionOf(request->precision());
-        } else if (request->precision() == v1::PRECISION_FLOAT16) {
-          // Stored rounded, computed in bfloat16: float32 (the default)
-          // and bfloat16 both mean that.
-          return absl::InvalidArgumentError(absl::StrCat(
-              "precision: memory '", request->memory_name(),
-              "' holds bfloat16 keys and values, so its calls compute in "
-              "bfloat16 (precision float32, the default, or bfloat16), not "
-              "float16"));
-        }
-        return op;
+        KindArguments arguments{request->memory_name(), ModelParameters{},
+                                inputs, memory->stored.get(),
+                                request->return_weights()};
+        arguments.precision = PrecisionOf(request->precision());
+        return memory->kind->build_request(arguments);
       },
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      {}, memory.ok() ? request->memory_name() : std::string(),
-      /*gains_from_batching=*/memory.ok() && memory->kind->gains_from_batching);
+      ForStoredModel(memory, request->memory_name()));
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
     grpc::CallbackServerContext* context,
     const v1::AdditiveAttentionRequest* request,
     v1::AdditiveAttentionResponse* response) {
-  // A stored model's weights, kept alive (by the encoding step) while the
-  // kernel reads them, even if the model is unloaded meanwhile; the call
-  // counts in that model's statistics.
-  absl::StatusOr<ServedModel> stored = absl::NotFoundError("");
-  if (request->has_weights_name()) {
-    stored = catalogue_->ResolveStored("weights_name", request->weights_name(),
-                           AdditiveAttentionKind());
-  }
-  std::shared_ptr<const RepositoryModel> held =
-      stored.ok() ? stored->stored : nullptr;
-  return ServeOp(
-      Operation::kAdditiveAttention, context, response, response->mutable_info(),
-      [request, stored](ElementBudget* budget,
-                        DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
-        attn::AdditiveAttentionRequest op;
-        if (request->has_weights_name()) {
-          if (!stored.ok()) return stored.status();
-          BindAdditiveWeights(*stored->stored, &op);
-        }
-        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
-        ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries", request->queries(),
-                                                  budget, storage));
-        ASSIGN_OR_RETURN(op.keys,
-                         DecodeTensor("keys", request->keys(), budget, storage));
-        ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
+  if (!request->has_weights_name()) {
+    return ServeOp(
+        Operation::kAdditiveAttention, context, response,
+        response->mutable_info(),
+        [request](ElementBudget* budget,
+                  DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+          attn::AdditiveAttentionRequest op;
+          RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+          ASSIGN_OR_RETURN(op.queries, DecodeTensor("queries",
+                                                    request->queries(), budget,
+                                                    storage));
+          ASSIGN_OR_RETURN(op.keys, DecodeTensor("keys", request->keys(),
                                                  budget, storage));
-        if (!request->has_weights_name()) {
+          ASSIGN_OR_RETURN(op.values, DecodeTensor("values", request->values(),
+                                                   budget, storage));
           const v1::AdditiveWeights& weights = request->weights();
           ASSIGN_OR_RETURN(op.w_q, DecodeTensor("weights.w_q", weights.w_q(),
                                                 budget, storage));
@@ -344,16 +330,52 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
                                                 budget, storage));
           ASSIGN_OR_RETURN(op.w_v, DecodeTensor("weights.w_v", weights.w_v(),
                                                 budget, storage));
-        }
-        ASSIGN_OR_RETURN(op.valid_lens,
+          ASSIGN_OR_RETURN(op.valid_lens,
+                           DecodeLengths("valid_lens", request->valid_lens()));
+          op.return_weights = request->return_weights();
+          return op;
+        },
+        [request, response](const attn::OpResult& result) {
+          EncodeResult(result, request->output_encoding(), response);
+        },
+        OpOptions{WithWireNames});
+  }
+  // A stored model's weights: its kind builds the request, as for a KServe
+  // call on the same model; the encoding step keeps the weights alive while
+  // the kernel reads them, even if the model is unloaded meanwhile, and the
+  // call counts in the model's statistics.
+  absl::StatusOr<ServedModel> stored = catalogue_->ResolveStored(
+      "weights_name", request->weights_name(), AdditiveAttentionKind());
+  std::shared_ptr<const RepositoryModel> held =
+      stored.ok() ? stored->stored : nullptr;
+  OpOptions options =
+      ForStoredModel(stored, request->weights_name());
+  options.wire_names = WithWireNames;
+  return ServeOp(
+      Operation::kAdditiveAttention, context, response, response->mutable_info(),
+      [request, stored](ElementBudget* budget,
+                        DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
+        if (!stored.ok()) return stored.status();
+        RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
+        ModelInputs inputs;
+        ASSIGN_OR_RETURN(inputs.floats["queries"],
+                         DecodeTensor("queries", request->queries(), budget,
+                                      storage));
+        ASSIGN_OR_RETURN(inputs.floats["keys"],
+                         DecodeTensor("keys", request->keys(), budget, storage));
+        ASSIGN_OR_RETURN(inputs.floats["values"],
+                         DecodeTensor("values", request->values(), budget,
+                                      storage));
+        ASSIGN_OR_RETURN(inputs.lengths["valid_lens"],
                          DecodeLengths("valid_lens", request->valid_lens()));
-        op.return_weights = request->return_weights();
-        return op;
+        return stored->kind->build_request(
+            KindArguments{request->weights_name(), ModelParameters{}, inputs,
+                          stored->stored.get(), request->return_weights()});
       },
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      WithWireNames, stored.ok() ? request->weights_name() : std::string());
+      std::move(options));
 }
 
 grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
@@ -383,7 +405,8 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
         },
         [request, response](const attn::OpResult& result) {
           EncodeResult(result, request->output_encoding(), response);
-        });
+        },
+        OpOptions());
   }
   // A stored model: its kind builds the request, as for a KServe call on
   // the same model; the encoding step holds the model until the kernel has
@@ -442,8 +465,7 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      {}, model.ok() ? request->model_name() : std::string(),
-      /*gains_from_batching=*/model.ok() && model->kind->gains_from_batching);
+      ForStoredModel(model, request->model_name()));
 }
 
 grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
@@ -469,18 +491,12 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
         // A cancelled call (client, deadline, shutdown) stops the fit at the
         // next epoch instead of holding a worker.
         op.stop_requested = [context] { return context->IsCancelled(); };
-        if (!request->save_as().empty() &&
-            catalogue_->repository() == nullptr) {
-          return absl::FailedPreconditionError(
-              "save_as: the server runs without --model_repository");
-        }
-        if (!request->save_as().empty() && calls_->limits().save_as_needs_permission &&
-            (context->auth_context() == nullptr ||
-             context->auth_context()->FindPropertyValues(kSaveAsProperty)
-                 .empty())) {
-          return absl::PermissionDeniedError(
-              "save_as: this token may not write models; give it the "
-              "permission save_as in --auth_tokens_file");
+        if (!request->save_as().empty()) {
+          const bool may_save =
+              context->auth_context() != nullptr &&
+              !context->auth_context()->FindPropertyValues(kSaveAsProperty)
+                   .empty();
+          RETURN_IF_ERROR(catalogue_->CheckSaveAllowed(may_save));
         }
         return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,

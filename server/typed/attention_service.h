@@ -8,9 +8,12 @@
 // reactor (server/transport/unary_call.h); the handler returns that reactor at
 // once. What the core refuses, and with which status, is said there.
 //
-// A call naming a stored model (AdditiveAttention's weights_name) resolves
-// it through the catalogue (server/models/model_catalogue.h) and counts in
-// that model's statistics.
+// A call naming a stored model (ScaledDotProductAttention's memory_name,
+// AdditiveAttention's weights_name, NadarayaWatson's model_name) resolves it
+// through the catalogue (server/models/model_catalogue.h), whose kind builds
+// the library's request, as for a KServe call on the same model; the call
+// counts in that model's statistics. Whether a caller may save a fit
+// (FitBandwidth's save_as) is the catalogue's to say.
 //
 // Thread-safe; borrows the core and the catalogue, which must outlive it and
 // the gRPC server it is registered with.
@@ -83,15 +86,28 @@ class AttentionService final
       ElementBudget*, DecodeStorage*)>;
   // Fills the response from the result (on a worker).
   using EncodeWith = std::function<void(const attn::OpResult&)>;
+  // What a call of a batchable operation is, beyond its decode and encode
+  // steps.
+  struct OpOptions {
+    // The library's argument names in its errors, as the wire names them.
+    CallRunner::WireNames wire_names;
+    // The stored model the call counts in (empty: none), and whether its
+    // kind's calls are batched by default (ModelKind::gains_from_batching).
+    std::string model;
+    bool gains_from_batching = false;
+  };
+  // The options of a call naming a stored model, as the catalogue resolved
+  // it: the call counts in the model's statistics once the model is found.
+  static OpOptions ForStoredModel(const absl::StatusOr<ServedModel>& model,
+                                  const std::string& name);
   // Hands one call of a batchable operation to the core (which may batch
   // it) and returns its reactor.
-  grpc::ServerUnaryReactor* ServeOp(Operation operation, grpc::CallbackServerContext* context,
+  grpc::ServerUnaryReactor* ServeOp(Operation operation,
+                                    grpc::CallbackServerContext* context,
                                     google::protobuf::Message* response,
                                     attention::v1::ExecutionInfo* info,
-                                    const DecodeTypedOp& decode, EncodeWith encode,
-                                    CallRunner::WireNames wire_names = {},
-                                    std::string model = {},
-                                    bool gains_from_batching = false);
+                                    const DecodeTypedOp& decode,
+                                    EncodeWith encode, OpOptions options);
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Operation operation, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,

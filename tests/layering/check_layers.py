@@ -4,7 +4,8 @@ lines of the sources:
 
 - lib/ knows nothing of gRPC, protobuf or the server;
 - server/core/ (the execution stack) knows nothing of gRPC, protobuf, the
-  models or the front ends;
+  models or the front ends, and names no model kind (its backend, its
+  request types, its wire fields);
 - server/repository/ (bytes on disk) knows nothing of gRPC, the models or
   the front ends (it reads config.pbtxt with protobuf);
 - server/models/ (what each kind of model holds, takes and computes) knows
@@ -98,6 +99,23 @@ def main():
                 errors.append(f"{relative}:{number}: {line.strip()}: assemble the "
                               "serving stack with ExecutionStack::Create "
                               "(server/core/execution_stack.h)")
+    # The core knows no model kind: a kind's backend or its request types
+    # named in a core source (not its tests, which build requests as a kind
+    # would) means a kind reached into the core.
+    kind_names = re.compile(
+        r"\b(?:attention_memory|additive_attention|memory_name|weights_name|"
+        r"model_name)\b|\b(?:AttentionMemory|MemoryAttention|StoredRegression|"
+        r"FittedNadarayaWatson|TrainedNadarayaWatson|ModelKind)")
+    for path in sorted((root / "server" / "core").rglob("*")):
+        if path.suffix not in (".h", ".cc") or path.name.endswith("_test.cc"):
+            continue
+        files += 1
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            match = kind_names.search(line)
+            if match:
+                errors.append(f"{path.relative_to(root)}:{number}: "
+                              f"{match.group(0)}: the execution stack knows "
+                              "no model kind; a kind lives in server/models/")
     for error in errors:
         print(error)
     print(f"{files} files, {len(errors)} layering violations")
