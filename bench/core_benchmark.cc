@@ -1,4 +1,4 @@
-// The execution stack without gRPC (server/core/call_runner.h): 64 single
+// The execution stack without gRPC (server/execution/call_runner.h): 64 single
 // requests (B = 1) of each batchable operation in flight through
 // CallRunner::RunOp, with the server's defaults (2 workers, kernels on 1
 // thread each), batching off and on; and an empty call (the core's own cost).
@@ -18,9 +18,9 @@
 #include "attn/engine.h"
 #include "attn/testing/random.h"
 #include "benchmark/benchmark.h"
-#include "server/core/call_runner.h"
-#include "server/core/malloc_policy.h"
-#include "server/core/execution_stack.h"
+#include "server/execution/call_runner.h"
+#include "server/process/malloc_policy.h"
+#include "server/execution/execution_stack.h"
 
 namespace attnserve {
 namespace {
@@ -50,7 +50,7 @@ class WaveResponder final : public CallResponder {
   std::unique_ptr<absl::Notification> done_;
 };
 
-// The core as attnserve assembles it by default (server/core/execution_stack.h:
+// The core as attnserve assembles it by default (server/execution/execution_stack.h:
 // 2 workers, kernels on 1 thread each, admission), with or without batching.
 std::unique_ptr<ExecutionStack> MakeCore(bool batching) {
   attn::EngineOptions engine_options;
@@ -249,7 +249,7 @@ BENCHMARK(BM_CoreEmptyCall)->UseRealTime()->Unit(benchmark::kMillisecond);
 }  // namespace
 }  // namespace attnserve
 
-// As the server runs with --batching (server/core/malloc_policy.h; one call
+// As the server runs with --batching (server/process/malloc_policy.h; one call
 // at a time measured the same either way); ATTN_DEFAULT_MALLOC=1 keeps
 // glibc's defaults for the cases without batching, to see what the policy
 // buys (a core with batching always sets it, as the server does).

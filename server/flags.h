@@ -14,8 +14,8 @@
 #include "attn/engine.h"
 #include "server/transport/grpc_server.h"
 #include "server/transport/http_server.h"
-#include "server/core/cpu_budget.h"
-#include "server/core/execution_stack.h"
+#include "server/process/cpu_budget.h"
+#include "server/execution/execution_stack.h"
 #include "server/repository/model_repository.h"
 
 namespace attnserve {
@@ -37,7 +37,7 @@ struct ServerConfig {
   int max_batch_size = 32;
   std::string metrics_host;
   int metrics_port = 8002;
-  int fd_reserve = 256;  // server/core/accept_guard.h
+  int fd_reserve = 256;  // server/process/accept_guard.h
   // SIGTERM: NOT_SERVING but serving for the notice, then the drain of the
   // accepted calls for at most the grace period.
   absl::Duration drain_notice;

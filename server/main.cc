@@ -11,8 +11,8 @@
 //
 // The start, in order: flags -> ServerConfig (server/flags.h) -> the
 // engine, warmed up -> the fd limit and the accept guard
-// (server/core/accept_guard.h) -> the execution stack
-// (server/core/execution_stack.h) -> metrics -> the model repository ->
+// (server/process/accept_guard.h) -> the execution stack
+// (server/execution/execution_stack.h) -> metrics -> the model repository ->
 // the token store and the catalogue of models, one each, lent to every
 // front end -> the front ends (server/typed/, server/kserve/) -> the gRPC
 // server -> the HTTP server (server/transport/). Then it waits for a signal
@@ -42,8 +42,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attn/engine.h"
-#include "server/core/accept_guard.h"
-#include "server/core/execution_stack.h"
+#include "server/process/accept_guard.h"
+#include "server/execution/execution_stack.h"
 #include "server/flags.h"
 #include "server/kserve/inference_service.h"
 #include "server/kserve/rest_service.h"
@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<attn::Engine> wide_engine;
   // (Where the kernels run on a GPU, memory batches stay on its engine.)
   if (config->wide_engine.has_value() &&
-      (*engine)->backend_names().front() != "cuda") {
+      (*engine)->device() != attn::Device::kCuda) {
     absl::StatusOr<std::unique_ptr<attn::Engine>> wide =
         WarmEngine(*config->wide_engine, /*describe=*/false);
     if (!wide.ok()) return Fail(wide.status());
@@ -210,28 +210,17 @@ int main(int argc, char** argv) {
                 signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
                 absl::ToInt64Milliseconds(config->drain_notice),
                 absl::ToInt64Milliseconds(config->grace_period));
-  (*core)->GiveDrainNotice();
-  (*server)->SetNotServing();
-  absl::SleepFor(config->drain_notice);
-  // The drain. gRPC's own Server::Shutdown is not used: it cancels (as
-  // CANCELLED, which no client retries) every call whose request is still
-  // arriving, and a client cannot tell that from its own cancellation. So
-  // the core refuses what arrives from now on with UNAVAILABLE (not
-  // started; retry elsewhere), waits until every call it accepted has been
-  // answered and its response sent (admission tickets are held until gRPC
-  // is done with a call), and the process then exits; a call still in
-  // transit sees its connection close: UNAVAILABLE too.
-  const absl::Time drain_started = absl::Now();
-  const int64_t accepted = (*core)->admission().inflight_calls();
-  (*core)->StartDraining();
-  if ((*core)->WaitUntilIdle(drain_started + config->grace_period)) {
+  const attnserve::ExecutionStack::DrainReport drain = (*core)->Drain(
+      config->drain_notice, config->grace_period,
+      [&server] { (*server)->SetNotServing(); });
+  if (drain.answered) {
     // Responses handed to the sockets are on their way; give the clients a
     // moment to read them before the sockets close.
     absl::SleepFor(absl::Milliseconds(100));
     absl::FPrintF(stderr,
                   "attnserve: drained: the %d calls in flight were answered "
                   "in %s; stopped\n",
-                  accepted, absl::FormatDuration(absl::Now() - drain_started));
+                  drain.accepted, absl::FormatDuration(drain.took));
   } else {
     // Past the grace period: the calls still running get UNAVAILABLE as
     // their connections close (a kernel cannot be interrupted).
@@ -239,7 +228,7 @@ int main(int argc, char** argv) {
                   "attnserve: grace period over with %d calls unanswered "
                   "(kernels still running or responses not read); stopped, "
                   "abandoning them\n",
-                  (*core)->admission().inflight_calls());
+                  drain.unanswered);
   }
   // Exit without destructors: an abandoned kernel may still be running, and
   // the metrics exposer's web server takes ~2 s to stop; nothing is left to

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/exposer.h"
-#include "server/core/metrics.h"
+#include "server/execution/metrics.h"
 
 namespace attnserve {
 

@@ -11,7 +11,7 @@
 // (fuzz/common/checking_backend.h): no oneDNN, one worker thread, the
 // server's default limits but for a 256 KiB response limit
 // (kMaxResponseBytes), assembled by the server's own factory
-// (server/core/execution_stack.h). ATTN_FUZZ_BATCHING=1 in the environment runs
+// (server/execution/execution_stack.h). ATTN_FUZZ_BATCHING=1 in the environment runs
 // every call through the batcher, exactly as `attnserve --batching` does. The model repository is a private copy of
 // deploy/models in a temporary folder (FitBandwidth's save_as writes there;
 // see MakeTemporaryFolder).
@@ -29,7 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/typed/attention_service.h"
 #include "server/kserve/inference_service.h"
-#include "server/core/execution_stack.h"
+#include "server/execution/execution_stack.h"
 #include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const EngineOptions& options) {
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::string> notes;
+  Device device = Device::kCpu;
   if (options.device != Device::kCpu) {
     CudaBackend::Options cuda_options;
     cuda_options.device = options.cuda_device;
@@ -95,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                                                    options.cuda_min_flops);
       }
       backends.push_back(std::move(gpu));
+      device = Device::kCuda;
     } else if (options.device == Device::kCuda) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the CUDA backend was asked for but cannot run: ",
@@ -118,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                    CreateWithBackends(std::move(backends)));
   engine->notes_ = std::move(notes);
+  engine->device_ = device;
   return engine;
 }
 

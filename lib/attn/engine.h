@@ -105,6 +105,10 @@ class Engine {
   // Shapes alone decide it; false for a request the engine refuses.
   bool SpreadsKeysAcrossThreads(const AttentionRequest& request) const;
 
+  // Where calls go first: kCuda when Create placed the CUDA backend first
+  // (kCuda, or kAuto with a usable GPU), else kCpu.
+  Device device() const { return device_; }
+
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
   std::vector<std::string> backend_names() const;
   // The same, described (the CUDA backend names its GPU).
@@ -129,6 +133,7 @@ class Engine {
 
   const std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::string> notes_;
+  Device device_ = Device::kCpu;
 };
 
 }  // namespace attn

@@ -23,7 +23,7 @@
 #include "inference/grpc_service.pb.h"
 #include "server/models/model_kind.h"
 #include "server/models/input_decoding.h"
-#include "server/core/element_budget.h"
+#include "server/execution/element_budget.h"
 
 namespace attnserve {
 

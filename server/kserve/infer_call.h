@@ -21,9 +21,9 @@
 #include "inference/grpc_service.pb.h"
 #include "server/kserve/codec.h"
 #include "server/models/model_catalogue.h"
-#include "server/core/batchable.h"
-#include "server/core/call_runner.h"
-#include "server/core/element_budget.h"
+#include "server/execution/batchable.h"
+#include "server/execution/call_runner.h"
+#include "server/execution/element_budget.h"
 
 namespace attnserve {
 
@@ -34,7 +34,7 @@ class KServeInferCall {
   // model (NOT_FOUND, under rpc="unresolved"), a request of the wrong
   // structure or with a bad priority or timeout (INVALID_ARGUMENT, under the
   // model's operation); otherwise once the core is done with it, with
-  // whatever the core answers (server/core/call_runner.h). `request` and
+  // whatever the core answers (server/execution/call_runner.h). `request` and
   // `response` must live until then; `catalogue` and `runner` only for the
   // duration of Start.
   static void Start(const ModelCatalogue& catalogue, CallRunner* runner,

@@ -4,21 +4,19 @@
 // repository's index, load and unload), on the same port as attention.v1.
 // A thin front end: each handler delegates to the concept it serves.
 //
-// - The models (server/models/model_catalogue.h): each operation is a
-//   built-in model with fixed tensor names (see docs/kserve.md, "The
-//   models"): masked_softmax, batch_matmul, dot_product_attention,
-//   nadaraya_watson; and every stored model of the repository: additive
-//   attention with its weights (backend additive_attention, the tensors of
-//   dot_product_attention) and fitted Nadaraya-Watson bandwidths (backend
-//   nadaraya_watson). Each model has a kind (server/models/model_kinds.h)
-//   that builds its operation and names its results.
+// - The models (server/models/model_catalogue.h): the built-in models, one
+//   per operation with fixed tensor names, and every stored model of the
+//   repository (see docs/kserve.md, "The models"). Each model has a kind
+//   (server/models/model_kinds.h, which lists them) that builds its
+//   operation and names its results: nothing here knows one kind from
+//   another.
 // - Inference (server/kserve/infer_call.h, with the tensor codec in
 //   server/kserve/codec.h and the request parameters in
 //   server/kserve/parameters.h): inputs come as raw_input_contents or
 //   typed contents (FP32; INT32 or INT64 for valid_lens); outputs always go
 //   back as raw_output_contents, one per output in order.
 //   attention_weights are computed only when requested by name. Inference
-//   is a front end of the execution stack (server/core/call_runner.h), like
+//   is a front end of the execution stack (server/execution/call_runner.h), like
 //   the typed API: the same pool, batcher, limits and metrics. With
 //   batching on, the calls of every model (every built-in model and every
 //   repository model) go through the batcher, batched on their first
@@ -40,8 +38,8 @@
 #include <vector>
 
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/core/call_runner.h"
-#include "server/core/execution_stack.h"
+#include "server/execution/call_runner.h"
+#include "server/execution/execution_stack.h"
 #include "server/models/model_catalogue.h"
 
 namespace attnserve {

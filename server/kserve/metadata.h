@@ -8,7 +8,7 @@
 
 #include "inference/grpc_service.pb.h"
 #include "server/models/model_catalogue.h"
-#include "server/core/batcher.h"
+#include "server/execution/batcher.h"
 
 namespace attnserve {
 

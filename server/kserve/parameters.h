@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "inference/grpc_service.pb.h"
-#include "server/core/call_runner.h"
+#include "server/execution/call_runner.h"
 #include "server/models/model_kind.h"
 
 namespace attnserve {

@@ -31,8 +31,8 @@
 
 #include "absl/status/status.h"
 
-#include "server/core/call_runner.h"
-#include "server/core/execution_stack.h"
+#include "server/execution/call_runner.h"
+#include "server/execution/execution_stack.h"
 #include "server/kserve/rest.h"
 #include "server/models/model_catalogue.h"
 #include "server/transport/rest_call.h"

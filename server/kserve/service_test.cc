@@ -1,5 +1,5 @@
 // KServe's front ends in process, over the production assembly
-// (server/core/execution_stack.h) and a catalogue: what the Python suites
+// (server/execution/execution_stack.h) and a catalogue: what the Python suites
 // (tests/kserve/) cannot see from outside.
 #include <chrono>
 #include <cstdlib>
@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "prometheus/metric_family.h"
-#include "server/core/execution_stack.h"
+#include "server/execution/execution_stack.h"
 #include "server/kserve/inference_service.h"
 #include "server/kserve/rest_service.h"
 #include "absl/strings/escaping.h"

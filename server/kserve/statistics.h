@@ -1,5 +1,5 @@
 // Triton's ModelStatistics for one model, from the execution stack's counts
-// (server/core/model_statistics.h): requests inferred (inference_count),
+// (server/execution/model_statistics.h): requests inferred (inference_count),
 // kernel executions (execution_count; a batched execution is apportioned
 // among its requests, so the count is rounded), success and failure counts
 // with their whole-call time, queue time and compute time (compute_infer;
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "inference/grpc_service.pb.h"
-#include "server/core/model_statistics.h"
+#include "server/execution/model_statistics.h"
 
 namespace attnserve {
 

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attn/tensor.h"
-#include "server/core/element_budget.h"
+#include "server/execution/element_budget.h"
 
 namespace attnserve {
 

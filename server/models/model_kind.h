@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "attn/ops.h"
 #include "attn/tensor.h"
-#include "server/core/operation.h"
+#include "server/execution/operation.h"
 #include "server/models/input_decoding.h"
 #include "server/repository/model_repository.h"
 

@@ -315,7 +315,7 @@ absl::StatusOr<OperationRequest> BuildFittedNadarayaWatson(
 // A model that holds its training set takes the queries alone: the call's
 // x_query against the stored x_train and y_train, with the fitted
 // bandwidth. Calls on one stored version share the set, so a batcher
-// concatenates their queries (server/core/operation.h, StoredRequest).
+// concatenates their queries (server/execution/operation.h, StoredRequest).
 absl::StatusOr<OperationRequest> BuildTrainedNadarayaWatson(
     const KindArguments& arguments) {
   ASSIGN_OR_RETURN(OperationRequest fitted,
@@ -436,7 +436,7 @@ void TrainingSetDimensions(const RepositoryModel& model,
 }
 
 // Every query of the call attends to the memory: the call's [B, Lq, d]
-// queries are one batch entry of B * Lq rows (server/core/operation.h,
+// queries are one batch entry of B * Lq rows (server/execution/operation.h,
 // StoredRequest), and its result is seen as [B, Lq, v] (weights
 // [B, Lq, N]). A memory stored as bfloat16 computes in bfloat16 (the
 // library's rule), which a call asking for float32, the default, or

@@ -16,7 +16,7 @@
 //   sends x_query alone and gets y_pred (and, on request,
 //   attention_weights), the textbook's net(x_test, keys, values). Calls on
 //   one stored version share its training set: with --batching the batcher
-//   concatenates their queries (server/core/operation.h, StoredRequest);
+//   concatenates their queries (server/execution/operation.h, StoredRequest);
 //   not by default, where it was measured not to
 //   pay.
 //   Either Nadaraya-Watson model may set a `kernel` config parameter
@@ -29,7 +29,7 @@
 //   Gaussian); a call sends queries [B, Lq, d] alone and gets output
 //   [B, Lq, v] and, on request, attention_weights [B, Lq, N]. Calls on one
 //   stored version share its memory: the batcher stacks their queries into
-//   one pass over it (server/core/operation.h, StoredRequest).
+//   one pass over it (server/execution/operation.h, StoredRequest).
 //
 // A new kind is one new entry here: the repository checks stored models
 // through CheckStoredModel, the catalogue resolves them through

@@ -10,7 +10,7 @@
 // Thread-safe. Borrows the metrics, the token store and the services, which
 // must outlive it.
 // The server is never shut down through gRPC: the process drains through
-// the core (server/core/execution_stack.h) and exits, because gRPC 1.51's
+// the core (server/execution/execution_stack.h) and exits, because gRPC 1.51's
 // Shutdown cancels calls still arriving as CANCELLED, which no client
 // retries.
 #ifndef ATTNSERVE_SERVER_TRANSPORT_GRPC_SERVER_H_
@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "server/core/metrics.h"
+#include "server/execution/metrics.h"
 #include "server/transport/auth.h"
 
 namespace attnserve {

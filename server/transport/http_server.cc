@@ -31,7 +31,7 @@
 #include "event2/thread.h"
 #include "openssl/err.h"
 #include "openssl/ssl.h"
-#include "server/core/accept_guard.h"
+#include "server/process/accept_guard.h"
 #include "zlib.h"
 
 namespace attnserve {

@@ -35,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/metrics.h"
+#include "server/execution/metrics.h"
 #include "server/transport/auth.h"
 #include "server/transport/rest_call.h"
 

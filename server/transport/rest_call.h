@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "server/core/admission.h"
+#include "server/execution/admission.h"
 
 namespace attnserve {
 

@@ -1,5 +1,5 @@
 // What the gRPC front ends share to hand a call to the execution stack
-// (server/core/call_runner.h): the call's context in the core's terms, the
+// (server/execution/call_runner.h): the call's context in the core's terms, the
 // response size check, and the reactor that answers a unary call.
 //
 // Thread safety: the functions are pure; a UnaryCallReactor is driven by the
@@ -17,7 +17,7 @@
 #include "google/protobuf/message.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/server_context.h"
-#include "server/core/call_runner.h"
+#include "server/execution/call_runner.h"
 
 namespace attnserve {
 

@@ -1,5 +1,5 @@
 // attention.v1.AttentionService on gRPC's callback API: a front end of the
-// execution stack (server/core/call_runner.h).
+// execution stack (server/execution/call_runner.h).
 //
 // Each handler decodes and checks the request's tensors on the gRPC thread
 // (cheap, and malformed requests never take a queue slot) and hands the call
@@ -27,7 +27,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "server/typed/tensor_codec.h"
 #include "server/transport/unary_call.h"
-#include "server/core/call_runner.h"
+#include "server/execution/call_runner.h"
 #include "server/models/model_catalogue.h"
 
 namespace attnserve {

@@ -3,7 +3,7 @@
 // against the library's reference backend, and every class of bad input.
 #include "server/typed/attention_service.h"
 
-#include "server/core/execution_stack.h"
+#include "server/execution/execution_stack.h"
 
 #include <algorithm>
 #include <atomic>
@@ -84,7 +84,7 @@ class ServiceTest : public ::testing::TestWithParam<bool> {
     attn::EngineOptions reference_options;
     reference_options.use_onednn = false;
     reference_ = attn::Engine::Create(reference_options).value();
-    // The production assembly (server/core/execution_stack.h), batching
+    // The production assembly (server/execution/execution_stack.h), batching
     // included: its availability check, idle callback and observer.
     ExecutionStack::Options options;
     options.workers.threads = threads;

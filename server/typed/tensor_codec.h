@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "attention/v1/attention.pb.h"
 #include "attn/tensor.h"
-#include "server/core/element_budget.h"
+#include "server/execution/element_budget.h"
 #include "server/models/input_decoding.h"
 
 namespace attnserve {

@@ -969,7 +969,7 @@ class PriorityAndTimeoutTest(KServeTestCase):
     """Triton's per-request priority and timeout (microseconds) are honoured
     parameters: a request that carries them is served as any other (their
     effect on the queue is tested with the core's fake clock and a blocked
-    pool in server/core/call_runner_test.cc)."""
+    pool in server/execution/call_runner_test.cc)."""
 
     def test_priority_and_timeout_are_accepted(self):
         x, y = self.randn(2, 3, 4), self.randn(2, 4, 5)

@@ -3,9 +3,11 @@
 lines of the sources:
 
 - lib/ knows nothing of gRPC, protobuf or the server;
-- server/core/ (the execution stack) knows nothing of gRPC, protobuf, the
+- server/execution/ (the execution stack) knows nothing of gRPC, protobuf, the
   models or the front ends, and names no model kind (its backend, its
   request types, its wire fields);
+- server/process/ (the process's own limits: CPU budget, file descriptors,
+  allocator) knows no layer above it;
 - server/repository/ (bytes on disk) knows nothing of gRPC, the models or
   the front ends (it reads config.pbtxt with protobuf);
 - server/models/ (what each kind of model holds, takes and computes) knows
@@ -18,9 +20,9 @@ lines of the sources:
 - the typed API (server/typed/) and KServe (server/kserve/) do not include
   each other, nor each other's messages;
 - client/ talks only to the wire: nothing from server/ or lib/;
-- the serving stack is assembled in one place, the core's factory
-  (server/core/execution_stack.h): no WorkerPool, Batcher or CallRunner is
-  constructed outside server/core/ (whose unit tests build the parts).
+- the serving stack is assembled in one place, the execution stack's factory
+  (server/execution/execution_stack.h): no WorkerPool, Batcher or CallRunner is
+  constructed outside server/execution/ (whose unit tests build the parts).
 
 usage: check_layers.py REPO_ROOT. Exits 1 listing every offending include.
 """
@@ -37,9 +39,14 @@ RULES = [
     # rule's files, when not all])
     ("lib", GRPC + ("server/", "attention/v1/", "inference/"),
      "the kernel library knows nothing of gRPC or the server"),
-    ("server/core", GRPC + FRONT_ENDS + ("server/models/", "server/repository/",
+    ("server/execution", GRPC + FRONT_ENDS + ("server/models/", "server/repository/",
                                         "attention/v1/", "inference/"),
      "the execution stack knows no protocol and no model"),
+    ("server/process", GRPC + FRONT_ENDS + ("server/execution/",
+                                            "server/models/",
+                                            "server/repository/", "attn/",
+                                            "attention/v1/", "inference/"),
+     "the process's own limits know no layer above them"),
     # (protobuf it may use: config.pbtxt is a protobuf text message)
     ("server/repository", ("grpc/", "grpcpp/", "grpc++/", "server/models/")
      + FRONT_ENDS,
@@ -81,7 +88,7 @@ def main():
                 if match and match.group(1).startswith(forbidden):
                     errors.append(f"{path.relative_to(root)}:{number}: "
                                   f"#include {match.group(1)}: {why}")
-    # Only the core's factory assembles a stack.
+    # Only the execution stack's factory assembles a stack.
     assembly = re.compile(r"\b(?:WorkerPool::Create|Batcher::Create|"
                           r"make_unique<(?:attnserve::)?CallRunner>|"
                           r"CallRunner\s+\w+\s*\()")
@@ -91,22 +98,22 @@ def main():
                 for part in path.relative_to(root).parts):
             continue
         relative = path.relative_to(root)
-        if relative.parts[:2] == ("server", "core"):
+        if relative.parts[:2] == ("server", "execution"):
             continue
         files += 1
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if assembly.search(line):
                 errors.append(f"{relative}:{number}: {line.strip()}: assemble the "
                               "serving stack with ExecutionStack::Create "
-                              "(server/core/execution_stack.h)")
-    # The core knows no model kind: a kind's backend or its request types
-    # named in a core source (not its tests, which build requests as a kind
-    # would) means a kind reached into the core.
+                              "(server/execution/execution_stack.h)")
+    # The execution stack knows no model kind: a kind's backend, request
+    # types or wire fields named in one of its sources (not its tests, which
+    # build requests as a kind would) means a kind reached into it.
     kind_names = re.compile(
         r"\b(?:attention_memory|additive_attention|memory_name|weights_name|"
         r"model_name)\b|\b(?:AttentionMemory|MemoryAttention|StoredRegression|"
         r"FittedNadarayaWatson|TrainedNadarayaWatson|ModelKind)")
-    for path in sorted((root / "server" / "core").rglob("*")):
+    for path in sorted((root / "server" / "execution").rglob("*")):
         if path.suffix not in (".h", ".cc") or path.name.endswith("_test.cc"):
             continue
         files += 1

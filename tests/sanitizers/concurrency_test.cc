@@ -6,10 +6,10 @@
 //  - the model repository (server/repository/model_repository.h): Find and Names while
 //    SaveFittedModel replaces models; uploads, reloads and unloads of one
 //    model while it is read;
-//  - the service metrics (server/core/metrics.h): the hot path from several
+//  - the service metrics (server/execution/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
-// (server/core/batcher_test.cc, server/core/worker_pool_test.cc).
+// (server/execution/batcher_test.cc, server/execution/worker_pool_test.cc).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -29,7 +29,7 @@
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
 #include "gtest/gtest.h"
-#include "server/core/metrics.h"
+#include "server/execution/metrics.h"
 #include "server/models/model_catalogue.h"
 #include "server/repository/model_repository.h"
 #include "server/repository/safetensors.h"

@@ -20,10 +20,10 @@
 #         halves the instrumented build's time against -O2.
 #   tsan  ThreadSanitizer over the tests of our concurrent code, which start
 #         real threads: the batcher with a real worker pool and scheduler
-#         thread (server/core/batcher_test), the worker pool
-#         (server/core/worker_pool_test), admission's drain wait
-#         (server/core/admission_test), the serving core's call lifecycle
-#         with a real pool (server/core/call_runner_test), and the oneDNN
+#         thread (server/execution/batcher_test), the worker pool
+#         (server/execution/worker_pool_test), admission's drain wait
+#         (server/execution/admission_test), the serving core's call lifecycle
+#         with a real pool (server/execution/call_runner_test), and the oneDNN
 #         primitive cache, the
 #         model repository and the metrics under contention
 #         (tests/sanitizers/concurrency_test.cc). Not the in-process gRPC

@@ -1,0 +1,133 @@
+// The service's Prometheus metrics: one object owns the registry, builds
+// every family and binds every label set at start-up, and hands the hot path
+// cached references, so serving a request only increments and observes.
+//
+// Families (histograms, not summaries, so that replicas aggregate):
+//   attnserve_requests_total{rpc, code, protocol}  counter; rpc="unresolved"
+//     for calls answered before a model or operation was resolved
+//   attnserve_request_duration_seconds{rpc, protocol}  whole call, histogram
+//     (protocol: grpc, http; the other families do not say)
+//   attnserve_queue_wait_seconds{rpc}              waiting for a worker
+//   attnserve_kernel_duration_seconds{rpc, backend}  the kernel alone
+//   attnserve_kernel_runs_total{rpc, implementation}  which backend ran
+//   attnserve_batch_size{rpc}                      requests per batch
+//   attnserve_batch_computed_elements_total{rpc}   score elements computed
+//   attnserve_batch_padding_elements_total{rpc}    ... of which padding
+//   attnserve_rejected_requests_total{rpc, reason} resource_exhausted,
+//                                                  deadline, cancelled,
+//                                                  shutting_down
+//   attnserve_unauthenticated_requests_total{reason}  missing_token,
+//                                                  invalid_token
+//   attnserve_inflight_requests                    gauge
+//   attnserve_queue_depth                          gauge (sampled at scrape)
+//   attnserve_inflight_bytes                       gauge (sampled at scrape):
+//                                                  payload bytes of admitted
+//                                                  calls not yet sent
+//   attnserve_connections_refused_total            counter (sampled): closed
+//                                                  at accept to keep
+//                                                  --fd_reserve fds free
+//   process_cpu_seconds_total, process_resident_memory_bytes,
+//   process_virtual_memory_bytes, process_open_fds, process_max_fds,
+//   process_start_time_seconds
+//
+// Thread-safe: prometheus-cpp's metrics are atomic; the maps are immutable
+// after Create.
+#ifndef ATTNSERVE_SERVER_EXECUTION_METRICS_H_
+#define ATTNSERVE_SERVER_EXECUTION_METRICS_H_
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/execution/operation.h"
+
+namespace attnserve {
+
+class ServiceMetrics {
+ public:
+  // `implementations`: every backend name the engine may report; a name not
+  // listed is counted under "other". INTERNAL if prometheus-cpp rejects a
+  // family (a bug: fail at boot, never on a request).
+  static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(
+      const std::vector<std::string>& implementations);
+
+  // Both are registered with the exposer.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  std::shared_ptr<prometheus::Collectable> sampled() const;
+
+  // Sample the queue depth and the payload bytes of admitted calls
+  // (server/execution/admission.h) on every scrape. Call before serving.
+  void SetQueueDepthSource(std::function<int()> source);
+  void SetInflightBytesSource(std::function<int64_t()> source);
+
+  void RequestStarted();
+  void RequestFinished(Operation operation, Protocol protocol, absl::StatusCode code,
+                       absl::Duration total);
+  void QueueWait(Operation operation, absl::Duration wait);
+  void KernelRun(Operation operation, const std::string& implementation,
+                 absl::Duration kernel);
+  // One executed batch: its size in requests, and its computed and useful
+  // score elements (the difference is padding).
+  void BatchExecuted(Operation operation, int requests, int64_t computed_elements,
+                     int64_t useful_elements);
+  // A call answered before it reached the core: its request named no
+  // model or operation that could be resolved (an unknown model, a
+  // malformed body, an unknown route: `operation` empty, counted under
+  // rpc="unresolved"), or its operation's call was refused before it was
+  // handed over (bad metadata, a request of the wrong structure). Counted
+  // in attnserve_requests_total alone: it was never in flight, queued or
+  // computed.
+  void RequestRefused(std::optional<Operation> operation, Protocol protocol,
+                      absl::StatusCode code);
+  // A call refused by token authentication (server/transport/auth.h).
+  void Unauthenticated(bool token_missing);
+
+ private:
+  struct PerOperation {
+    std::array<std::array<prometheus::Counter*, 17>, kProtocolCount>
+        requests_by_code{};
+    std::array<prometheus::Histogram*, kProtocolCount> duration{};
+    prometheus::Histogram* queue_wait = nullptr;
+    // By the backend that ran (an implementation name); "other" for a name
+    // not known at start-up.
+    absl::flat_hash_map<std::string, prometheus::Histogram*> kernel;
+    prometheus::Histogram* kernel_other = nullptr;
+    absl::flat_hash_map<std::string, prometheus::Counter*> runs;
+    prometheus::Counter* runs_other = nullptr;
+    prometheus::Histogram* batch_size = nullptr;
+    prometheus::Counter* batch_computed = nullptr;
+    prometheus::Counter* batch_padding = nullptr;
+    // Rejections by reason: full queue or limits, deadline in the queue,
+    // cancelled, shutting down.
+    prometheus::Counter* rejected_resource_exhausted = nullptr;
+    prometheus::Counter* rejected_deadline = nullptr;
+    prometheus::Counter* rejected_cancelled = nullptr;
+    prometheus::Counter* rejected_unavailable = nullptr;
+  };
+
+  ServiceMetrics() = default;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::array<PerOperation, kOperationCount> per_operation_;
+  std::array<std::array<prometheus::Counter*, 17>, kProtocolCount>
+      unresolved_by_code_{};
+  prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Counter* unauthenticated_missing_ = nullptr;
+  prometheus::Counter* unauthenticated_invalid_ = nullptr;
+  std::shared_ptr<prometheus::Collectable> sampled_;  // queue depth, process
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_EXECUTION_METRICS_H_
