@@ -1,6 +1,7 @@
 #include "server/execution/batcher.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -191,7 +192,27 @@ absl::Time Batcher::FormDueBatches(bool from_scheduler) {
     // arrival, forever if none came (found by bench/core_benchmark.cc).
     if (from_scheduler) new_work_ = false;
     const absl::Time now = clock_->Now();
-    for (auto it = queues_.begin(); it != queues_.end();) {
+    // Classes are served best level first, then oldest call first, never in
+    // key order: one wide batch runs at a time, so the first class looked at
+    // takes the slot, and a class key (a stored version's address) says
+    // nothing about who has waited longest.
+    std::vector<std::map<std::string, Queue>::iterator> order;
+    order.reserve(queues_.size());
+    for (auto it = queues_.begin(); it != queues_.end(); ++it) {
+      order.push_back(it);
+    }
+    auto turn = [](const Queue& queue) {
+      if (queue.pending.empty()) {
+        return std::make_pair(std::numeric_limits<uint64_t>::max(),
+                              absl::InfiniteFuture());
+      }
+      return std::make_pair(Rank(queue.pending.front().task->priority),
+                            *queue.arrivals.begin());
+    };
+    std::sort(order.begin(), order.end(), [&turn](const auto& a, const auto& b) {
+      return turn(a->second) < turn(b->second);
+    });
+    for (const auto& it : order) {
       Queue& queue = it->second;
       for (std::vector<Pending> batch =
                TakeDueBatch(queue, now, static_cast<int>(due.size()));
@@ -200,14 +221,13 @@ absl::Time Batcher::FormDueBatches(bool from_scheduler) {
         due.push_back(DueBatch{std::move(batch), queue.wide});
       }
       if (queue.pending.empty()) {
-        it = queues_.erase(it);
+        queues_.erase(it);
       } else {
         // Held past its delay (threads busy): look again a delay from now,
         // if no thread frees up before.
         absl::Time due_at = *queue.arrivals.begin() + options_.max_queue_delay;
         if (due_at <= now) due_at = now + options_.max_queue_delay;
         next = std::min(next, due_at);
-        ++it;
       }
     }
     if (!from_scheduler && next != absl::InfiniteFuture()) new_work_ = true;

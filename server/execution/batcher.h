@@ -25,7 +25,11 @@
 // first, then 2, ...; level 0 (none given) after every explicit level; FIFO
 // within a level. A batch goes to the executor with the best level among
 // its members, and batches due together are handed on best level first.
-// The queue bound (max_queue_size) counts every level.
+// Classes are looked at best level first, then oldest call first (never in
+// key order), so when only one batch may run (a wide engine's), the class
+// whose call has waited longest takes it, and a class waits behind at most
+// one batch of each other. The queue bound (max_queue_size) counts every
+// level.
 //
 // At run time, requests that were cancelled or whose deadline passed while
 // queued are answered CANCELLED or DEADLINE_EXCEEDED and not computed.

@@ -22,6 +22,7 @@
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
 #include "attn/work.h"
+#include "server/execution/batchable.h"
 #include "gtest/gtest.h"
 #include "server/execution/worker_pool.h"
 
@@ -694,6 +695,65 @@ TEST_F(BatcherTest, TheNextWideBatchStartsWhileTheLastOneAnswers) {
   release_first.Notify();
   runner.join();
   ASSERT_TRUE(on_first->result.has_value() && on_first->result->ok());
+}
+
+// Two stored versions due at once, with one wide engine: the one whose call
+// came first takes it first, whichever class key sorts first (the keys hold
+// the versions' addresses, which say nothing about who has waited); the
+// other goes next, behind one batch.
+TEST_F(BatcherTest, DueWideBatchesGoOldestCallFirstWhateverTheirKeys) {
+  engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
+  std::unique_ptr<attn::Engine> wide = ReferenceAsWideEngine();
+  HandedOn handed_on;
+  std::atomic<bool> threads_free{false};
+  batcher_ = Batcher::Create(
+                 BatchingOptions{}, engine_.get(), &clock_,
+                 handed_on.executor(), {},
+                 /*executor_available=*/[&] { return threads_free.load(); },
+                 wide.get())
+                 .value();
+  std::mt19937 rng(14);
+  const int64_t keys = 2 * attn::kMinKeysPerShare;
+  const int versions[2] = {0, 0};
+  std::unique_ptr<Call> calls[2] = {MakeCall(rng, 1, 1, keys),
+                                    MakeCall(rng, 1, 1, keys)};
+  auto request = [&](int i) {
+    return OnStoredVersion(calls[i]->request, &versions[i]);
+  };
+  const int sorts_first =
+      ClassifyForBatching(request(0), wide.get())->key <
+              ClassifyForBatching(request(1), wide.get())->key
+          ? 0
+          : 1;
+  const int older = 1 - sorts_first;
+  auto schedule = [&](int i) {
+    auto task = std::make_unique<Batcher::Task>();
+    task->request = request(i);
+    task->done = [call = calls[i].get()](absl::StatusOr<attn::OpResult> result,
+                                         const BatchTiming&) {
+      call->result = std::move(result);
+    };
+    return batcher_->Schedule(std::move(task));
+  };
+  // Every thread busy: both calls are held, the older one first.
+  ASSERT_TRUE(schedule(older).ok());
+  clock_.Advance(absl::Microseconds(1));
+  ASSERT_TRUE(schedule(sorts_first).ok());
+  EXPECT_TRUE(handed_on.Take().empty());
+  threads_free = true;
+  batcher_->OnExecutorIdle();
+  std::vector<std::function<void()>> next = handed_on.Take();
+  ASSERT_EQ(next.size(), 1u);  // one wide batch at a time
+  next.front()();
+  EXPECT_TRUE(calls[older]->result.has_value());
+  EXPECT_FALSE(calls[sorts_first]->result.has_value());
+  batcher_->OnExecutorIdle();
+  next = handed_on.Take();
+  ASSERT_EQ(next.size(), 1u);
+  next.front()();
+  ASSERT_TRUE(calls[sorts_first]->result.has_value());
+  EXPECT_TRUE(calls[sorts_first]->result->ok());
+  EXPECT_TRUE(calls[older]->result->ok());
 }
 
 // The destructor shuts down: what still waits is handed to the executor,
