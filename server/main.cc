@@ -167,10 +167,16 @@ int main(int argc, char** argv) {
                   "(health checks stay open; SIGHUP or an edit reloads)\n",
                   tokens->size(), config->auth_tokens_file);
   }
-  attnserve::ModelCatalogue catalogue(
-      repository->get(),
-      attnserve::ModelControl{config->explicit_model_control,
-                              /*needs_permission=*/tokens != nullptr});
+  // Every change to the served models, and every refused one, is logged
+  // and counted.
+  attnserve::ModelControl control{config->explicit_model_control,
+                                  /*needs_permission=*/tokens != nullptr};
+  control.on_event = [metrics = &(*core)->metrics()](
+                         const attnserve::ModelEvent& event) {
+    absl::FPrintF(stderr, "attnserve: %s\n", event.Describe());
+    metrics->ModelEvent(event.event, !event.status.ok());
+  };
+  attnserve::ModelCatalogue catalogue(repository->get(), control);
   attnserve::AttentionService typed(&(*core)->calls(), &catalogue);
   attnserve::InferenceService kserve(core->get(), &catalogue,
                                      config->max_batch_size);

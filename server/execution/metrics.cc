@@ -211,6 +211,19 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
         &unauthenticated.Add({{"reason", "missing_token"}});
     metrics->unauthenticated_invalid_ =
         &unauthenticated.Add({{"reason", "invalid_token"}});
+    auto& model_events =
+        prometheus::BuildCounter()
+            .Name("attnserve_model_events_total")
+            .Help("Changes to the served models (load, replace: a load, "
+                  "upload or save over a served model, unload, save), and "
+                  "refused attempts at one, by outcome.")
+            .Register(registry);
+    for (size_t e = 0; e < kModelEvents.size(); ++e) {
+      metrics->model_events_[e][0] =
+          &model_events.Add({{"event", kModelEvents[e]}, {"outcome", "ok"}});
+      metrics->model_events_[e][1] = &model_events.Add(
+          {{"event", kModelEvents[e]}, {"outcome", "refused"}});
+    }
     auto& inflight = prometheus::BuildGauge()
                          .Name("attnserve_inflight_requests")
                          .Help("Requests received and not yet finished.")
@@ -272,6 +285,15 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
 void ServiceMetrics::Unauthenticated(bool token_missing) {
   (token_missing ? unauthenticated_missing_ : unauthenticated_invalid_)
       ->Increment();
+}
+
+void ServiceMetrics::ModelEvent(const std::string& event, bool refused) {
+  for (size_t e = 0; e < kModelEvents.size(); ++e) {
+    if (event == kModelEvents[e]) {
+      model_events_[e][refused ? 1 : 0]->Increment();
+      return;
+    }
+  }
 }
 
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {

@@ -18,6 +18,10 @@
 //                                                  shutting_down
 //   attnserve_unauthenticated_requests_total{reason}  missing_token,
 //                                                  invalid_token
+//   attnserve_model_events_total{event, outcome}   the served models' changes:
+//                                                  event load, replace,
+//                                                  unload, save; outcome ok,
+//                                                  refused
 //   attnserve_inflight_requests                    gauge
 //   attnserve_queue_depth                          gauge (sampled at scrape)
 //   attnserve_inflight_bytes                       gauge (sampled at scrape):
@@ -92,6 +96,11 @@ class ServiceMetrics {
                       absl::StatusCode code);
   // A call refused by token authentication (server/transport/auth.h).
   void Unauthenticated(bool token_missing);
+  // A change to the served models, or a refused attempt at one: `event` is
+  // one of kModelEvents (another is not counted).
+  static constexpr std::array<const char*, 4> kModelEvents = {
+      "load", "replace", "unload", "save"};
+  void ModelEvent(const std::string& event, bool refused);
 
  private:
   struct PerOperation {
@@ -125,6 +134,9 @@ class ServiceMetrics {
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Counter* unauthenticated_missing_ = nullptr;
   prometheus::Counter* unauthenticated_invalid_ = nullptr;
+  // By kModelEvents' index: [0] ok, [1] refused.
+  std::array<std::array<prometheus::Counter*, 2>, kModelEvents.size()>
+      model_events_{};
   std::shared_ptr<prometheus::Collectable> sampled_;  // queue depth, process
 };
 

@@ -1,5 +1,6 @@
 #include "server/models/model_catalogue.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -63,9 +64,19 @@ absl::StatusOr<ServedModel> ModelCatalogue::Resolve(
     }
   }
   if (served.kind == nullptr) {
-    return absl::NotFoundError(absl::StrCat("model '", name,
-                                            "' is not served; served: ",
-                                            absl::StrJoin(Names(), ", ")));
+    // A handful of names, not all: a repository may serve hundreds, and
+    // each save_as adds one.
+    constexpr size_t kNamesShown = 8;
+    const std::vector<std::string> names = Names();
+    std::string served_names = absl::StrJoin(
+        names.begin(), names.begin() + std::min(names.size(), kNamesShown),
+        ", ");
+    if (names.size() > kNamesShown) {
+      absl::StrAppend(&served_names, " and ", names.size() - kNamesShown,
+                      " more (the repository index lists them all)");
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "model '", name, "' is not served; served: ", served_names));
   }
   if (!version.empty() && version != kServedModelVersion) {
     return absl::NotFoundError(absl::StrCat("model '", name, "' version '",
@@ -118,9 +129,12 @@ absl::Status ModelCatalogue::SaveFittedModel(const std::string& name,
     return absl::FailedPreconditionError(
         "save_as: the server runs without --model_repository");
   }
-  return repository_->SaveModel(
-      {"save_as", "fitted Nadaraya-Watson model"}, name,
-      TrainedNadarayaWatsonModel(name, bandwidth, x_train, y_train));
+  const bool served = Stored(name);
+  return Report(served ? "replace" : "save", name, "by save_as",
+                repository_->SaveModel(
+                    {"save_as", "fitted Nadaraya-Watson model"}, name,
+                    TrainedNadarayaWatsonModel(name, bandwidth, x_train,
+                                               y_train)));
 }
 
 std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
@@ -146,17 +160,20 @@ std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
   return index;
 }
 
-absl::Status ModelCatalogue::CheckSaveAllowed(bool may_save) const {
+absl::Status ModelCatalogue::CheckSaveAllowed(bool may_save,
+                                              const std::string& name) const {
+  absl::Status refused;
   if (repository_ == nullptr) {
-    return absl::FailedPreconditionError(
+    refused = absl::FailedPreconditionError(
         "save_as: the server runs without --model_repository");
-  }
-  if (control_.needs_permission && !may_save) {
-    return absl::PermissionDeniedError(
+  } else if (control_.needs_permission && !may_save) {
+    refused = absl::PermissionDeniedError(
         "save_as: this token may not write models; give it the "
         "permission save_as in --auth_tokens_file");
   }
-  return absl::OkStatus();
+  if (refused.ok()) return refused;
+  return Report(Stored(name) ? "replace" : "save", name, "by save_as",
+                std::move(refused));
 }
 
 absl::Status ModelCatalogue::CheckControlAllowed(
@@ -255,10 +272,45 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
       std::move(model));
 }
 
+std::string ModelEvent::Describe() const {
+  return absl::StrCat("model '", model, "': ", event, " ", how, ": ",
+                      status.ok() ? "done"
+                                  : absl::StrCat("refused: ", status.ToString()));
+}
+
+bool ModelCatalogue::Stored(const std::string& model_name) const {
+  return repository_ != nullptr && repository_->Find(model_name) != nullptr;
+}
+
+absl::Status ModelCatalogue::Report(std::string event,
+                                    const std::string& model_name,
+                                    std::string how,
+                                    absl::Status status) const {
+  if (control_.on_event) {
+    control_.on_event(
+        ModelEvent{std::move(event), model_name, std::move(how), status});
+  }
+  return status;
+}
+
 absl::Status ModelCatalogue::Load(bool may_control_models,
                                    const std::string& model_name,
                                    const std::vector<std::string>& parameters,
                                    const std::optional<ModelUpload>& upload) {
+  const bool served = Stored(model_name);
+  absl::Status status =
+      LoadUnreported(may_control_models, model_name, parameters, upload);
+  // A built-in model is always served: loading one changes nothing.
+  if (status.ok() && IsBuiltIn(model_name)) return status;
+  return Report(served ? "replace" : "load", model_name,
+                upload.has_value() ? "uploaded" : "from the repository",
+                std::move(status));
+}
+
+absl::Status ModelCatalogue::LoadUnreported(
+    bool may_control_models, const std::string& model_name,
+    const std::vector<std::string>& parameters,
+    const std::optional<ModelUpload>& upload) {
   RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name,
                                       parameters, upload.has_value()));
   if (upload.has_value()) return SaveUpload(model_name, *upload);
@@ -269,13 +321,15 @@ absl::Status ModelCatalogue::Load(bool may_control_models,
 absl::Status ModelCatalogue::Unload(
     bool may_control_models, const std::string& model_name,
     const std::vector<std::string>& parameters) {
-  RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name,
-                                      parameters, /*uploads=*/false));
-  if (IsBuiltIn(model_name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
+  absl::Status status = CheckControlAllowed(may_control_models, model_name,
+                                            parameters, /*uploads=*/false);
+  if (status.ok() && IsBuiltIn(model_name)) {
+    status = absl::InvalidArgumentError(absl::StrCat(
         "model_name: '", model_name, "' is built in and always served"));
   }
-  return repository_->UnloadModel(model_name);
+  if (status.ok()) status = repository_->UnloadModel(model_name);
+  return Report("unload", model_name, "from the repository",
+                std::move(status));
 }
 
 }  // namespace attnserve

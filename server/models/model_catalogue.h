@@ -15,6 +15,7 @@
 #ifndef ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
 #define ATTNSERVE_SERVER_MODELS_MODEL_CATALOGUE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,9 +56,25 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
 // repository needs its permission (server/transport/auth.h): loads and
 // unloads model_control, a fit's save_as save_as; others get
 // PERMISSION_DENIED. The catalogue is the one place that decides it.
+//
+// Every change to the served models, and every refused attempt at one, is
+// reported to `on_event` (when set) as it happens, for the log and the
+// metrics: Triton logs each load and unload with the reason for a failure.
+struct ModelEvent {
+  // "load" (a new model, from the repository or uploaded), "replace" (a
+  // load, upload or save over a served model), "unload", "save" (a new
+  // model by FitBandwidth's save_as).
+  std::string event;
+  std::string model;
+  std::string how;  // "from the repository", "uploaded", "by save_as"
+  absl::Status status;  // OK, or why it was refused (nothing changed)
+  // One log line, e.g. "model 'm': replace uploaded: OK".
+  std::string Describe() const;
+};
 struct ModelControl {
   bool explicit_mode = false;
   bool needs_permission = false;
+  std::function<void(const ModelEvent&)> on_event;  // may be empty
 };
 
 // A model sent with its load request (Triton's model_repository extension):
@@ -136,7 +153,8 @@ class ModelCatalogue {
   // the fit runs: FAILED_PRECONDITION without a repository,
   // PERMISSION_DENIED for a caller without the save_as permission while
   // permissions are needed.
-  absl::Status CheckSaveAllowed(bool may_save) const;
+  // A refusal is reported (ModelControl::on_event) under `name`.
+  absl::Status CheckSaveAllowed(bool may_save, const std::string& name) const;
 
   // Stores a fitted Nadaraya-Watson model `name` holding `bandwidth` and
   // the training set it was fitted on (copied), and serves it at once, to
@@ -161,6 +179,16 @@ class ModelCatalogue {
   // Writes and serves an uploaded model (Load).
   absl::Status SaveUpload(const std::string& model_name,
                           const ModelUpload& upload);
+  // Load and SaveFittedModel without their report.
+  absl::Status LoadUnreported(bool may_control_models,
+                              const std::string& model_name,
+                              const std::vector<std::string>& parameters,
+                              const std::optional<ModelUpload>& upload);
+  // Whether `model_name` is served from the repository now.
+  bool Stored(const std::string& model_name) const;
+  // Tells control_.on_event; returns `status`.
+  absl::Status Report(std::string event, const std::string& model_name,
+                      std::string how, absl::Status status) const;
 
   ModelRepository* const repository_;
   const ModelControl control_;

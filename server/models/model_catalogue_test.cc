@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/models/model_kinds.h"
 #include "server/repository/safetensors.h"
@@ -544,6 +545,89 @@ TEST_F(ModelCatalogueTest, AStoredKernelIsTheModels) {
                               .status()
                               .message()),
               HasSubstr("serves its own kernel, boxcar"));
+}
+
+// An unknown model's NOT_FOUND names a handful of the served models and how
+// many more there are, however many a repository serves.
+TEST_F(ModelCatalogueTest, NotFoundNamesAHandfulOfModels) {
+  ModelCatalogue catalogue(repository_.get());
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(SaveBandwidthOnly(absl::StrCat("fitted_", i), 0.5f).ok());
+  }
+  const size_t served = catalogue.Names().size();
+  ASSERT_GT(served, 30u);
+  const std::string message(catalogue.Resolve("absent", "").status().message());
+  EXPECT_THAT(message, HasSubstr("served: masked_softmax"));
+  EXPECT_THAT(message, HasSubstr(absl::StrCat(" and ", served - 8, " more")));
+  EXPECT_LT(message.size(), 300u);
+}
+
+// Every change to the served models, and every refused attempt at one, is
+// reported once, as it happened, with the reason for a refusal.
+TEST_F(ModelCatalogueTest, EveryChangeAndRefusalIsReported) {
+  std::vector<ModelEvent> events;
+  ModelControl control{/*explicit_mode=*/true, /*needs_permission=*/true};
+  control.on_event = [&events](const ModelEvent& event) {
+    events.push_back(event);
+  };
+  ModelCatalogue catalogue(repository_.get(), control);
+  std::map<std::string, attn::Tensor> tensors;
+  tensors["keys"] = attn::Tensor::Zeros({5, 4});
+  tensors["values"] = attn::Tensor::Zeros({5, 3});
+  const ModelUpload good{R"({"name": "mem", "backend": "attention_memory"})",
+                         {{"file:weights.safetensors",
+                           SerializeSafetensors(tensors)}}};
+  const ModelUpload bad{good.config_json,
+                        {{"file:weights.safetensors", "not safetensors"}}};
+  const std::vector<std::string> upload = {"config",
+                                           "file:weights.safetensors"};
+  const float x[] = {0.0f, 1.0f}, y[] = {1.0f, 2.0f};
+  EXPECT_FALSE(catalogue.Load(/*may_control_models=*/false, "mem", upload, good)
+                   .ok());
+  EXPECT_TRUE(catalogue.Load(true, "mem", upload, good).ok());
+  EXPECT_TRUE(catalogue.Load(true, "mem", upload, good).ok());
+  EXPECT_FALSE(catalogue.Load(true, "mem", upload, bad).ok());
+  EXPECT_TRUE(catalogue.Unload(true, "mem", {}).ok());
+  EXPECT_FALSE(catalogue.Unload(true, "masked_softmax", {}).ok());
+  EXPECT_TRUE(catalogue.Load(true, "masked_softmax", {}).ok());  // no change
+  EXPECT_FALSE(catalogue.CheckSaveAllowed(/*may_save=*/false, "net").ok());
+  EXPECT_TRUE(catalogue.CheckSaveAllowed(true, "net").ok());  // no change yet
+  EXPECT_TRUE(catalogue
+                  .SaveFittedModel("net", 1.5f, attn::TensorView{x, {2}},
+                                   attn::TensorView{y, {2}})
+                  .ok());
+  EXPECT_TRUE(catalogue
+                  .SaveFittedModel("net", 2.5f, attn::TensorView{x, {2}},
+                                   attn::TensorView{y, {2}})
+                  .ok());
+  struct Expected {
+    const char* event;
+    const char* model;
+    bool ok;
+    const char* reason;  // in the refusal's message
+  };
+  const Expected expected[] = {
+      {"load", "mem", false, "may not load or unload models"},
+      {"load", "mem", true, ""},
+      {"replace", "mem", true, ""},
+      {"replace", "mem", false, "nothing was written"},
+      {"unload", "mem", true, ""},
+      {"unload", "masked_softmax", false, "is built in and always served"},
+      {"save", "net", false, "may not write models"},
+      {"save", "net", true, ""},
+      {"replace", "net", true, ""},
+  };
+  ASSERT_EQ(events.size(), std::size(expected));
+  for (size_t i = 0; i < events.size(); ++i) {
+    SCOPED_TRACE(events[i].Describe());
+    EXPECT_EQ(events[i].event, expected[i].event);
+    EXPECT_EQ(events[i].model, expected[i].model);
+    EXPECT_EQ(events[i].status.ok(), expected[i].ok);
+    EXPECT_THAT(std::string(events[i].status.message()),
+                HasSubstr(expected[i].reason));
+    EXPECT_THAT(events[i].Describe(),
+                HasSubstr(expected[i].ok ? "done" : "refused"));
+  }
 }
 
 // An upload (Triton's load with `config` and `file:weights.safetensors`)

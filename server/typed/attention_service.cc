@@ -159,13 +159,23 @@ grpc::ServerUnaryReactor* AttentionService::ServeOp(
   return reactor;
 }
 
-AttentionService::OpOptions AttentionService::ForStoredModel(
-    const absl::StatusOr<ServedModel>& model, const std::string& name) {
-  OpOptions options;
-  if (model.ok()) {
-    options.model = name;
-    options.gains_from_batching = model->kind->gains_from_batching;
+grpc::ServerUnaryReactor* AttentionService::RefuseUnresolved(
+    Operation operation, grpc::CallbackServerContext* context,
+    google::protobuf::Message* response, v1::ExecutionInfo* info,
+    const absl::Status& status) {
+  CallContext call;
+  UnaryCallReactor* reactor = nullptr;
+  if (BeginCall(operation, context, response, info, &reactor, &call)) {
+    calls_->Refuse(std::nullopt, call, status, reactor);
   }
+  return reactor;
+}
+
+AttentionService::OpOptions AttentionService::ForStoredModel(
+    const ServedModel& model, const std::string& name) {
+  OpOptions options;
+  options.model = name;
+  options.gains_from_batching = model.kind->gains_from_batching;
   return options;
 }
 
@@ -263,14 +273,17 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
   // the kernel has run, and the call counts in the model's statistics.
   absl::StatusOr<ServedModel> memory = catalogue_->ResolveStored(
       "memory_name", request->memory_name(), AttentionMemoryKind());
-  std::shared_ptr<const RepositoryModel> held =
-      memory.ok() ? memory->stored : nullptr;
+  if (!memory.ok()) {
+    return RefuseUnresolved(Operation::kScaledDotProductAttention, context,
+                            response, response->mutable_info(),
+                            memory.status());
+  }
+  std::shared_ptr<const RepositoryModel> held = memory->stored;
   return ServeOp(
       Operation::kScaledDotProductAttention, context, response,
       response->mutable_info(),
       [request, memory](ElementBudget* budget, DecodeStorage* storage)
           -> absl::StatusOr<OperationRequest> {
-        if (!memory.ok()) return memory.status();
         for (const auto& [set, field] :
              {std::pair<bool, const char*>{request->has_keys(), "keys"},
               {request->has_values(), "values"},
@@ -301,7 +314,7 @@ grpc::ServerUnaryReactor* AttentionService::ScaledDotProductAttention(
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      ForStoredModel(memory, request->memory_name()));
+      ForStoredModel(*memory, request->memory_name()));
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
@@ -346,16 +359,18 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
   // call counts in the model's statistics.
   absl::StatusOr<ServedModel> stored = catalogue_->ResolveStored(
       "weights_name", request->weights_name(), AdditiveAttentionKind());
-  std::shared_ptr<const RepositoryModel> held =
-      stored.ok() ? stored->stored : nullptr;
+  if (!stored.ok()) {
+    return RefuseUnresolved(Operation::kAdditiveAttention, context, response,
+                            response->mutable_info(), stored.status());
+  }
+  std::shared_ptr<const RepositoryModel> held = stored->stored;
   OpOptions options =
-      ForStoredModel(stored, request->weights_name());
+      ForStoredModel(*stored, request->weights_name());
   options.wire_names = WithWireNames;
   return ServeOp(
       Operation::kAdditiveAttention, context, response, response->mutable_info(),
       [request, stored](ElementBudget* budget,
                         DecodeStorage* storage) -> absl::StatusOr<OperationRequest> {
-        if (!stored.ok()) return stored.status();
         RETURN_IF_ERROR(CheckEncoding(request->output_encoding()));
         ModelInputs inputs;
         ASSIGN_OR_RETURN(inputs.floats["queries"],
@@ -413,13 +428,15 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
   // run, and the call counts in the model's statistics.
   absl::StatusOr<ServedModel> model = catalogue_->ResolveStored(
       "model_name", request->model_name(), FittedNadarayaWatsonKind());
-  std::shared_ptr<const RepositoryModel> held =
-      model.ok() ? model->stored : nullptr;
+  if (!model.ok()) {
+    return RefuseUnresolved(Operation::kNadarayaWatson, context, response,
+                            response->mutable_info(), model.status());
+  }
+  std::shared_ptr<const RepositoryModel> held = model->stored;
   return ServeOp(
       Operation::kNadarayaWatson, context, response, response->mutable_info(),
       [request, model](ElementBudget* budget, DecodeStorage* storage)
           -> absl::StatusOr<OperationRequest> {
-        if (!model.ok()) return model.status();
         const bool holds_set = model->kind == &TrainedNadarayaWatsonKind();
         for (const auto& [set, field, holding] :
              {std::tuple<bool, const char*, const char*>{
@@ -465,7 +482,7 @@ grpc::ServerUnaryReactor* AttentionService::NadarayaWatson(
       [request, response, held](const attn::OpResult& result) {
         EncodeResult(result, request->output_encoding(), response);
       },
-      ForStoredModel(model, request->model_name()));
+      ForStoredModel(*model, request->model_name()));
 }
 
 grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
@@ -496,7 +513,8 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
               context->auth_context() != nullptr &&
               !context->auth_context()->FindPropertyValues(kSaveAsProperty)
                    .empty();
-          RETURN_IF_ERROR(catalogue_->CheckSaveAllowed(may_save));
+          RETURN_IF_ERROR(
+              catalogue_->CheckSaveAllowed(may_save, request->save_as()));
         }
         return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,

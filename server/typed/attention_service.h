@@ -96,9 +96,9 @@ class AttentionService final
     std::string model;
     bool gains_from_batching = false;
   };
-  // The options of a call naming a stored model, as the catalogue resolved
-  // it: the call counts in the model's statistics once the model is found.
-  static OpOptions ForStoredModel(const absl::StatusOr<ServedModel>& model,
+  // The options of a call naming a stored model `name`, as the catalogue
+  // resolved it: the call counts in the model's statistics.
+  static OpOptions ForStoredModel(const ServedModel& model,
                                   const std::string& name);
   // Hands one call of a batchable operation to the core (which may batch
   // it) and returns its reactor.
@@ -108,6 +108,13 @@ class AttentionService final
                                     attention::v1::ExecutionInfo* info,
                                     const DecodeTypedOp& decode,
                                     EncodeWith encode, OpOptions options);
+  // Answers a call naming a model the catalogue cannot resolve with
+  // `status` (NOT_FOUND), counted as KServe counts an unknown model: under
+  // rpc="unresolved", never handed over.
+  grpc::ServerUnaryReactor* RefuseUnresolved(
+      Operation operation, grpc::CallbackServerContext* context,
+      google::protobuf::Message* response, attention::v1::ExecutionInfo* info,
+      const absl::Status& status);
   // Hands one call to the core and returns its reactor.
   grpc::ServerUnaryReactor* Serve(Operation operation, grpc::CallbackServerContext* context,
                                   google::protobuf::Message* response,

@@ -439,7 +439,8 @@ class WithModels {
 
 // A call that names a stored model's weights (weights_name) is that
 // model's inference: it counts in the model's statistics, as the same call
-// through KServe does; inline weights count under no model. (Before the
+// through KServe does; inline weights count under no model, and an unknown
+// model under rpc="unresolved", as in KServe. (Before the
 // models layer the typed API never set the call's model.)
 TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   WithModels models(&core_->calls());
@@ -489,6 +490,14 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
   EXPECT_EQ(counts.success_count, 2u);
   EXPECT_EQ(counts.fail_count, 0u);
   EXPECT_EQ(core_->calls().statistics().Get("absent").fail_count, 0u);
+  // An unknown model is counted as KServe counts one: unresolved, not under
+  // the operation (the call was never handed over).
+  EXPECT_EQ(CounterSum("attnserve_requests_total",
+                       {{"rpc", "unresolved"}, {"code", "NOT_FOUND"}}),
+            1);
+  EXPECT_EQ(CounterSum("attnserve_requests_total",
+                       {{"rpc", "AdditiveAttention"}, {"code", "NOT_FOUND"}}),
+            0);
 }
 
 // A memory stored as BF16 (its keys and values bfloat16 in the file) is
