@@ -106,9 +106,14 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context,
     const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  return Answer(context,
-                LoadModel(*catalogue_, MayControlModels(context),
-                          request->model_name(), request->parameters()));
+  // The request is this call's alone until it is answered, and gRPC made it
+  // mutable: an upload's bytes are moved out of it, not copied (an upload
+  // costs the message and nothing more).
+  auto* mutable_request =
+      const_cast<inference::RepositoryModelLoadRequest*>(request);
+  return Answer(context, LoadModel(*catalogue_, MayControlModels(context),
+                                   request->model_name(),
+                                   mutable_request->mutable_parameters()));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(

@@ -1,5 +1,7 @@
 #include "server/kserve/model_control.h"
 
+#include <utility>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,12 +21,13 @@ std::vector<std::string> ParameterNames(
 
 namespace {
 
-// The model a load's parameters upload, if they carry one.
+// The model a load's parameters upload, if they carry one; its files'
+// bytes are moved out of them.
 absl::StatusOr<std::optional<ModelUpload>> UploadOf(
-    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>*
         parameters) {
   std::optional<ModelUpload> upload;
-  for (const auto& [name, value] : parameters) {
+  for (auto& [name, value] : *parameters) {
     if (name == "config") {
       if (value.parameter_choice_case() !=
           inference::ModelRepositoryParameter::kStringParam) {
@@ -39,7 +42,7 @@ absl::StatusOr<std::optional<ModelUpload>> UploadOf(
       std::string& bytes = upload->files[name];
       if (value.parameter_choice_case() ==
           inference::ModelRepositoryParameter::kBytesParam) {
-        bytes = value.bytes_param();
+        bytes = std::move(*value.mutable_bytes_param());
       } else if (value.parameter_choice_case() !=
                      inference::ModelRepositoryParameter::kStringParam ||
                  !absl::Base64Unescape(value.string_param(), &bytes)) {
@@ -57,13 +60,14 @@ absl::StatusOr<std::optional<ModelUpload>> UploadOf(
 absl::Status LoadModel(
     ModelCatalogue& catalogue, bool may_control_models,
     const std::string& model_name,
-    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>*
         parameters) {
-  const std::vector<std::string> names = ParameterNames(parameters);
+  const std::vector<std::string> names = ParameterNames(*parameters);
   RETURN_IF_ERROR(
       catalogue.CheckLoadAllowed(may_control_models, model_name, names));
   ASSIGN_OR_RETURN(std::optional<ModelUpload> upload, UploadOf(parameters));
-  return catalogue.Load(may_control_models, model_name, names, upload);
+  return catalogue.Load(may_control_models, model_name, names,
+                        std::move(upload));
 }
 
 void EncodeIndex(const std::vector<ModelCatalogue::ModelState>& index,

@@ -30,10 +30,14 @@ std::vector<std::string> ParameterNames(
 // of them in base64 as the REST body has them; INVALID_ARGUMENT naming a
 // parameter of the wrong type or not base64), then ModelCatalogue::Load
 // and its statuses. Blocks on file I/O as Load does.
+//
+// An uploaded file's bytes are moved out of `parameters`, never copied: the
+// upload costs the request it came in and nothing more (docs/deploy.md's
+// memory bounds count on it).
 absl::Status LoadModel(
     ModelCatalogue& catalogue, bool may_control_models,
     const std::string& model_name,
-    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>&
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>*
         parameters);
 
 // The catalogue's index as a RepositoryIndexResponse, each model at the

@@ -190,7 +190,7 @@ void KServeRestService::Handle(const RestCall& call,
                                                request.mutable_parameters());
         if (status.ok()) {
           status = LoadModel(*catalogue_, call.may_control_models, parts[3],
-                             request.parameters());
+                             request.mutable_parameters());
         }
       } else {
         inference::RepositoryModelUnloadRequest request;

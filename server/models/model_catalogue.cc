@@ -214,7 +214,7 @@ absl::Status ModelCatalogue::CheckControlAllowed(
 }
 
 absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
-                                        const ModelUpload& upload) {
+                                        ModelUpload upload) {
   static constexpr char kWeightsFile[] = "file:weights.safetensors";
   if (IsBuiltIn(model_name)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -257,9 +257,12 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
         "config: name '", model.config.name(), "' differs from model_name '",
         model_name, "'; nothing was written"));
   }
+  // The tensors view the uploaded bytes, which are written as they are:
+  // nothing of the upload is copied (its bytes were moved out of the request).
+  model.weights_file =
+      FileBytesInMemory(std::move(weights->second), "uploaded in a request");
   absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
-      ParseSafetensorsShared(
-          FileBytesInMemory(weights->second, "uploaded in a request"));
+      ParseSafetensorsShared(model.weights_file);
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         model_name, ": ", kWeightsFile, ": ", tensors.status().message(),
@@ -296,24 +299,24 @@ absl::Status ModelCatalogue::Report(std::string event,
 absl::Status ModelCatalogue::Load(bool may_control_models,
                                    const std::string& model_name,
                                    const std::vector<std::string>& parameters,
-                                   const std::optional<ModelUpload>& upload) {
+                                   std::optional<ModelUpload> upload) {
   const bool served = Stored(model_name);
-  absl::Status status =
-      LoadUnreported(may_control_models, model_name, parameters, upload);
+  const char* how = upload.has_value() ? "uploaded" : "from the repository";
+  absl::Status status = LoadUnreported(may_control_models, model_name,
+                                       parameters, std::move(upload));
   // A built-in model is always served: loading one changes nothing.
   if (status.ok() && IsBuiltIn(model_name)) return status;
-  return Report(served ? "replace" : "load", model_name,
-                upload.has_value() ? "uploaded" : "from the repository",
+  return Report(served ? "replace" : "load", model_name, how,
                 std::move(status));
 }
 
 absl::Status ModelCatalogue::LoadUnreported(
     bool may_control_models, const std::string& model_name,
     const std::vector<std::string>& parameters,
-    const std::optional<ModelUpload>& upload) {
+    std::optional<ModelUpload> upload) {
   RETURN_IF_ERROR(CheckControlAllowed(may_control_models, model_name,
                                       parameters, upload.has_value()));
-  if (upload.has_value()) return SaveUpload(model_name, *upload);
+  if (upload.has_value()) return SaveUpload(model_name, *std::move(upload));
   if (IsBuiltIn(model_name)) return absl::OkStatus();
   return repository_->LoadModel(model_name);
 }

@@ -138,7 +138,7 @@ class ModelCatalogue {
   // own errors.
   absl::Status Load(bool may_control_models, const std::string& model_name,
                     const std::vector<std::string>& parameters,
-                    const std::optional<ModelUpload>& upload = std::nullopt);
+                    std::optional<ModelUpload> upload = std::nullopt);
   // Load's checks of who may load what, before a front end decodes an
   // upload: a caller without permission hears that first.
   absl::Status CheckLoadAllowed(bool may_control_models,
@@ -177,13 +177,12 @@ class ModelCatalogue {
                                    const std::vector<std::string>& parameters,
                                    bool uploads) const;
   // Writes and serves an uploaded model (Load).
-  absl::Status SaveUpload(const std::string& model_name,
-                          const ModelUpload& upload);
+  absl::Status SaveUpload(const std::string& model_name, ModelUpload upload);
   // Load and SaveFittedModel without their report.
   absl::Status LoadUnreported(bool may_control_models,
                               const std::string& model_name,
                               const std::vector<std::string>& parameters,
-                              const std::optional<ModelUpload>& upload);
+                              std::optional<ModelUpload> upload);
   // Whether `model_name` is served from the repository now.
   bool Stored(const std::string& model_name) const;
   // Tells control_.on_event; returns `status`.

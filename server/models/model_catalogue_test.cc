@@ -630,6 +630,62 @@ TEST_F(ModelCatalogueTest, EveryChangeAndRefusalIsReported) {
   }
 }
 
+// The process's peak resident memory (VmHWM), reset to the current
+// resident memory by ResetPeakMemory.
+int64_t PeakMemoryBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      return std::atoll(line.c_str() + 6) * 1024;  // "VmHWM:   123 kB"
+    }
+  }
+  return -1;
+}
+bool ResetPeakMemory() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";  // resets VmHWM (Linux >= 4.0)
+  clear.close();
+  return clear.good();
+}
+
+// An accepted upload costs the bytes it came in and, while its written file
+// is checked against them, that file's pages: its bytes are moved from the
+// request into the model and written as they are, never copied (a 64 MiB
+// upload raised the peak by three times its size when it was copied into
+// the upload, parsed from a copy and serialized again to be written).
+TEST_F(ModelCatalogueTest, AnUploadIsNeverCopied) {
+  ModelCatalogue catalogue(repository_.get(),
+                           ModelControl{/*explicit_mode=*/true});
+  constexpr int64_t kEntries = 131072, kWidth = 64;  // 64 MiB of F32
+  std::string bytes;
+  {
+    std::map<std::string, attn::Tensor> tensors;
+    tensors["keys"] = attn::Tensor::Zeros({kEntries, kWidth});
+    tensors["values"] = attn::Tensor::Zeros({kEntries, kWidth});
+    for (int64_t i = 0; i < kEntries * kWidth; i += 997) {
+      tensors["keys"].data[i] = 1.0f;
+    }
+    bytes = SerializeSafetensors(tensors);
+  }
+  const int64_t file_bytes = static_cast<int64_t>(bytes.size());
+  ModelUpload upload{R"({"name": "big", "backend": "attention_memory"})",
+                     {{"file:weights.safetensors", std::move(bytes)}}};
+  ASSERT_TRUE(ResetPeakMemory());
+  const int64_t before = PeakMemoryBytes();
+  ASSERT_GT(before, 0);
+  const absl::Status loaded =
+      catalogue.Load(true, "big", {"config", "file:weights.safetensors"},
+                     std::move(upload));
+  const int64_t rise = PeakMemoryBytes() - before;
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_TRUE(catalogue.Resolve("big", "")->stored->weights_mapped);
+  // The written file's pages, read once to check them, and a little more.
+  EXPECT_LE(rise, file_bytes + file_bytes / 8)
+      << "an upload of " << file_bytes << " bytes raised the peak by "
+      << rise;
+}
+
 // An upload (Triton's load with `config` and `file:weights.safetensors`)
 // is written with the crash-safe save and served; whatever is wrong with
 // one is refused naming the parameter, and the model served before, and

@@ -117,7 +117,7 @@ bool IsLeftover(const std::string& entry, std::string* model, bool* old) {
 // Writes `bytes` as the new file `path`: every write, the fsync and the
 // close checked; the file is closed whatever failed.
 absl::Status WriteDurably(FileSystem& fs, const std::string& path,
-                          const std::string& bytes) {
+                          absl::string_view bytes) {
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewWritableFile(path));
   absl::Status status = file->Append(bytes);
   if (status.ok()) status = file->Sync();
@@ -365,8 +365,15 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
                                                const std::string& name,
                                                const RepositoryModel& model) {
   const std::string folder = dir_ + "/" + name;
-  // What could not be read back is not written.
-  const std::string weights = SerializeSafetensors(model.tensors);
+  // What could not be read back is not written. Bytes the tensors were
+  // parsed from are that already, and are written as they are.
+  std::string serialized;
+  if (model.weights_file == nullptr) {
+    serialized = SerializeSafetensors(model.tensors);
+  }
+  const absl::string_view weights = model.weights_file != nullptr
+                                        ? model.weights_file->bytes()
+                                        : absl::string_view(serialized);
   if (static_cast<int64_t>(weights.size()) > max_model_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         field, " '", name, "': weights.safetensors would hold ",
@@ -466,6 +473,7 @@ void ModelRepository::ServeFromWrittenFile(const std::string& name,
   }
   model->tensors = *std::move(mapped);
   model->weights_mapped = true;
+  model->weights_file = nullptr;
 }
 
 absl::Status ModelRepository::SaveModel(const SaveNames& names,

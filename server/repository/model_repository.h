@@ -66,6 +66,12 @@ struct RepositoryModel {
   // the process's own copy (a model made in memory, Options::map_weights
   // off, or a file that could not be mapped, which Load logs).
   bool weights_mapped = false;
+  // The safetensors bytes the tensors were parsed from, when they came that
+  // way (an upload): SaveModel writes them as they are instead of
+  // serializing the tensors again, so a save costs no copy of the weights.
+  // Null: the tensors are serialized. Dropped once the model serves from its
+  // written file.
+  std::shared_ptr<const FileBytes> weights_file;
 };
 
 class ModelRepository {
