@@ -12,6 +12,9 @@
 // - Additive attention and Nadaraya-Watson: cuBLAS projections plus score,
 //   softmax and normalisation kernels.
 //
+// The host machinery (contexts, staging, device calls) is in
+// attn/internal/cuda/device_call.h.
+//
 // Resources: device memory comes from a caching pool (no cudaMalloc per
 // request once warm); each concurrently calling thread gets its own stream,
 // cuBLAS handle and pinned staging buffer (so a server's batch workers each
@@ -83,9 +86,9 @@ class CudaBackend final : public Backend {
   MemoryStats memory_stats() const;
   void ResetPeakMemory();
 
+ private:
   class Impl;
 
- private:
   explicit CudaBackend(std::unique_ptr<Impl> impl);
 
   const std::unique_ptr<Impl> impl_;
