@@ -446,7 +446,7 @@ void ExpectWithinTheReferenceBounds(AttentionRequest request,
 }
 
 // Calls of 2-64 query rows over many keys (a stored memory's batched
-// queries) run with the rows as vector lanes (internal/lane_attention.h):
+// queries) run with the rows as vector lanes (internal/cpu/lane_attention.h):
 // float32, and bfloat16 where the CPU multiplies it (floats rounded per call,
 // and keys and values held as bits, which must give the same values).
 // Against the reference within the derived bounds: row counts on either

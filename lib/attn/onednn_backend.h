@@ -1,7 +1,11 @@
 // The CPU backend: oneDNN 2.6 primitives (matmul, softmax) where oneDNN can
-// express the operation, and hand-vectorized loops around oneDNN's sgemm
-// where it cannot (valid-length masks, online softmax, tanh scores, the
-// regression kernels).
+// express the operation, and hand-vectorized loops of our own where it
+// cannot (valid-length masks, online softmax, tanh scores, the regression
+// kernels), most with oneDNN's block products or sgemm inside.
+//
+// Inside, each operation has an ordered list of implementations
+// (attn/internal/cpu/implementation.h): the first that takes a call runs
+// it.
 //
 // Thread safety: all methods may be called concurrently. Primitives are
 // created once per shape and kept in a bounded cache behind a mutex; each
@@ -18,13 +22,16 @@
 // names both.
 //
 // Precision::kBFloat16: attention runs real bfloat16 products (oneDNN matmul
-// on AVX512-BF16 or AMX; see attn/internal/cpu_kernels.h) on CPUs that have
-// them after ONEDNN_MAX_CPU_ISA's cap ("native"); elsewhere, and for the
-// other operations and float16, the operands are rounded and the float32
-// kernels run on them, which reproduces the numerics of 16-bit products but
-// not their speed ("emulated"). Status codes: INVALID_ARGUMENT from Create for bad options
-// or an unknown ATTN_MAX_CPU_ISA; INTERNAL when oneDNN fails;
-// RESOURCE_EXHAUSTED when scratch memory cannot be had.
+// on AVX512-BF16 or AMX, or the lane kernel on AVX512-BF16; see
+// attn/internal/cpu/attention_blocks.h) on CPUs that have them after
+// ONEDNN_MAX_CPU_ISA's cap ("native"); elsewhere, and for the other
+// operations and float16, the operands are rounded and the float32 kernels
+// run on them, which reproduces the numerics of 16-bit products but not
+// their speed ("emulated"). Status codes: INVALID_ARGUMENT from Create for
+// bad options or an unknown ATTN_MAX_CPU_ISA; INTERNAL when oneDNN fails;
+// RESOURCE_EXHAUSTED when scratch memory cannot be had. No method declines a
+// call (every list ends in an implementation that takes all of its
+// operation's calls).
 #ifndef ATTN_ONEDNN_BACKEND_H_
 #define ATTN_ONEDNN_BACKEND_H_
 

@@ -1,9 +1,10 @@
-// Attention of a few query rows over many keys, with the rows as the lanes
-// of vectors: the kernel for a stored memory's batched queries.
+// cpu-lane: attention of a few query rows over many keys, with the rows as
+// the lanes of vectors: the kernel for a stored memory's batched queries.
+// It uses no oneDNN.
 //
 // A batch of single-query calls against a stored memory is 2-64 query rows
 // against thousands to millions of keys. On such a call the blocked kernel's
-// products (cpu_attention.cc) pack each key and value block before using it,
+// products (cpu-fused-blocks) pack each key and value block before using it,
 // and stall on its read from memory: the read and the arithmetic add up
 // (262,144 keys, d = v = 64, 16 rows: 25 ms, of which ~11 ms is the read;
 // BM_MemoryQuery against the same call over a cache-resident memory).
@@ -17,23 +18,32 @@
 // weighted sum of values runs row-major, each probability broadcast against
 // its key's values. Float32 on AVX2 and AVX-512; bfloat16 bits on
 // AVX512-BF16 (BFloat16Products below).
-//
-// Internal to cpu_attention.cc: include it inside the ISA region
-// (attn/internal/isa.h), after vec_math.h, with <immintrin.h> included
-// before the region.
-#ifndef ATTN_INTERNAL_LANE_ATTENTION_H_
-#define ATTN_INTERNAL_LANE_ATTENTION_H_
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "absl/status/status.h"
+#include "attn/internal/block_matmul.h"
+#include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
+#include "attn/params.h"
+
+ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
+#include "attn/internal/cpu/attention_blocks.h"
+#include "attn/internal/cpu/kernel_copy.h"
+#include "attn/internal/cpu/lane_attention.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
+namespace {
 
 // Floats a vector register holds, and how many registers there are; no lane
 // kernel on baseline x86-64 (sixteen 128-bit registers), whose calls keep the
@@ -78,18 +88,6 @@ struct LanePass {
   float* partial_max = nullptr;
   float* partial_sum = nullptr;
   float* partial_acc = nullptr;
-};
-
-// Per-thread buffers of a lane pass, grown on demand and kept.
-struct LaneScratch {
-  std::vector<float> packed_queries;  // [group][c][lane]
-  // bfloat16 products: pairs of bfloat16 along the summed dimension.
-  std::vector<uint32_t> query_pairs;        // [group][c / 2][lane]
-  std::vector<uint32_t> probability_pairs;  // [key / 2][group][lane]
-  std::vector<uint32_t> value_pairs;        // [key / 2][dv]
-  std::vector<float> scores;          // [key][group][lane]: probabilities
-  std::vector<float> acc;             // [row][dv]
-  std::vector<float> corrections;     // [group][lane]
 };
 
 #if defined(ATTN_ISA_AVX512) || defined(ATTN_ISA_AVX2)
@@ -663,31 +661,10 @@ struct BFloat16Products {
 }  // namespace lanes
 #endif
 
-// Whether LaneAttention takes a task of `rows` query rows over `key_end`
-// keys (depth d, value width dv): this instruction set has the kernel (for
-// bfloat16 operands, AVX512-BF16's; the caller knows whether the CPU has
-// it), the rows fill enough lanes to beat the one-row paths, the values fill
-// whole vectors (and a bfloat16 query whole pairs), and the call reads
-// enough keys (a stored memory's) for the read to be what the blocked
-// kernel loses on.
-inline bool LaneAttentionTakes(int64_t rows, int64_t key_end, int64_t d,
-                               int64_t dv, bool bfloat16, int64_t many_keys) {
-  if (kLaneWidth == 0 || rows < 2 || rows > kMaxLaneRows ||
-      key_end < many_keys || key_end > std::numeric_limits<int32_t>::max()) {
-    return false;
-  }
-#if defined(ATTN_ISA_AVX512)
-  if (bfloat16) return d % 2 == 0 && dv % 16 == 0;
-#else
-  if (bfloat16) return false;
-  (void)d;
-#endif
-  return dv % (kLaneWidth > 0 ? kLaneWidth : 1) == 0;
-}
 
 // One task's softmax(q k^T * scale) v over keys [0, key_end) with per-row
 // limits (sums per key block, then across blocks, as the blocked kernel's).
-inline void LaneAttention(const LanePass& pass, LaneScratch& scratch) {
+void LaneAttention(const LanePass& pass, LaneScratch& scratch) {
 #if defined(ATTN_ISA_AVX512)
   if (pass.bfloat16) return lanes::Pass<lanes::BFloat16Products>(pass, scratch);
   // Narrow vectors where the rows fill no more: half the arithmetic for
@@ -704,6 +681,89 @@ inline void LaneAttention(const LanePass& pass, LaneScratch& scratch) {
 #endif
 }
 
-}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+// The most keys any row of the call attends to.
+int64_t MaxKeyReach(const AttentionParams& p) {
+  if (p.valid.kind == ValidLengths::Kind::kNone) {
+    return p.causal ? std::min(p.lk, p.lq) : p.lk;
+  }
+  int64_t reach = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t row = 0; row < p.lq; ++row) {
+      reach = std::max(reach, p.KeyLimit(b, row));
+    }
+  }
+  return reach;
+}
 
-#endif  // ATTN_INTERNAL_LANE_ATTENTION_H_
+absl::Status Run(const CpuCall<AttentionParams>& call) {
+  const AttentionParams& p = call.params;
+  const AttentionOperands operands(call);
+  const Operands& ops = operands.get();
+  ForEachItem(
+      TaskCount(p), call.threads, [] { return LaneScratch{}; },
+      [&](int64_t task, LaneScratch& scratch) {
+        LaneTask(p, ops, TaskAt(p, task), scratch);
+        return true;
+      });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool LaneAttentionTakes(const CpuCall<AttentionParams>& call) {
+  const AttentionParams& p = call.params;
+  if (kLaneWidth == 0 || p.weights != nullptr || p.lq < 2 ||
+      p.lq > kMaxLaneRows) {
+    return false;
+  }
+  static_assert(kMaxLaneRows <= kQueryBlock, "a task must hold every row");
+  if (BFloat16Operands(call)) {
+#if defined(ATTN_ISA_AVX512)
+    if (!call.cpu.bfloat16_products || call.cpu.amx_products ||
+        p.d % 2 != 0 || p.dv % 16 != 0) {
+      return false;
+    }
+#else
+    return false;
+#endif
+  } else if (p.dv % (kLaneWidth > 0 ? kLaneWidth : 1) != 0) {
+    return false;
+  }
+  const int64_t reach = MaxKeyReach(p);
+  return reach >= kManyKeys && reach <= std::numeric_limits<int32_t>::max();
+}
+
+void LaneTask(const AttentionParams& p, const Operands& ops, const Task& task,
+              LaneScratch& s, const KeyShare* share) {
+  if (static_cast<int64_t>(s.limits.size()) < task.rows) {
+    s.limits.resize(task.rows);
+  }
+  const int64_t key_end = RowLimits(p, task, s.limits.data());
+  LanePass pass;
+  pass.q = ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d);
+  pass.k = ops.At(ops.k, task.bh * p.lk * p.d);
+  pass.v = ops.At(ops.v, task.bh * p.lk * p.dv);
+  pass.bfloat16 = ops.type == BlockOperands::kBFloat16;
+  pass.out = p.out + (task.bh * p.lq + task.q0) * p.dv;
+  pass.rows = task.rows;
+  pass.d = p.d;
+  pass.dv = p.dv;
+  pass.key_begin = share != nullptr ? share->begin : 0;
+  pass.key_end = share != nullptr ? std::min(key_end, share->end) : key_end;
+  pass.limits = s.limits.data();
+  if (share != nullptr) {
+    pass.partial_max = share->max;
+    pass.partial_sum = share->sum;
+    pass.partial_acc = share->acc;
+  }
+  pass.scale = p.scale;
+  pass.gaussian = p.score == ScoreKind::kGaussian;
+  pass.key_block = kKeyBlock;
+  LaneAttention(pass, s);
+}
+
+const CpuImplementation<AttentionParams> kLaneAttention = {
+    "cpu-lane", LaneAttentionTakes, Run};
+
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+ATTN_ISA_END

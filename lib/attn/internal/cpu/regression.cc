@@ -1,16 +1,21 @@
-// Nadaraya-Watson prediction on the CPU: one query row at a time, every
-// training point scored in a vectorized loop, weights normalised in place.
+// cpu-regression: Nadaraya-Watson prediction, one query row at a time,
+// every training point scored in a vectorized loop, weights normalised in
+// place.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
-#include "attn/internal/cpu_kernels_impl.h"
+#include "absl/status/status.h"
+#include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
+#include "attn/params.h"
 
 ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
+#include "attn/internal/cpu/kernel_copy.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 namespace {
@@ -193,9 +198,9 @@ bool GaussianPredictOne(const NadarayaWatsonParams& p, const float* x,
   return true;
 }
 
-}  // namespace
-
-absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
+absl::Status Run(const CpuCall<NadarayaWatsonParams>& call) {
+  const NadarayaWatsonParams& p = call.params;
+  const int threads = call.threads;
   auto run = [&](int64_t i, std::vector<float>& scratch) {
     float* row = p.weights != nullptr ? p.weights + i * p.n_train
                                       : scratch.data();
@@ -239,6 +244,14 @@ absl::Status CpuNadarayaWatson(const NadarayaWatsonParams& p, int threads) {
   }
   return absl::OkStatus();
 }
+
+// Every call.
+bool Takes(const CpuCall<NadarayaWatsonParams>&) { return true; }
+
+}  // namespace
+
+const CpuImplementation<NadarayaWatsonParams> kRegression = {"cpu-regression",
+                                                             Takes, Run};
 
 }  // namespace attn::internal::ATTN_ISA_NAMESPACE
 ATTN_ISA_END
