@@ -68,7 +68,7 @@ OpResult Optimized(const AdditiveAttentionRequest& request, Threads threads) {
       OptimizedEngine(threads).AdditiveAttention(request);
   EXPECT_TRUE(result.ok()) << result.status();
   if (!result.ok()) return OpResult{};
-  EXPECT_EQ(result->implementation, "onednn-cpu");
+  EXPECT_EQ(result->implementation, "cpu-additive");
   EXPECT_EQ(result->weights.empty(), !request.return_weights);
   return std::move(result).value();
 }

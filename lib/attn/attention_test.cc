@@ -102,11 +102,11 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
   ASSERT_EQ(expected->implementation, "reference");
   auto with_weights = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(with_weights.ok()) << with_weights.status();
-  EXPECT_EQ(with_weights->implementation, "onednn-cpu");
+  EXPECT_EQ(with_weights->implementation, "cpu-weights-blocks");
   request.return_weights = false;
   auto fused = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(fused.ok()) << fused.status();
-  EXPECT_EQ(fused->implementation, "onednn-cpu");
+  EXPECT_EQ(fused->implementation, "cpu-fused-blocks");
   EXPECT_TRUE(fused->weights.empty());
 
   // Bounds derived from the arithmetic (attn/testing/error_bounds.h), so
@@ -198,7 +198,8 @@ TEST(AttentionToyTest, TextbookValidLengths) {
   request.return_weights = true;
   auto result = (*engine)->ScaledDotProductAttention(request);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->implementation, "onednn-cpu");
+  EXPECT_EQ(result->implementation, "cpu-weights-blocks");
+  EXPECT_EQ(result->backend, "onednn-cpu");
   ASSERT_EQ(result->weights.shape, (Shape{2, 1, 10}));
   ASSERT_EQ(result->output.shape, (Shape{2, 1, 4}));
   EXPECT_TRUE(AllExactly(result->weights, 0.0f, 2, 10));

@@ -70,7 +70,7 @@ Tensor Optimized(const BatchMatmulRequest& request, Threads threads) {
       OptimizedEngine(threads).BatchMatmul(request);
   EXPECT_TRUE(result.ok()) << result.status();
   if (!result.ok()) return Tensor{};
-  EXPECT_EQ(result->implementation, "onednn-cpu");
+  EXPECT_EQ(result->implementation, "onednn-matmul");
   EXPECT_TRUE(result->weights.empty());
   return std::move(result->output);
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,14 @@ using cuda_internal::LengthCount;
 using cuda_internal::OperandType;
 using cuda_internal::StagingFor;
 using cuda_internal::TooLargeForCublas;
+
+// The names of what runs each operation (implementation_names()).
+constexpr char kMaskedSoftmax[] = "cuda-masked-softmax";
+constexpr char kMatmul[] = "cublas-matmul";
+constexpr char kFusedAttention[] = "cuda-fused-attention";
+constexpr char kUnfusedAttention[] = "cuda-unfused-attention";
+constexpr char kAdditive[] = "cuda-additive";
+constexpr char kRegression[] = "cuda-regression";
 
 }  // namespace
 
@@ -94,7 +103,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   probe.out = out;
   probe.batch = probe.rows = 1;
   probe.columns = 2;
-  if (absl::Status status = backend->MaskedSoftmax(probe); !status.ok()) {
+  if (absl::Status status = backend->MaskedSoftmax(probe).status();
+      !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         description, ": the kernels do not run: ", status.message()));
   }
@@ -106,6 +116,11 @@ CudaBackend::~CudaBackend() = default;
 
 std::string CudaBackend::description() const { return impl_->description; }
 
+std::vector<std::string> CudaBackend::implementation_names() const {
+  return {kMaskedSoftmax,   kMatmul,   kFusedAttention,
+          kUnfusedAttention, kAdditive, kRegression};
+}
+
 CudaBackend::MemoryStats CudaBackend::memory_stats() const {
   const DevicePool::Stats stats = impl_->device.pool().stats();
   return {stats.bytes_in_use, stats.peak_bytes_in_use, stats.bytes_cached};
@@ -113,7 +128,8 @@ CudaBackend::MemoryStats CudaBackend::memory_stats() const {
 
 void CudaBackend::ResetPeakMemory() { impl_->device.pool().ResetPeak(); }
 
-absl::Status CudaBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
+absl::StatusOr<const char*> CudaBackend::MaskedSoftmax(
+    const MaskedSoftmaxParams& p) {
   const int64_t count = p.batch * p.rows * p.columns;
   const int64_t lengths = LengthCount(p.valid, p.batch);
   ASSIGN_OR_RETURN(DeviceCall call,
@@ -127,10 +143,12 @@ absl::Status CudaBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
                                          limits, call.stream()),
       "masked softmax"));
   RETURN_IF_ERROR(call.Download(p.out, out, count));
-  return call.Finish();
+  RETURN_IF_ERROR(call.Finish());
+  return kMaskedSoftmax;
 }
 
-absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams& p) {
+absl::StatusOr<const char*> CudaBackend::BatchMatmul(
+    const BatchMatmulParams& p) {
   if (!AllFitInt({p.n, p.m, p.k, p.p})) return TooLargeForCublas();
   const ElementType type = OperandType(p.precision);
   const int64_t a_count = p.n * p.m * p.k, b_count = p.n * p.k * p.p,
@@ -144,10 +162,12 @@ absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams& p) {
   RETURN_IF_ERROR(call.Gemm(type, p.n, p.m, p.k, p.p, 1.0f, a, p.m * p.k, b,
                             p.k * p.p, false, out, p.m * p.p));
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
-  return call.Finish();
+  RETURN_IF_ERROR(call.Finish());
+  return kMatmul;
 }
 
-absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams& p) {
+absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
+    const AttentionParams& p) {
   if (p.k_bfloat16 != nullptr) {
     return absl::UnimplementedError(
         "cuda: keys and values held as bfloat16 run on the CPU");
@@ -228,10 +248,12 @@ absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams& p) {
     }
   }
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
-  return call.Finish();
+  RETURN_IF_ERROR(call.Finish());
+  return fused ? kFusedAttention : kUnfusedAttention;
 }
 
-absl::Status CudaBackend::AdditiveAttention(const AdditiveAttentionParams& p) {
+absl::StatusOr<const char*> CudaBackend::AdditiveAttention(
+    const AdditiveAttentionParams& p) {
   if (!AllFitInt({p.batch * p.lq, p.batch * p.lk, p.lq, p.lk, p.dq, p.dk,
                   p.h, p.dv})) {
     return TooLargeForCublas();
@@ -277,10 +299,12 @@ absl::Status CudaBackend::AdditiveAttention(const AdditiveAttentionParams& p) {
     RETURN_IF_ERROR(call.Download(p.weights, scores, weight_count));
   }
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
-  return call.Finish();
+  RETURN_IF_ERROR(call.Finish());
+  return kAdditive;
 }
 
-absl::Status CudaBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
+absl::StatusOr<const char*> CudaBackend::NadarayaWatson(
+    const NadarayaWatsonParams& p) {
   if (!AllFitInt({p.n_query, p.n_train, p.dx, p.dy})) return TooLargeForCublas();
   const int64_t weight_count = p.n_query * p.n_train;
   const int64_t out_count = p.n_query * p.dy;
@@ -323,7 +347,8 @@ absl::Status CudaBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
     RETURN_IF_ERROR(call.Download(p.weights, weights, weight_count));
   }
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
-  return call.Finish();
+  RETURN_IF_ERROR(call.Finish());
+  return kRegression;
 }
 
 }  // namespace attn

@@ -1,19 +1,23 @@
 // The CUDA backend: every operation on an NVIDIA GPU (compute capability 8.0
 // or newer), built when CMake finds nvcc (ATTN_WITH_CUDA).
 //
-// - Batched matmul and the matrix products inside the unfused paths run on
-//   cuBLAS (strided batched GEMM; float32 products stay float32, no TF32).
+// - Batched matmul ("cublas-matmul") and the matrix products inside the
+//   unfused paths run on cuBLAS (strided batched GEMM; float32 products stay
+//   float32, no TF32).
 // - Dot-product attention without returned weights, head dims 32/64/128 and
-//   dv == d, runs a fused FlashAttention-style kernel (no lq x lk matrix in
-//   device memory): 3xTF32 tensor-core products for float32, 16-bit products
-//   with float32 accumulation for Precision::kBFloat16 / kFloat16. Other
-//   attention calls run scores (cuBLAS, or a Gaussian-distance kernel), a
-//   masked-softmax kernel and a cuBLAS product.
-// - Additive attention and Nadaraya-Watson: cuBLAS projections plus score,
-//   softmax and normalisation kernels.
+//   dv == d, runs a fused FlashAttention-style kernel
+//   ("cuda-fused-attention"; no lq x lk matrix in device memory): 3xTF32
+//   tensor-core products for float32, 16-bit products with float32
+//   accumulation for Precision::kBFloat16 / kFloat16. Other attention calls
+//   ("cuda-unfused-attention") run scores (cuBLAS, or a Gaussian-distance
+//   kernel), a masked-softmax kernel and a cuBLAS product.
+// - Masked softmax ("cuda-masked-softmax") is a kernel of ours; additive
+//   attention ("cuda-additive") and Nadaraya-Watson ("cuda-regression") are
+//   cuBLAS projections plus score, softmax and normalisation kernels.
 //
-// The host machinery (contexts, staging, device calls) is in
-// attn/internal/cuda/device_call.h.
+// The quoted names are what each call reports as the implementation that
+// ran (OpResult::implementation); the host machinery (contexts, staging,
+// device calls) is in attn/internal/cuda/device_call.h.
 //
 // Resources: device memory comes from a caching pool (no cudaMalloc per
 // request once warm); each concurrently calling thread gets its own stream,
@@ -35,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
@@ -73,13 +78,20 @@ class CudaBackend final : public Backend {
   // E.g. "cuda: NVIDIA H100 80GB HBM3, compute 9.0, 132 SMs, 79.1 GiB".
   std::string description() const override;
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
-  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
-  absl::Status ScaledDotProductAttention(
+  // "cuda-masked-softmax", "cublas-matmul", "cuda-fused-attention",
+  // "cuda-unfused-attention", "cuda-additive", "cuda-regression".
+  std::vector<std::string> implementation_names() const override;
+
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& params) override;
+  absl::StatusOr<const char*> BatchMatmul(
+      const BatchMatmulParams& params) override;
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const AttentionParams& params) override;
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const AdditiveAttentionParams& params) override;
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& params) override;
 
   // Device memory held by this backend's pool (inputs, outputs and scratch
   // of the calls in flight); the peak is since Create or ResetPeakMemory.

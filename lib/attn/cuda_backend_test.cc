@@ -253,7 +253,7 @@ TEST(CudaRoutingTest, SmallCallsStayOnTheCpu) {
     request.values = v.view();
     auto result = (*engine)->ScaledDotProductAttention(request);
     EXPECT_TRUE(result.ok()) << result.status();
-    return result.ok() ? result->implementation : std::string();
+    return result.ok() ? result->backend : std::string();
   };
   EXPECT_EQ(run(4), "onednn-cpu");  // 8 Kflop
   EXPECT_EQ(run(128), "cuda");      // 4.2 Mflop
@@ -327,7 +327,13 @@ TEST_P(CudaAttentionTest, FusedAndUnfusedWithinTwiceNaiveError) {
       request.return_weights = weights;
       auto result = engine->ScaledDotProductAttention(request);
       ASSERT_TRUE(result.ok()) << result.status();
-      EXPECT_EQ(result->implementation, "cuda");
+      EXPECT_EQ(result->backend, "cuda");
+      // The fused kernel's head dims: 32, 64 and 128 (cuda/kernels.h).
+      const bool fused = engine == TheGpu().fused.get() && !weights &&
+                         c.score == ScoreKind::kDotProduct && c.d == c.dv &&
+                         (c.d == 32 || c.d == 64 || c.d == 128);
+      EXPECT_EQ(result->implementation,
+                fused ? "cuda-fused-attention" : "cuda-unfused-attention");
       EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
       if (!weights) continue;
       Tensor naive_w = Tensor::Zeros(reference->weights.shape);
@@ -385,7 +391,8 @@ TEST(CudaOpsTest, MaskedSoftmaxWithinTwiceNaiveError) {
     }
     auto result = TheGpu().fused->MaskedSoftmax(request);
     ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->implementation, "cuda");
+    EXPECT_EQ(result->backend, "cuda");
+    EXPECT_EQ(result->implementation, "cuda-masked-softmax");
     EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
     for (int64_t r = 0; r < shape[0] * shape[1]; ++r) {
       EXPECT_TRUE(AllExactly(result->output, 0.0f, r * shape[2] + lengths[r],
@@ -420,7 +427,8 @@ TEST(CudaOpsTest, BatchMatmulWithinTwiceNaiveError) {
       }
       auto result = TheGpu().fused->BatchMatmul(request);
       ASSERT_TRUE(result.ok()) << result.status();
-      EXPECT_EQ(result->implementation, "cuda");
+      EXPECT_EQ(result->backend, "cuda");
+      EXPECT_EQ(result->implementation, "cublas-matmul");
       EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output))
           << PrecisionName(p) << " " << n << "x" << m << "x" << k << "x" << pp;
     }
@@ -469,7 +477,8 @@ TEST(CudaOpsTest, AdditiveAttentionWithinTwiceNaiveError) {
   }
   auto result = TheGpu().fused->AdditiveAttention(request);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->implementation, "cuda");
+  EXPECT_EQ(result->backend, "cuda");
+  EXPECT_EQ(result->implementation, "cuda-additive");
   EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
   EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w, reference->weights));
 }
@@ -519,7 +528,8 @@ TEST(CudaOpsTest, NadarayaWatsonEveryKernelWithinTwiceNaiveError) {
     }
     auto result = TheGpu().fused->NadarayaWatson(request);
     ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->implementation, "cuda");
+    EXPECT_EQ(result->backend, "cuda");
+    EXPECT_EQ(result->implementation, "cuda-regression");
     EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
     EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w, reference->weights));
   }

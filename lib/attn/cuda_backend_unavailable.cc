@@ -28,19 +28,28 @@ absl::Status NotBuilt() {
 }
 }  // namespace
 
-absl::Status CudaBackend::MaskedSoftmax(const MaskedSoftmaxParams&) {
+std::vector<std::string> CudaBackend::implementation_names() const {
+  return {};
+}
+
+absl::StatusOr<const char*> CudaBackend::MaskedSoftmax(
+    const MaskedSoftmaxParams&) {
   return NotBuilt();
 }
-absl::Status CudaBackend::BatchMatmul(const BatchMatmulParams&) {
+absl::StatusOr<const char*> CudaBackend::BatchMatmul(
+    const BatchMatmulParams&) {
   return NotBuilt();
 }
-absl::Status CudaBackend::ScaledDotProductAttention(const AttentionParams&) {
+absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
+    const AttentionParams&) {
   return NotBuilt();
 }
-absl::Status CudaBackend::AdditiveAttention(const AdditiveAttentionParams&) {
+absl::StatusOr<const char*> CudaBackend::AdditiveAttention(
+    const AdditiveAttentionParams&) {
   return NotBuilt();
 }
-absl::Status CudaBackend::NadarayaWatson(const NadarayaWatsonParams&) {
+absl::StatusOr<const char*> CudaBackend::NadarayaWatson(
+    const NadarayaWatsonParams&) {
   return NotBuilt();
 }
 CudaBackend::MemoryStats CudaBackend::memory_stats() const { return {}; }

@@ -152,23 +152,26 @@ std::vector<std::string> Engine::backend_descriptions() const {
 }
 
 template <typename Params, typename Method>
-absl::StatusOr<std::string> Engine::Dispatch(
-    const Params& params, Method method,
-    std::initializer_list<TensorView> inputs, const OpResult& result) {
+absl::Status Engine::Dispatch(const Params& params, Method method,
+                              std::initializer_list<TensorView> inputs,
+                              OpResult* result) {
   for (const auto& backend : backends_) {
-    absl::Status status = ((*backend).*method)(params);
-    if (absl::IsUnimplemented(status)) continue;
-    if (!status.ok()) return status;
+    absl::StatusOr<const char*> ran = ((*backend).*method)(params);
+    if (absl::IsUnimplemented(ran.status())) continue;
+    if (!ran.ok()) return ran.status();
     // A float32 kernel can overflow where the reference's double does not
     // (scores beyond 3.4e38 from finite inputs). Such rows would come back
     // NaN; they are rare, so only then are the inputs scanned and the call
     // redone on the reference.
+    const Backend* ran_on = backend.get();
     if (inputs.size() != 0 && &backend != &backends_.back() &&
-        !AllFinite(result) && AllFinite(inputs)) {
-      RETURN_IF_ERROR(((*backends_.back()).*method)(params));
-      return backends_.back()->name();
+        !AllFinite(*result) && AllFinite(inputs)) {
+      ran_on = backends_.back().get();
+      ASSIGN_OR_RETURN(ran, ((*backends_.back()).*method)(params));
     }
-    return backend->name();
+    result->implementation = *ran;
+    result->backend = ran_on->name();
+    return absl::OkStatus();
   }
   return absl::InternalError("no backend took the request");
 }
@@ -179,9 +182,8 @@ absl::StatusOr<OpResult> Engine::MaskedSoftmax(
                    ValidateMaskedSoftmax(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(result.implementation,
-                   Dispatch(plan.params, &Backend::MaskedSoftmax,
-                            {request.x}, result));
+  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::MaskedSoftmax, {request.x},
+                           &result));
   return result;
 }
 
@@ -189,11 +191,10 @@ absl::StatusOr<OpResult> Engine::BatchMatmul(const BatchMatmulRequest& request) 
   ASSIGN_OR_RETURN(Plan<BatchMatmulParams> plan, ValidateBatchMatmul(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(result.implementation,
-                   Dispatch(plan.params, &Backend::BatchMatmul,
-                            // No redo: a float32 product that overflows is
-                            // out of float range in double too.
-                            {}, result));
+  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::BatchMatmul,
+                           // No redo: a float32 product that overflows is
+                           // out of float range in double too.
+                           {}, &result));
   return result;
 }
 
@@ -208,10 +209,9 @@ absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
   ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(
-      result.implementation,
-      Dispatch(plan.params, &Backend::ScaledDotProductAttention,
-               {request.queries, request.keys, request.values}, result));
+  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::ScaledDotProductAttention,
+                           {request.queries, request.keys, request.values},
+                           &result));
   return result;
 }
 
@@ -221,11 +221,10 @@ absl::StatusOr<OpResult> Engine::AdditiveAttention(
                    ValidateAdditiveAttention(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(result.implementation,
-                   Dispatch(plan.params, &Backend::AdditiveAttention,
-                            {request.queries, request.keys, request.values,
-                             request.w_q, request.w_k, request.w_v},
-                            result));
+  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::AdditiveAttention,
+                           {request.queries, request.keys, request.values,
+                            request.w_q, request.w_k, request.w_v},
+                           &result));
   return result;
 }
 
@@ -235,10 +234,9 @@ absl::StatusOr<OpResult> Engine::NadarayaWatson(
                    ValidateNadarayaWatson(request));
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  ASSIGN_OR_RETURN(result.implementation,
-                   Dispatch(plan.params, &Backend::NadarayaWatson,
-                            {request.x_train, request.y_train, request.x_query},
-                            result));
+  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::NadarayaWatson,
+                           {request.x_train, request.y_train, request.x_query},
+                           &result));
   return result;
 }
 

@@ -123,13 +123,14 @@ class Engine {
   // WarmUp's calls, one per operation and path.
   absl::Status RunWarmUpCalls();
 
-  // Runs `method` on the first backend that takes `params`; returns its
-  // name. `inputs` and `result` serve the overflow check (see engine.cc);
-  // empty `inputs` turn it off.
+  // Runs `method` on the first backend that takes `params`; names the
+  // implementation and the backend that ran in `result`. `inputs` and
+  // `result` serve the overflow check (see engine.cc); empty `inputs` turn
+  // it off.
   template <typename Params, typename Method>
-  absl::StatusOr<std::string> Dispatch(const Params& params, Method method,
-                                       std::initializer_list<TensorView> inputs,
-                                       const OpResult& result);
+  absl::Status Dispatch(const Params& params, Method method,
+                        std::initializer_list<TensorView> inputs,
+                        OpResult* result);
 
   const std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::string> notes_;

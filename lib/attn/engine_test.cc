@@ -29,49 +29,60 @@ enum class Behaviour {
   kFail,      // INTERNAL: a library failure, final
 };
 
+// Its implementation that ran is reported as `implementation` (by default
+// its own name).
 class ScriptedBackend final : public Backend {
  public:
-  ScriptedBackend(std::string name, Behaviour behaviour)
-      : name_(std::move(name)), behaviour_(behaviour) {}
+  ScriptedBackend(std::string name, Behaviour behaviour,
+                  std::string implementation)
+      : name_(std::move(name)),
+        behaviour_(behaviour),
+        implementation_(implementation.empty() ? name_
+                                               : std::move(implementation)) {}
 
   std::string name() const override { return name_; }
   int calls() const { return calls_; }
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& p) override {
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& p) override {
     return Run(p.out, p.batch * p.rows * p.columns);
   }
-  absl::Status BatchMatmul(const BatchMatmulParams& p) override {
+  absl::StatusOr<const char*> BatchMatmul(const BatchMatmulParams& p) override {
     return Run(p.out, p.n * p.m * p.p);
   }
-  absl::Status ScaledDotProductAttention(const AttentionParams& p) override {
+  absl::StatusOr<const char*> ScaledDotProductAttention(
+      const AttentionParams& p) override {
     return Run(p.out, p.batch * p.heads * p.lq * p.dv);
   }
-  absl::Status AdditiveAttention(const AdditiveAttentionParams& p) override {
+  absl::StatusOr<const char*> AdditiveAttention(
+      const AdditiveAttentionParams& p) override {
     return Run(p.out, p.batch * p.lq * p.dv);
   }
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& p) override {
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& p) override {
     return Run(p.out, p.n_query * p.dy);
   }
 
  private:
-  absl::Status Run(float* out, int64_t count) {
+  absl::StatusOr<const char*> Run(float* out, int64_t count) {
     ++calls_;
     switch (behaviour_) {
       case Behaviour::kOverflow:
         for (int64_t i = 0; i < count; ++i) {
           out[i] = std::numeric_limits<float>::infinity();
         }
-        return absl::OkStatus();
+        return implementation_.c_str();
       case Behaviour::kDecline:
         return absl::UnimplementedError(name_ + " declines");
       case Behaviour::kFail:
         return absl::InternalError(name_ + " failed");
     }
-    return absl::OkStatus();
+    return implementation_.c_str();
   }
 
   const std::string name_;
   const Behaviour behaviour_;
+  const std::string implementation_;
   int calls_ = 0;
 };
 
@@ -80,11 +91,20 @@ struct Scripted {
   std::vector<ScriptedBackend*> backends;  // owned by the engine
 };
 
-Scripted EngineOf(std::vector<std::pair<std::string, Behaviour>> script) {
+// One backend per entry: its name, its behaviour and, where not empty, the
+// implementation it reports.
+struct Script {
+  std::string name;
+  Behaviour behaviour;
+  std::string implementation = "";
+};
+
+Scripted EngineOf(std::vector<Script> script) {
   Scripted scripted;
   std::vector<std::unique_ptr<Backend>> list;
-  for (auto& [name, behaviour] : script) {
-    auto backend = std::make_unique<ScriptedBackend>(name, behaviour);
+  for (auto& [name, behaviour, implementation] : script) {
+    auto backend =
+        std::make_unique<ScriptedBackend>(name, behaviour, implementation);
     scripted.backends.push_back(backend.get());
     list.push_back(std::move(backend));
   }
@@ -163,8 +183,36 @@ TEST_F(EngineDispatchTest, DeclinedCallsGoToTheNextBackend) {
       BatchMatmulRequest{q_.view(), TensorView{k_.data.data(), {2, 4, 5}}});
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->implementation, "overflows");
+  EXPECT_EQ(result->backend, "overflows");
   EXPECT_EQ(scripted.backends[0]->calls(), 1);
   EXPECT_EQ(scripted.backends[1]->calls(), 1);
+}
+
+// The result names the implementation the backend says ran, and the
+// backend; an overflow redone in double names the reference for both.
+TEST_F(EngineDispatchTest, ResultsNameTheImplementationAndItsBackend) {
+  Scripted scripted = EngineOf(
+      {{"declines", Behaviour::kDecline, "never-runs"},
+       {"overflows", Behaviour::kOverflow, "overflowing-kernel"}});
+  auto product = scripted.engine->BatchMatmul(
+      BatchMatmulRequest{q_.view(), TensorView{k_.data.data(), {2, 4, 5}}});
+  ASSERT_TRUE(product.ok()) << product.status();
+  EXPECT_EQ(product->implementation, "overflowing-kernel");
+  EXPECT_EQ(product->backend, "overflows");
+  auto redone =
+      scripted.engine->ScaledDotProductAttention(ScaledDotProductAttention());
+  ASSERT_TRUE(redone.ok()) << redone.status();
+  EXPECT_EQ(redone->implementation, "reference");
+  EXPECT_EQ(redone->backend, "reference");
+}
+
+// A backend with one implementation of everything lists its own name.
+TEST_F(EngineDispatchTest, ImplementationNamesDefaultToTheBackendName) {
+  ScriptedBackend backend("plain", Behaviour::kDecline, "");
+  EXPECT_EQ(backend.implementation_names(),
+            std::vector<std::string>{"plain"});
+  EXPECT_EQ(ReferenceBackend().implementation_names(),
+            std::vector<std::string>{"reference"});
 }
 
 TEST_F(EngineDispatchTest, FailuresOtherThanDeclineAreFinal) {
@@ -187,6 +235,7 @@ TEST_F(EngineDispatchTest, OverflowOnFiniteInputsIsRedoneOnTheReference) {
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(want.ok()) << want.status();
     EXPECT_EQ(got->implementation, "reference");
+    EXPECT_EQ(got->backend, "reference");
     // The same backend on the same inputs: the same bits.
     EXPECT_EQ(got->output.data, want->output.data);
     EXPECT_EQ(got->weights.data, want->weights.data);

@@ -20,8 +20,9 @@ std::string MinimumWorkBackend::description() const {
 }
 
 template <typename Params>
-absl::Status MinimumWorkBackend::Route(
-    const Params& params, absl::Status (Backend::*method)(const Params&)) {
+absl::StatusOr<const char*> MinimumWorkBackend::Route(
+    const Params& params,
+    absl::StatusOr<const char*> (Backend::*method)(const Params&)) {
   // A plain message: toy calls take this path on every request, and the
   // engine drops the status anyway.
   if (EstimatedFlops(params) < min_flops_ &&
@@ -31,26 +32,27 @@ absl::Status MinimumWorkBackend::Route(
   return ((*wrapped_).*method)(params);
 }
 
-absl::Status MinimumWorkBackend::MaskedSoftmax(
+absl::StatusOr<const char*> MinimumWorkBackend::MaskedSoftmax(
     const MaskedSoftmaxParams& params) {
   return Route(params, &Backend::MaskedSoftmax);
 }
 
-absl::Status MinimumWorkBackend::BatchMatmul(const BatchMatmulParams& params) {
+absl::StatusOr<const char*> MinimumWorkBackend::BatchMatmul(
+    const BatchMatmulParams& params) {
   return Route(params, &Backend::BatchMatmul);
 }
 
-absl::Status MinimumWorkBackend::ScaledDotProductAttention(
+absl::StatusOr<const char*> MinimumWorkBackend::ScaledDotProductAttention(
     const AttentionParams& params) {
   return Route(params, &Backend::ScaledDotProductAttention);
 }
 
-absl::Status MinimumWorkBackend::AdditiveAttention(
+absl::StatusOr<const char*> MinimumWorkBackend::AdditiveAttention(
     const AdditiveAttentionParams& params) {
   return Route(params, &Backend::AdditiveAttention);
 }
 
-absl::Status MinimumWorkBackend::NadarayaWatson(
+absl::StatusOr<const char*> MinimumWorkBackend::NadarayaWatson(
     const NadarayaWatsonParams& params) {
   return Route(params, &Backend::NadarayaWatson);
 }

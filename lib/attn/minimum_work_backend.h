@@ -18,6 +18,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attn/backend.h"
 
@@ -28,18 +29,25 @@ class MinimumWorkBackend final : public Backend {
   // `min_flops` <= 0 passes every call on to `wrapped`.
   MinimumWorkBackend(std::unique_ptr<Backend> wrapped, double min_flops);
 
-  // The wrapped backend's: results and metrics name the backend that ran.
+  // The wrapped backend's (name and implementations): results and metrics
+  // name what ran.
   std::string name() const override { return wrapped_->name(); }
+  std::vector<std::string> implementation_names() const override {
+    return wrapped_->implementation_names();
+  }
   // The wrapped backend's, and the threshold.
   std::string description() const override;
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
-  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
-  absl::Status ScaledDotProductAttention(
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& params) override;
+  absl::StatusOr<const char*> BatchMatmul(
+      const BatchMatmulParams& params) override;
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const AttentionParams& params) override;
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const AdditiveAttentionParams& params) override;
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& params) override;
 
   double min_flops() const { return min_flops_; }
 
@@ -53,8 +61,9 @@ class MinimumWorkBackend final : public Backend {
  private:
   // UNIMPLEMENTED below the threshold, else `method` of the wrapped backend.
   template <typename Params>
-  absl::Status Route(const Params& params,
-                     absl::Status (Backend::*method)(const Params&));
+  absl::StatusOr<const char*> Route(
+      const Params& params,
+      absl::StatusOr<const char*> (Backend::*method)(const Params&));
 
   const std::unique_ptr<Backend> wrapped_;
   const double min_flops_;

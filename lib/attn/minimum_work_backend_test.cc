@@ -34,33 +34,37 @@ class StandInBackend final : public Backend {
   std::string description() const override { return "stand-in (a GPU)"; }
   int calls() const { return calls_; }
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& p) override {
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& p) override {
     return Fill(p.out, p.batch * p.rows * p.columns, nullptr, 0);
   }
-  absl::Status BatchMatmul(const BatchMatmulParams& p) override {
+  absl::StatusOr<const char*> BatchMatmul(const BatchMatmulParams& p) override {
     return Fill(p.out, p.n * p.m * p.p, nullptr, 0);
   }
-  absl::Status ScaledDotProductAttention(const AttentionParams& p) override {
+  absl::StatusOr<const char*> ScaledDotProductAttention(
+      const AttentionParams& p) override {
     return Fill(p.out, p.batch * p.heads * p.lq * p.dv, p.weights,
                 p.batch * p.heads * p.lq * p.lk);
   }
-  absl::Status AdditiveAttention(const AdditiveAttentionParams& p) override {
+  absl::StatusOr<const char*> AdditiveAttention(
+      const AdditiveAttentionParams& p) override {
     return Fill(p.out, p.batch * p.lq * p.dv, p.weights,
                 p.batch * p.lq * p.lk);
   }
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& p) override {
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& p) override {
     return Fill(p.out, p.n_query * p.dy, p.weights, p.n_query * p.n_train);
   }
 
  private:
-  absl::Status Fill(float* out, int64_t count, float* weights,
-                    int64_t weight_count) {
+  const char* Fill(float* out, int64_t count, float* weights,
+                   int64_t weight_count) {
     ++calls_;
     for (int64_t i = 0; i < count; ++i) out[i] = kMarker;
     for (int64_t i = 0; weights != nullptr && i < weight_count; ++i) {
       weights[i] = kMarker;
     }
-    return absl::OkStatus();
+    return "stand-in";
   }
 
   int calls_ = 0;
@@ -246,6 +250,8 @@ TEST(MinimumWorkBackendTest, ZeroThresholdTakesEveryCall) {
 TEST(MinimumWorkBackendTest, NamesTheWrappedBackendAndSaysTheThreshold) {
   MinimumWorkBackend routed(std::make_unique<StandInBackend>(), 2.5e6);
   EXPECT_EQ(routed.name(), "stand-in");
+  EXPECT_EQ(routed.implementation_names(),
+            std::vector<std::string>{"stand-in"});
   EXPECT_EQ(routed.min_flops(), 2.5e6);
   EXPECT_NE(routed.description().find("stand-in (a GPU)"), std::string::npos);
   EXPECT_NE(routed.description().find("2.5e+06 flops"), std::string::npos)
@@ -263,7 +269,7 @@ TEST(MinimumWorkBackendTest, DeclinesBeforeWritingAnyOutput) {
   params.out = out.data();
   params.batch = 1, params.rows = 1, params.columns = 4;
   MinimumWorkBackend routed(std::make_unique<StandInBackend>(), 1e6);
-  EXPECT_EQ(routed.MaskedSoftmax(params).code(),
+  EXPECT_EQ(routed.MaskedSoftmax(params).status().code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(out, (std::array<float, 4>{1, 2, 3, 4}));
 }

@@ -65,7 +65,7 @@ OpResult Optimized(const NadarayaWatsonRequest& request, Threads threads) {
       OptimizedEngine(threads).NadarayaWatson(request);
   EXPECT_TRUE(result.ok()) << result.status();
   if (!result.ok()) return OpResult{};
-  EXPECT_EQ(result->implementation, "onednn-cpu");
+  EXPECT_EQ(result->implementation, "cpu-regression");
   EXPECT_EQ(result->weights.empty(), !request.return_weights);
   return std::move(result).value();
 }

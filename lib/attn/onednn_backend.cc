@@ -148,6 +148,10 @@ std::string OneDnnBackend::description() const {
                       "; bf16 attention: ", bfloat16_attention(), ")");
 }
 
+std::vector<std::string> OneDnnBackend::implementation_names() const {
+  return internal::ImplementationNames(impl_->lists());
+}
+
 const char* OneDnnBackend::bfloat16_attention() const {
   return impl_->native_bfloat16() ? "native" : "emulated";
 }
@@ -156,13 +160,15 @@ bool OneDnnBackend::SpreadsKeysAcrossThreads(const AttentionParams& p) const {
   return p.lk >= 2 * kMinKeysPerShare;
 }
 
-absl::Status OneDnnBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
-  return impl_->Run(impl_->lists().masked_softmax, p).status();
+absl::StatusOr<const char*> OneDnnBackend::MaskedSoftmax(
+    const MaskedSoftmaxParams& p) {
+  return impl_->Run(impl_->lists().masked_softmax, p);
 }
 
-absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
+absl::StatusOr<const char*> OneDnnBackend::BatchMatmul(
+    const BatchMatmulParams& p) {
   if (p.precision == Precision::kFloat32) {
-    return impl_->Run(impl_->lists().batch_matmul, p).status();
+    return impl_->Run(impl_->lists().batch_matmul, p);
   }
   // 16-bit products: float32 products of the operands rounded.
   std::vector<float> a, b;
@@ -175,15 +181,15 @@ absl::Status OneDnnBackend::BatchMatmul(const BatchMatmulParams& p) {
   BatchMatmulParams rounded = p;
   rounded.a = a.data();
   rounded.b = b.data();
-  return impl_->Run(impl_->lists().batch_matmul, rounded).status();
+  return impl_->Run(impl_->lists().batch_matmul, rounded);
 }
 
-absl::Status OneDnnBackend::ScaledDotProductAttention(
+absl::StatusOr<const char*> OneDnnBackend::ScaledDotProductAttention(
     const AttentionParams& p) {
   if (p.precision != Precision::kFloat16) {
     // float32, and bfloat16, whose operands the implementations round
     // themselves (internal/cpu/attention_blocks.h: native or emulated).
-    return impl_->Run(impl_->lists().attention, p).status();
+    return impl_->Run(impl_->lists().attention, p);
   }
   // float16: float32 products of the operands rounded.
   std::vector<float> q, k, v;
@@ -199,16 +205,17 @@ absl::Status OneDnnBackend::ScaledDotProductAttention(
   rounded.q = q.data();
   rounded.k = k.data();
   rounded.v = v.data();
-  return impl_->Run(impl_->lists().attention, rounded).status();
+  return impl_->Run(impl_->lists().attention, rounded);
 }
 
-absl::Status OneDnnBackend::AdditiveAttention(
+absl::StatusOr<const char*> OneDnnBackend::AdditiveAttention(
     const AdditiveAttentionParams& p) {
-  return impl_->Run(impl_->lists().additive_attention, p).status();
+  return impl_->Run(impl_->lists().additive_attention, p);
 }
 
-absl::Status OneDnnBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
-  return impl_->Run(impl_->lists().nadaraya_watson, p).status();
+absl::StatusOr<const char*> OneDnnBackend::NadarayaWatson(
+    const NadarayaWatsonParams& p) {
+  return impl_->Run(impl_->lists().nadaraya_watson, p);
 }
 
 }  // namespace attn

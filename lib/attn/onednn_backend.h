@@ -4,8 +4,10 @@
 // kernels), most with oneDNN's block products or sgemm inside.
 //
 // Inside, each operation has an ordered list of implementations
-// (attn/internal/cpu/implementation.h): the first that takes a call runs
-// it.
+// (attn/internal/cpu/implementation.h; the order, and when each takes a
+// call, in docs/kernels.md): the first that takes a call runs it, and
+// its name is what the call reports as OpResult::implementation
+// ("cpu-lane", "onednn-matmul", ...; implementation_names() lists them).
 //
 // Thread safety: all methods may be called concurrently. Primitives are
 // created once per shape and kept in a bounded cache behind a mutex; each
@@ -38,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
@@ -66,6 +69,8 @@ class OneDnnBackend final : public Backend {
   // E.g. "onednn-cpu (own kernels: avx512; oneDNN: avx512_core_amx; bf16
   // attention: native)".
   std::string description() const override;
+  // Every implementation's name, in list order (the same on every CPU).
+  std::vector<std::string> implementation_names() const override;
   // The instruction set of the backend's own kernels.
   CpuIsa isa() const;
   // How bfloat16 attention runs here: "native" or "emulated".
@@ -74,13 +79,16 @@ class OneDnnBackend final : public Backend {
   // Over at least twice kMinKeysPerShare keys (attn/work.h).
   bool SpreadsKeysAcrossThreads(const AttentionParams& params) const override;
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
-  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
-  absl::Status ScaledDotProductAttention(
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& params) override;
+  absl::StatusOr<const char*> BatchMatmul(
+      const BatchMatmulParams& params) override;
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const AttentionParams& params) override;
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const AdditiveAttentionParams& params) override;
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& params) override;
 
  private:
   class Impl;

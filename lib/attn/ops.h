@@ -104,11 +104,16 @@ struct FitBandwidthRequest {
 };
 
 // Every operation's result: the output, the weights when requested (else an
-// empty tensor), and which backend ran.
+// empty tensor), and what ran it.
 struct OpResult {
   Tensor output;
   Tensor weights;
+  // The implementation that ran, e.g. "cpu-lane", "onednn-matmul",
+  // "reference" (one of its backend's Backend::implementation_names()).
   std::string implementation;
+  // The backend it belongs to: "onednn-cpu", "cuda" or "reference". A
+  // float32 overflow redone in double says "reference" in both.
+  std::string backend;
 };
 
 struct FitBandwidthResult {

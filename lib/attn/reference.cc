@@ -64,7 +64,8 @@ double RegressionKernelValue(RegressionKernel kernel, double u) {
   return 0.0;
 }
 
-absl::Status ReferenceBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
+absl::StatusOr<const char*> ReferenceBackend::MaskedSoftmax(
+    const MaskedSoftmaxParams& p) {
   std::vector<double> scores(p.columns), probabilities;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t i = 0; i < p.rows; ++i) {
@@ -76,10 +77,11 @@ absl::Status ReferenceBackend::MaskedSoftmax(const MaskedSoftmaxParams& p) {
       }
     }
   }
-  return absl::OkStatus();
+  return kName;
 }
 
-absl::Status ReferenceBackend::BatchMatmul(const BatchMatmulParams& p) {
+absl::StatusOr<const char*> ReferenceBackend::BatchMatmul(
+    const BatchMatmulParams& p) {
   for (int64_t n = 0; n < p.n; ++n) {
     const float* a = p.a + n * p.m * p.k;
     const float* b = p.b + n * p.k * p.p;
@@ -95,10 +97,10 @@ absl::Status ReferenceBackend::BatchMatmul(const BatchMatmulParams& p) {
       }
     }
   }
-  return absl::OkStatus();
+  return kName;
 }
 
-absl::Status ReferenceBackend::ScaledDotProductAttention(
+absl::StatusOr<const char*> ReferenceBackend::ScaledDotProductAttention(
     const AttentionParams& p) {
   if (p.k_bfloat16 != nullptr) {
     // Widened first: every bfloat16 value is a float exactly.
@@ -140,10 +142,10 @@ absl::Status ReferenceBackend::ScaledDotProductAttention(
       }
     }
   }
-  return absl::OkStatus();
+  return kName;
 }
 
-absl::Status ReferenceBackend::AdditiveAttention(
+absl::StatusOr<const char*> ReferenceBackend::AdditiveAttention(
     const AdditiveAttentionParams& p) {
   std::vector<double> scores(p.lk), probabilities;
   std::vector<double> query_features(p.h), key_features(p.lk * p.h);
@@ -180,10 +182,11 @@ absl::Status ReferenceBackend::AdditiveAttention(
            p.weights == nullptr ? nullptr : p.weights + (b * p.lq + i) * p.lk);
     }
   }
-  return absl::OkStatus();
+  return kName;
 }
 
-absl::Status ReferenceBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
+absl::StatusOr<const char*> ReferenceBackend::NadarayaWatson(
+    const NadarayaWatsonParams& p) {
   std::vector<double> log_kernel(p.n_train), probabilities(p.n_train);
   for (int64_t i = 0; i < p.n_query; ++i) {
     const float* x = p.x_query + i * p.dx;
@@ -213,7 +216,7 @@ absl::Status ReferenceBackend::NadarayaWatson(const NadarayaWatsonParams& p) {
          p.out + i * p.dy,
          p.weights == nullptr ? nullptr : p.weights + i * p.n_train);
   }
-  return absl::OkStatus();
+  return kName;
 }
 
 }  // namespace attn

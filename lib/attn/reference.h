@@ -6,7 +6,8 @@
 // only) to bfloat16 and still accumulates in double, which is the exact value
 // the reduced-precision products approximate.
 //
-// Thread-safe and stateless; every method blocks and returns OK.
+// Thread-safe and stateless; every method blocks and returns OK, naming
+// "reference" as both the backend and the implementation that ran.
 #ifndef ATTN_REFERENCE_H_
 #define ATTN_REFERENCE_H_
 
@@ -18,15 +19,20 @@ namespace attn {
 
 class ReferenceBackend final : public Backend {
  public:
-  std::string name() const override { return "reference"; }
+  static constexpr char kName[] = "reference";
 
-  absl::Status MaskedSoftmax(const MaskedSoftmaxParams& params) override;
-  absl::Status BatchMatmul(const BatchMatmulParams& params) override;
-  absl::Status ScaledDotProductAttention(
+  std::string name() const override { return kName; }
+
+  absl::StatusOr<const char*> MaskedSoftmax(
+      const MaskedSoftmaxParams& params) override;
+  absl::StatusOr<const char*> BatchMatmul(
+      const BatchMatmulParams& params) override;
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const AttentionParams& params) override;
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const AdditiveAttentionParams& params) override;
-  absl::Status NadarayaWatson(const NadarayaWatsonParams& params) override;
+  absl::StatusOr<const char*> NadarayaWatson(
+      const NadarayaWatsonParams& params) override;
 };
 
 // The kernel value K(u) of the Nadaraya-Watson kernels, in double.
