@@ -92,8 +92,8 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
   const AttentionParams& p = plan->params;
   auto operand = [&](float x) -> double { return RoundOperand(x, p.precision); };
   const bool gaussian = p.score == ScoreKind::kGaussian;
-  // bfloat16 products round the probabilities too (attn/internal/
-  // cpu_kernels.h), to 8 significant bits: a relative error of at most
+  // bfloat16 products round the probabilities too (attn/internal/cpu/
+  // attention_blocks.h), to 8 significant bits: a relative error of at most
   // 2^-8 (half the spacing 2^-7 between bfloat16 values in [1, 2)).
   const double probability_rounding =
       p.precision == Precision::kBFloat16 ? 0x1p-8 : 0.0;
