@@ -172,7 +172,8 @@ int main(int argc, char** argv) {
       (*backend)->ResetPeakMemory();
       // The call blocks until its output is in host memory: wall time.
       const auto start = std::chrono::steady_clock::now();
-      absl::Status status = (*backend)->ScaledDotProductAttention(params);
+      absl::Status status =
+          (*backend)->ScaledDotProductAttention(params).status();
       const double elapsed =
           std::chrono::duration<double, std::milli>(
               std::chrono::steady_clock::now() - start).count();

@@ -38,13 +38,13 @@ class CheckingBackend final : public attn::Backend {
 
   std::string name() const override { return kName; }
 
-  absl::Status MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override;
-  absl::Status BatchMatmul(const attn::BatchMatmulParams& p) override;
-  absl::Status ScaledDotProductAttention(
+  absl::StatusOr<const char*> MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override;
+  absl::StatusOr<const char*> BatchMatmul(const attn::BatchMatmulParams& p) override;
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const attn::AttentionParams& p) override;
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const attn::AdditiveAttentionParams& p) override;
-  absl::Status NadarayaWatson(const attn::NadarayaWatsonParams& p) override;
+  absl::StatusOr<const char*> NadarayaWatson(const attn::NadarayaWatsonParams& p) override;
 
  private:
   // Aborts when `elements` float32 results exceed max_output_bytes_.

@@ -1,5 +1,6 @@
 #include "attn/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <new>
@@ -135,6 +136,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithBackends(
     backends.push_back(std::make_unique<ReferenceBackend>());
   }
   return std::unique_ptr<Engine>(new Engine(std::move(backends)));
+}
+
+std::vector<std::pair<std::string, std::string>> Engine::implementations()
+    const {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& backend : backends_) {
+    for (std::string& implementation : backend->implementation_names()) {
+      std::pair<std::string, std::string> pair(std::move(implementation),
+                                               backend->name());
+      if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) {
+        pairs.push_back(std::move(pair));
+      }
+    }
+  }
+  return pairs;
 }
 
 std::vector<std::string> Engine::backend_names() const {

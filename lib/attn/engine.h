@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -108,6 +109,12 @@ class Engine {
   // Where calls go first: kCuda when Create placed the CUDA backend first
   // (kCuda, or kAuto with a usable GPU), else kCpu.
   Device device() const { return device_; }
+
+  // Every implementation a result of this engine may name, with its
+  // backend: (OpResult::implementation, OpResult::backend) pairs, each once,
+  // in the order the backends are tried. For binding metric labels at
+  // start-up.
+  std::vector<std::pair<std::string, std::string>> implementations() const;
 
   // The backends in the order they are tried, e.g. {"onednn-cpu", "reference"}.
   std::vector<std::string> backend_names() const;

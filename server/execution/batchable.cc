@@ -170,6 +170,7 @@ struct Rules;
 attn::OpResult PartOf(const attn::OpResult& all) {
   attn::OpResult part;
   part.implementation = all.implementation;
+  part.backend = all.backend;
   return part;
 }
 

@@ -539,21 +539,21 @@ class SpreadingReference final : public attn::Backend {
   bool SpreadsKeysAcrossThreads(const attn::AttentionParams& p) const override {
     return p.lk >= 2 * attn::kMinKeysPerShare;
   }
-  absl::Status MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override {
+  absl::StatusOr<const char*> MaskedSoftmax(const attn::MaskedSoftmaxParams& p) override {
     return reference_.MaskedSoftmax(p);
   }
-  absl::Status BatchMatmul(const attn::BatchMatmulParams& p) override {
+  absl::StatusOr<const char*> BatchMatmul(const attn::BatchMatmulParams& p) override {
     return reference_.BatchMatmul(p);
   }
-  absl::Status ScaledDotProductAttention(
+  absl::StatusOr<const char*> ScaledDotProductAttention(
       const attn::AttentionParams& p) override {
     return reference_.ScaledDotProductAttention(p);
   }
-  absl::Status AdditiveAttention(
+  absl::StatusOr<const char*> AdditiveAttention(
       const attn::AdditiveAttentionParams& p) override {
     return reference_.AdditiveAttention(p);
   }
-  absl::Status NadarayaWatson(const attn::NadarayaWatsonParams& p) override {
+  absl::StatusOr<const char*> NadarayaWatson(const attn::NadarayaWatsonParams& p) override {
     return reference_.NadarayaWatson(p);
   }
 
@@ -630,7 +630,7 @@ TEST_F(BatcherTest, StoredMemoryBatchesRunOnTheWideEngineOneAtATime) {
   ASSERT_EQ(next.size(), 1u);
   next.front()();
   ASSERT_TRUE(plain->result.has_value() && plain->result->ok());
-  EXPECT_EQ((*plain->result)->implementation, "onednn-cpu");
+  EXPECT_EQ((*plain->result)->backend, "onednn-cpu");
   batcher_->OnExecutorIdle();
   EXPECT_TRUE(handed_on.Take().empty());
   release_first.Notify();

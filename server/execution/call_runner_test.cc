@@ -65,7 +65,7 @@ class CallRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     engine_ = attn::Engine::Create(attn::EngineOptions{}).value();
-    metrics_ = ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
+    metrics_ = ServiceMetrics::Create(engine_->implementations()).value();
     pool_ = WorkerPool::Create(WorkerPool::Options{}).value();
     admission_ = std::make_unique<Admission>(Admission::Options{});
     ServiceLimits limits;

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
   core->engine_ = std::move(engine);
   core->wide_engine_ = std::move(wide_engine);
   ASSIGN_OR_RETURN(core->metrics_,
-                   ServiceMetrics::Create(core->engine_->backend_names()));
+                   ServiceMetrics::Create(core->engine_->implementations()));
   ASSIGN_OR_RETURN(core->pool_, WorkerPool::Create(options.workers));
   ExecutionStack* raw = core.get();
   const std::optional<BatchingOptions>& batching =

@@ -151,7 +151,7 @@ class SampledCollector : public prometheus::Collectable {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
-    const std::vector<std::string>& implementations) {
+    const Implementations& implementations) {
   std::unique_ptr<ServiceMetrics> metrics(new ServiceMetrics());
   try {
     metrics->registry_ = std::make_shared<prometheus::Registry>();
@@ -250,9 +250,9 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
             {{"rpc", operation}, {"protocol", protocol}}, LatencyBuckets());
       }
       per_operation.queue_wait = &queue_wait.Add({{"rpc", operation}}, LatencyBuckets());
-      for (const std::string& implementation : implementations) {
+      for (const auto& [implementation, backend] : implementations) {
         per_operation.kernel[implementation] = &kernel.Add(
-            {{"rpc", operation}, {"backend", implementation}}, LatencyBuckets());
+            {{"rpc", operation}, {"backend", backend}}, LatencyBuckets());
         per_operation.runs[implementation] =
             &runs.Add({{"rpc", operation}, {"implementation", implementation}});
       }

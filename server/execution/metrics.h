@@ -9,7 +9,10 @@
 //     (protocol: grpc, http; the other families do not say)
 //   attnserve_queue_wait_seconds{rpc}              waiting for a worker
 //   attnserve_kernel_duration_seconds{rpc, backend}  the kernel alone
-//   attnserve_kernel_runs_total{rpc, implementation}  which backend ran
+//   attnserve_kernel_runs_total{rpc, implementation}  which implementation
+//                                                  ran (the CPU's
+//                                                  cpu-fused-blocks,
+//                                                  cpu-lane, ...)
 //   attnserve_batch_size{rpc}                      requests per batch
 //   attnserve_batch_computed_elements_total{rpc}   score elements computed
 //   attnserve_batch_padding_elements_total{rpc}    ... of which padding
@@ -42,6 +45,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,11 +64,13 @@ namespace attnserve {
 
 class ServiceMetrics {
  public:
-  // `implementations`: every backend name the engine may report; a name not
-  // listed is counted under "other". INTERNAL if prometheus-cpp rejects a
-  // family (a bug: fail at boot, never on a request).
+  // `implementations`: every (implementation, backend) pair a result may
+  // name (attn::Engine::implementations()); an implementation not listed is
+  // counted under "other". INTERNAL if prometheus-cpp rejects a family (a
+  // bug: fail at boot, never on a request).
+  using Implementations = std::vector<std::pair<std::string, std::string>>;
   static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(
-      const std::vector<std::string>& implementations);
+      const Implementations& implementations);
 
   // Both are registered with the exposer.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -108,8 +114,8 @@ class ServiceMetrics {
         requests_by_code{};
     std::array<prometheus::Histogram*, kProtocolCount> duration{};
     prometheus::Histogram* queue_wait = nullptr;
-    // By the backend that ran (an implementation name); "other" for a name
-    // not known at start-up.
+    // By the implementation that ran: its backend's histogram, its own
+    // counter; "other" for a name not known at start-up.
     absl::flat_hash_map<std::string, prometheus::Histogram*> kernel;
     prometheus::Histogram* kernel_other = nullptr;
     absl::flat_hash_map<std::string, prometheus::Counter*> runs;

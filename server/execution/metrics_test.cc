@@ -31,7 +31,7 @@ std::map<std::string, double> ModelEvents(const ServiceMetrics& metrics) {
 
 TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
   std::unique_ptr<ServiceMetrics> metrics =
-      ServiceMetrics::Create({"reference"}).value();
+      ServiceMetrics::Create({{"reference", "reference"}}).value();
   // Every label set is there from the start, at 0.
   std::map<std::string, double> values = ModelEvents(*metrics);
   ASSERT_EQ(values.size(), 8u);

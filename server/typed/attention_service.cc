@@ -3,7 +3,6 @@
 #include <chrono>
 #include <memory>
 #include <tuple>
-#include <variant>
 #include <utility>
 
 #include "absl/strings/match.h"

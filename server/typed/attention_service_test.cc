@@ -167,7 +167,7 @@ TEST_P(ServiceTest, AttentionToyCaseMatchesReference) {
     grpc::ClientContext context;
     v1::AttentionResponse response;
     ASSERT_TRUE(stub_->ScaledDotProductAttention(&context, request, &response).ok());
-    EXPECT_EQ(response.info().implementation(), "onednn-cpu");
+    EXPECT_EQ(response.info().implementation(), "cpu-weights-blocks");
     const attn::Tensor q = ToTensor(request.queries());
     const attn::Tensor k = ToTensor(request.keys());
     const attn::Tensor v = ToTensor(request.values());

@@ -95,7 +95,8 @@ TEST(EngineConcurrencyTest, PrimitiveCacheUnderContention) {
         absl::StatusOr<attn::OpResult> product =
             engine->BatchMatmul({m.a.view(), m.b.view()});
         ASSERT_TRUE(product.ok()) << product.status();
-        EXPECT_EQ(product->implementation, "onednn-cpu");
+        EXPECT_EQ(product->implementation, "onednn-matmul");
+        EXPECT_EQ(product->backend, "onednn-cpu");
         EXPECT_TRUE(WithinBounds(product->output, m.exact.output,
                                  m.bounds.output));
         const SoftmaxCase& s = softmaxes[(t * 2 + round) % softmaxes.size()];
@@ -254,7 +255,9 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
 // threads while the registry and the sampled collector are scraped.
 TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
   std::unique_ptr<ServiceMetrics> metrics =
-      ServiceMetrics::Create({"onednn-cpu", "reference"}).value();
+      ServiceMetrics::Create({{"cpu-fused-blocks", "onednn-cpu"},
+                              {"reference", "reference"}})
+          .value();
   std::atomic<int> depth{0};
   // Before anything is served, as its contract asks.
   metrics->SetQueueDepthSource([&depth] { return depth.load(); });
@@ -274,7 +277,8 @@ TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
         depth.fetch_add(1);
         metrics->RequestStarted();
         metrics->QueueWait(operation, absl::Microseconds(i));
-        metrics->KernelRun(operation, i % 3 == 0 ? "reference" : "onednn-cpu",
+        metrics->KernelRun(operation,
+                           i % 3 == 0 ? "reference" : "cpu-fused-blocks",
                            absl::Microseconds(2 * i));
         metrics->KernelRun(operation, "unknown-backend", absl::Microseconds(1));
         metrics->BatchExecuted(operation, 1 + i % 4, 100, 80);

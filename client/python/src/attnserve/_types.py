@@ -53,7 +53,8 @@ def invalid(message: str) -> Error:
 class ExecutionInfo:
     """Which implementation ran the call, and how long it took on the server.
 
-    ``implementation`` is e.g. ``"onednn-cpu"``, ``"cuda"`` or ``"reference"``;
+    ``implementation`` is the kernel that ran, e.g. ``"cpu-fused-blocks"``,
+    ``"cpu-lane"``, ``"cuda-fused-attention"`` or ``"reference"``;
     ``kernel_seconds`` the kernel alone, ``queue_seconds`` the wait for a
     worker.
     """
