@@ -10,7 +10,7 @@
 // models) fails at boot, not on a request.
 //
 // The start, in order: flags -> ServerConfig (server/flags.h) -> the
-// engine, warmed up -> the fd limit and the accept guard
+// engines, warmed up (server/engines.h) -> the fd limit and the accept guard
 // (server/process/accept_guard.h) -> the execution stack
 // (server/execution/execution_stack.h) -> metrics -> the model repository ->
 // the token store and the catalogue of models, one each, lent to every
@@ -36,7 +36,6 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -44,6 +43,7 @@
 #include "attn/engine.h"
 #include "server/process/accept_guard.h"
 #include "server/execution/execution_stack.h"
+#include "server/engines.h"
 #include "server/flags.h"
 #include "server/kserve/inference_service.h"
 #include "server/kserve/rest_service.h"
@@ -62,34 +62,6 @@ namespace {
 int Fail(const absl::Status& status) {
   absl::FPrintF(stderr, "attnserve: %s\n", status.message());
   return 1;
-}
-
-// The engine of --backend, warmed up (oneDNN's JIT) before the port opens;
-// `describe`: log its notes and backends.
-absl::StatusOr<std::unique_ptr<attn::Engine>> WarmEngine(
-    const attn::EngineOptions& options, bool describe = true) {
-  absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
-      attn::Engine::Create(options);
-  if (!engine.ok()) {
-    return absl::Status(engine.status().code(),
-                        absl::StrCat("creating the engine: ",
-                                     engine.status().ToString()));
-  }
-  if (absl::Status warm = (*engine)->WarmUp(); !warm.ok()) {
-    return absl::Status(warm.code(), absl::StrCat("warming up the kernels: ",
-                                                  warm.ToString()));
-  }
-  if (!describe) return engine;
-  for (const std::string& note : (*engine)->notes()) {
-    absl::FPrintF(stderr, "attnserve: %s\n", note);
-  }
-  const std::vector<std::string> descriptions =
-      (*engine)->backend_descriptions();
-  for (size_t i = 0; i < descriptions.size(); ++i) {
-    absl::FPrintF(stderr, "attnserve: backend %d of %d: %s\n", i + 1,
-                  descriptions.size(), descriptions[i]);
-  }
-  return engine;
 }
 
 }  // namespace
@@ -113,9 +85,9 @@ int main(int argc, char** argv) {
       attnserve::ServerConfigFromFlags();
   if (!config.ok()) return Fail(config.status());
 
-  absl::StatusOr<std::unique_ptr<attn::Engine>> engine =
-      WarmEngine(config->engine);
-  if (!engine.ok()) return Fail(engine.status());
+  absl::StatusOr<attnserve::Engines> engines =
+      attnserve::MakeWarmEngines(config->engine, config->wide_engine);
+  if (!engines.ok()) return Fail(engines.status());
   absl::FPrintF(stderr, "attnserve: %s\n", config->threads_note);
 
   // Before any listener opens.
@@ -128,18 +100,10 @@ int main(int argc, char** argv) {
                 "stay free (--fd_reserve)\n",
                 fd_limit->soft_before, fd_limit->soft, fd_reserve);
 
-  std::unique_ptr<attn::Engine> wide_engine;
-  // (Where the kernels run on a GPU, memory batches stay on its engine.)
-  if (config->wide_engine.has_value() &&
-      (*engine)->device() != attn::Device::kCuda) {
-    absl::StatusOr<std::unique_ptr<attn::Engine>> wide =
-        WarmEngine(*config->wide_engine, /*describe=*/false);
-    if (!wide.ok()) return Fail(wide.status());
-    wide_engine = *std::move(wide);
-  }
   absl::StatusOr<std::unique_ptr<attnserve::ExecutionStack>> core =
-      attnserve::ExecutionStack::Create(config->core, *std::move(engine),
-                                        std::move(wide_engine));
+      attnserve::ExecutionStack::Create(config->core,
+                                        std::move(engines->engine),
+                                        std::move(engines->wide_engine));
   if (!core.ok()) return Fail(core.status());
   // After the core's gauges have their sources: a scrape may come at once.
   absl::StatusOr<std::unique_ptr<prometheus::Exposer>> metrics =
@@ -169,8 +133,9 @@ int main(int argc, char** argv) {
   }
   // Every change to the served models, and every refused one, is logged
   // and counted.
-  attnserve::ModelControl control{config->explicit_model_control,
-                                  /*needs_permission=*/tokens != nullptr};
+  attnserve::ModelControl control;
+  control.explicit_mode = config->explicit_model_control;
+  control.needs_permission = tokens != nullptr;
   control.on_event = [metrics = &(*core)->metrics()](
                          const attnserve::ModelEvent& event) {
     absl::FPrintF(stderr, "attnserve: %s\n", event.Describe());
