@@ -680,8 +680,10 @@ TEST_F(ModelCatalogueTest, AnUploadIsNeverCopied) {
   const int64_t rise = PeakMemoryBytes() - before;
   ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_TRUE(catalogue.Resolve("big", "")->stored->weights_mapped);
-  // The written file's pages, read once to check them, and a little more.
-  EXPECT_LE(rise, file_bytes + file_bytes / 8)
+  // The written file's pages, read once to check them, and a little more
+  // (under AddressSanitizer, its shadow of what was touched: 1/8). One copy
+  // of the bytes would be twice the file.
+  EXPECT_LE(rise, file_bytes + file_bytes / 4)
       << "an upload of " << file_bytes << " bytes raised the peak by "
       << rise;
 }
