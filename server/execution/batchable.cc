@@ -605,18 +605,16 @@ struct Rules<attn::NadarayaWatsonRequest> {
     const auto p = ParamsOf(r);
     return p.n_query * p.n_train;
   }
-  // The queries concatenated: y_pred [m] or [m, dy], weights [m, N].
+  // The queries concatenated; each member's rows come back in the shapes
+  // the library gives its call alone.
   static Results Combine(attn::Engine& engine,
                          const std::vector<const Request*>& members,
                          CombinedWork* work) {
     std::vector<RowsMember<Request>> rows;
     for (const Request* r : members) {
-      const int64_t m = RowCount(r->x_query);
-      rows.push_back({r,
-                      r->y_train.rank() == 1
-                          ? attn::Shape{m}
-                          : attn::Shape{m, r->y_train.shape.back()},
-                      {m, r->x_train.shape.front()}});
+      attn::ResultSize size = attn::SizeOfResult(*r).value();  // classified
+      rows.push_back({r, std::move(size.output_shape),
+                      std::move(size.weights_shape)});
     }
     return StackRows(engine, rows, work);
   }

@@ -455,7 +455,8 @@ TEST_F(KServeServiceTest, StoredModelsReportTheirDimensions) {
 class UploadTest : public KServeServiceTest {
  protected:
   ModelControl Control() const override {
-    return ModelControl{/*explicit_mode=*/true};
+    return ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}};
   }
 };
 

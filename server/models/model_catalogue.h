@@ -74,7 +74,10 @@ struct ModelEvent {
 struct ModelControl {
   bool explicit_mode = false;
   bool needs_permission = false;
-  std::function<void(const ModelEvent&)> on_event;  // may be empty
+  // May be empty. Called on the thread that made the change, after it (so
+  // from several threads at once when front ends load concurrently: it must
+  // be thread-safe), and must not call back into the catalogue.
+  std::function<void(const ModelEvent&)> on_event;
 };
 
 // A model sent with its load request (Triton's model_repository extension):

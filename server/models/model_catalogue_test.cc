@@ -225,7 +225,8 @@ TEST_F(ModelCatalogueTest, ABadMemoryOnDiskIsRefusedWhenLoaded) {
   std::unique_ptr<ModelRepository> repository =
       LoadModelRepository(options).value();
   ModelCatalogue catalogue(repository.get(),
-                           ModelControl{/*explicit_mode=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}});
   RepositoryModel first;
   first.config.set_name("mem");
   first.config.set_backend(AttentionMemoryKind().backend);
@@ -566,10 +567,10 @@ TEST_F(ModelCatalogueTest, NotFoundNamesAHandfulOfModels) {
 // reported once, as it happened, with the reason for a refusal.
 TEST_F(ModelCatalogueTest, EveryChangeAndRefusalIsReported) {
   std::vector<ModelEvent> events;
-  ModelControl control{/*explicit_mode=*/true, /*needs_permission=*/true};
-  control.on_event = [&events](const ModelEvent& event) {
-    events.push_back(event);
-  };
+  ModelControl control{/*explicit_mode=*/true, /*needs_permission=*/true,
+                       /*on_event=*/[&events](const ModelEvent& event) {
+                         events.push_back(event);
+                       }};
   ModelCatalogue catalogue(repository_.get(), control);
   std::map<std::string, attn::Tensor> tensors;
   tensors["keys"] = attn::Tensor::Zeros({5, 4});
@@ -656,7 +657,8 @@ bool ResetPeakMemory() {
 // the upload, parsed from a copy and serialized again to be written).
 TEST_F(ModelCatalogueTest, AnUploadIsNeverCopied) {
   ModelCatalogue catalogue(repository_.get(),
-                           ModelControl{/*explicit_mode=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}});
   constexpr int64_t kEntries = 131072, kWidth = 64;  // 64 MiB of F32
   std::string bytes;
   {
@@ -694,8 +696,8 @@ TEST_F(ModelCatalogueTest, AnUploadIsNeverCopied) {
 // its files, stay as they were.
 TEST_F(ModelCatalogueTest, UploadsAreCheckedThenSavedWhole) {
   ModelCatalogue catalogue(repository_.get(),
-                           ModelControl{/*explicit_mode=*/true,
-                                        /*needs_permission=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/true,
+                                        /*on_event=*/{}});
   auto memory_bytes = [](float first_key) {
     std::map<std::string, attn::Tensor> tensors;
     tensors["keys"] = attn::Tensor::Zeros({5, 4});
@@ -825,7 +827,8 @@ TEST_F(ModelCatalogueTest, ModelBytesAreBounded) {
   options.dir = dir_;
   options.max_model_bytes = 64;
   std::unique_ptr<ModelRepository> small = LoadModelRepository(options).value();
-  ModelCatalogue catalogue(small.get(), ModelControl{/*explicit_mode=*/true});
+  ModelCatalogue catalogue(small.get(), ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}});
   std::map<std::string, attn::Tensor> tensors;
   tensors["keys"] = attn::Tensor::Zeros({8, 4});
   tensors["values"] = attn::Tensor::Zeros({8, 4});
@@ -881,7 +884,8 @@ TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
   ASSERT_TRUE(
       repository_->SaveModel({"test", "a memory"}, "mem", memory(1.0f)).ok());
   ModelCatalogue catalogue(repository_.get(),
-                           ModelControl{/*explicit_mode=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}});
   const std::shared_ptr<const RepositoryModel> held =
       catalogue.Resolve("mem", "")->stored;
   // Served from the file's mapping: a truncation would raise SIGBUS in the
@@ -927,8 +931,8 @@ TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
   EXPECT_EQ(off.Load(true, "m", {}).code(),
             absl::StatusCode::kFailedPrecondition);
   ModelCatalogue catalogue(repository_.get(),
-                           ModelControl{/*explicit_mode=*/true,
-                                        /*needs_permission=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/true,
+                                        /*on_event=*/{}});
   EXPECT_EQ(catalogue.Load(false, "m", {}).code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(catalogue.Load(true, "m", {"config"}).code(),

@@ -350,7 +350,7 @@ grpc::ServerUnaryReactor* AttentionService::AdditiveAttention(
         [request, response](const attn::OpResult& result) {
           EncodeResult(result, request->output_encoding(), response);
         },
-        OpOptions{WithWireNames});
+        OpOptions{WithWireNames, /*model=*/"", /*gains_from_batching=*/false});
   }
   // A stored model's weights: its kind builds the request, as for a KServe
   // call on the same model; the encoding step keeps the weights alive while

@@ -173,7 +173,8 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
   std::unique_ptr<ModelRepository> repository =
       LoadModelRepository(dir).value();
   ModelCatalogue catalogue(repository.get(),
-                           ModelControl{/*explicit_mode=*/true});
+                           ModelControl{/*explicit_mode=*/true, /*needs_permission=*/false,
+                                        /*on_event=*/{}});
   auto upload = [](float version) {
     std::map<std::string, attn::Tensor> tensors;
     tensors["keys"] = attn::Tensor::Zeros({64, 8});

@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/cpu/kernel_copy.h"
@@ -262,6 +263,26 @@ bool ForEachItem(int64_t items, int threads, const MakeScratch& make_scratch,
     }
   }
   return !failed.load();
+}
+
+// Runs block(p, ops, task, scratch) for every task of the call, on its
+// threads, each thread with blocked-kernel Scratch of its own: the whole run
+// of the implementations that differ only in their block (cpu-fused-blocks,
+// cpu-weights-blocks). Blocks; INTERNAL when a block reports oneDNN failing.
+template <typename Block>
+absl::Status RunEveryTask(const CpuCall<AttentionParams>& call,
+                          const Block& block) {
+  const AttentionParams& p = call.params;
+  const AttentionOperands operands(call);
+  const Operands& ops = operands.get();
+  const bool ok = ForEachItem(
+      TaskCount(p), call.threads,
+      [&] { return MakeScratch(p, ops.type == BlockOperands::kBFloat16); },
+      [&](int64_t task, Scratch& scratch) {
+        return block(p, ops, TaskAt(p, task), scratch);
+      });
+  if (!ok) return absl::InternalError("oneDNN matmul failed");
+  return absl::OkStatus();
 }
 
 }  // namespace attn::internal::ATTN_ISA_NAMESPACE

@@ -122,17 +122,10 @@ bool Takes(const CpuCall<AttentionParams>& call) {
 }
 
 absl::Status Run(const CpuCall<AttentionParams>& call) {
-  const AttentionParams& p = call.params;
-  const AttentionOperands operands(call);
-  const Operands& ops = operands.get();
-  const bool ok = ForEachItem(
-      TaskCount(p), call.threads,
-      [&] { return MakeScratch(p, ops.type == BlockOperands::kBFloat16); },
-      [&](int64_t task, Scratch& scratch) {
-        return FusedBlock(p, ops, TaskAt(p, task), scratch);
-      });
-  if (!ok) return absl::InternalError("oneDNN matmul failed");
-  return absl::OkStatus();
+  return RunEveryTask(call, [](const AttentionParams& p, const Operands& ops,
+                               const Task& task, Scratch& scratch) {
+    return FusedBlock(p, ops, task, scratch);
+  });
 }
 
 }  // namespace
