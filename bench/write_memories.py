@@ -18,10 +18,14 @@ block = array.array("f", (rng.gauss(0, 1) for _ in range(1 << 16)))
 def tensor(count):
     data = array.array("f", block) * (count // len(block) + 1)
     return data[:count].tobytes()
-def bfloat16(blob):
-    words = array.array("I", blob)
-    out = array.array("H", ((w + 0x7FFF + ((w >> 16) & 1)) >> 16 for w in words))
-    return out.tobytes()
+def bfloat16_block():
+    words = array.array("I", block.tobytes())
+    return array.array("H", ((w + 0x7FFF + ((w >> 16) & 1)) >> 16 for w in words))
+def tensor16(count):
+    # The block rounded once and tiled (rounding each tile again would cost
+    # a Python loop over every element: minutes at a million entries).
+    data = bfloat16_block() * (count // len(block) + 1)
+    return data[:count].tobytes()
 def write(name, backend, tensors, dtype="F32"):
     folder = os.path.join(root, name)
     os.makedirs(folder)
@@ -43,8 +47,8 @@ for n in sizes:
               [("keys", [n, d], tensor(n * d)), ("values", [n, d], tensor(n * d))])
     elif kind == "memory16":
         write("memory16_%d" % n, "attention_memory",
-              [("keys", [n, d], bfloat16(tensor(n * d))),
-               ("values", [n, d], bfloat16(tensor(n * d)))], "BF16")
+              [("keys", [n, d], tensor16(n * d)),
+               ("values", [n, d], tensor16(n * d))], "BF16")
     else:  # the textbook's data, spread over [0, 5)
         x = array.array("f", (rng.uniform(0, 5) for _ in range(n)))
         y = array.array("f", (2 * math.sin(v) + v ** 0.8 for v in x))

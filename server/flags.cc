@@ -4,6 +4,7 @@
 #include "server/flags.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "attn/cpu_isa.h"
+#include "attn/held_memory.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
@@ -35,6 +37,12 @@ ABSL_FLAG(double, cuda_min_flops, 4e6,
           "The default is the crossover measured on an H100 beside a 16-core "
           "Xeon (3.9e6, Nadaraya-Watson's; attention's was 1.7e7); "
           "bench/cuda_crossover_bench measures it on the node.");
+ABSL_FLAG(int64_t, cuda_held_memory_bytes, 0,
+          "With a GPU, the device memory that stored memories' keys and "
+          "values may hold between calls (each is copied there at its first "
+          "call; the least recently used goes first when a new one needs "
+          "room; one that cannot fit runs on the CPU, and the log and "
+          "/metrics say so). 0: half of the GPU's memory.");
 ABSL_FLAG(int32_t, grpc_port, 8001,
           "TCP port for gRPC; 0 picks a free port (logged at startup).");
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -356,6 +364,22 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   }
   engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   engine.cuda_min_flops = absl::GetFlag(FLAGS_cuda_min_flops);
+  engine.cuda_held_memory_bytes = absl::GetFlag(FLAGS_cuda_held_memory_bytes);
+  if (engine.cuda_held_memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_held_memory_bytes must be >= 0 (0: half of the GPU's "
+        "memory), got ",
+        engine.cuda_held_memory_bytes));
+  }
+  engine.on_held_memory_event = [](const attn::HeldMemoryEvent& event) {
+    absl::FPrintF(stderr, "attnserve: GPU: memory '%s' (%.1f MiB) %s%s%s\n",
+                  event.label, event.bytes / 1048576.0,
+                  attn::HeldMemoryEventName(event.kind),
+                  event.kind == attn::HeldMemoryEvent::Kind::kRefused
+                      ? ", its calls run on the CPU: "
+                      : "",
+                  event.reason);
+  };
   if (!(engine.cuda_min_flops >= 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--cuda_min_flops must be >= 0, got %g", engine.cuda_min_flops));

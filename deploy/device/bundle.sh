@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON >/dev/null
-targets="cuda_backend_test cuda_attention_bench cuda_crossover_bench attnserve attnctl"
+targets="cuda_backend_test cuda_attention_bench cuda_memory_bench cuda_crossover_bench attnserve attnctl"
 # shellcheck disable=SC2086  # a target list
 cmake --build "$build" -j"$(nproc)" --target $targets
 
@@ -26,7 +26,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/lib/cuda_backend_test" "$build/bench/cuda_attention_bench" \
-  "$build/bench/cuda_crossover_bench" "$build/server/attnserve" \
+  "$build/bench/cuda_memory_bench" "$build/bench/cuda_crossover_bench" "$build/server/attnserve" \
   "$build/client/attnctl" "$stage/bin/"
 # Shared libraries from Debian's packages; the system's own stay behind.
 system='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcublas)\.'

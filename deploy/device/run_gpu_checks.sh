@@ -8,8 +8,13 @@
 #
 #   bash deploy/device/run_gpu_checks.sh [STEP...]   # default: all
 #
-# STEP: tests, sanitize, bench, crossover, serve, memory, perf_analyzer, or
-# all. A lease is 15 minutes of device time in all, start included, so it is
+# STEP: tests, sanitize, bench, kernel, crossover, serve, memory, stored,
+# perf_analyzer, or all. `kernel`: a stored memory on the GPU, our kernel
+# alone and whole calls (cuda_memory_bench) beside PyTorch's with the memory
+# resident (bench/torch_memory_gpu.py); `stored`: single-query calls on
+# stored memories of 65,536-1,048,576 entries, F32 and BF16, at 64 and 256
+# in flight, served from the GPU and then from this machine's CPU
+# (bench/memory_device_bench.sh). A lease is 15 minutes of device time in all, start included, so it is
 # two calls (deploy/device/README.md): `tests bench crossover serve memory`
 # (~4 min, at most 6), then `sanitize` (at most 4).
 #
@@ -28,8 +33,8 @@ cd "$(dirname "$0")/../.." || exit 1
 steps=" ${*:-all} "
 for name in $steps; do
   case $name in
-    tests|sanitize|bench|crossover|serve|memory|perf_analyzer|all) ;;
-    *) echo "unknown step '$name' (tests, sanitize, bench, crossover, serve, memory, perf_analyzer, all)" >&2; exit 64 ;;
+    tests|sanitize|bench|kernel|crossover|serve|memory|stored|perf_analyzer|all) ;;
+    *) echo "unknown step '$name' (tests, sanitize, bench, kernel, crossover, serve, memory, stored, perf_analyzer, all)" >&2; exit 64 ;;
   esac
 done
 wants() { [[ $steps == *" $1 "* || $steps == *" all "* ]]; }
@@ -61,8 +66,9 @@ summary=$out/summary.txt
 say() { echo "$*" | tee -a "$summary"; }
 # The time caps (seconds), sized from the lease's plan: expected times are in
 # deploy/device/README.md.
-declare -A limit=([tests]=60 [memcheck]=120 [racecheck]=100 [bench]=100
-                  [crossover]=60 [serve]=110 [memory]=80 [perf_analyzer]=300)
+declare -A limit=([tests]=120 [memcheck]=150 [racecheck]=100 [bench]=100
+                  [kernel]=120 [crossover]=60 [serve]=110 [memory]=80
+                  [stored]=240 [perf_analyzer]=300)
 status=0
 step() {  # step NAME COMMAND...: runs under its cap, logs to $out/NAME.log
   local name=$1; shift
@@ -99,7 +105,7 @@ if wants sanitize; then
   # sweep at two precisions, and the other operations).
   declare -A filter=(
     [memcheck]='--gtest_filter=-CudaResourcesTest.FusedAttentionMemoryIsLinearInLength'
-    [racecheck]='--gtest_filter=Sweep/CudaAttentionTest.*fp32*:Sweep/CudaAttentionTest.*bf16*:CudaOpsTest.*')
+    [racecheck]='--gtest_filter=Sweep/CudaAttentionTest.*fp32*:Sweep/CudaAttentionTest.*bf16*:CudaOpsTest.*:Memory/CudaSplitKeysTest.*q17k4097*:Memory/CudaSplitKeysTest.*q1k20011d64*')
   for tool in memcheck racecheck; do
     step "$tool" "$sanitizer" --tool "$tool" --error-exitcode 1 \
       "$root/run/cuda_backend_test" "${filter[$tool]}"
@@ -115,6 +121,17 @@ fi
 if wants bench; then
   PYTHONUNBUFFERED=1 step bench python3 bench/cuda_bench.py "$root/run/cuda_attention_bench"
   cat "$out/bench.log"
+fi
+if wants kernel; then
+  # shellcheck disable=SC2317  # run by `step`, through bash -c
+  kernel_rows() {
+    "$root/run/cuda_memory_bench" || return 1
+    PYTHONUNBUFFERED=1 python3 bench/torch_memory_gpu.py
+  }
+  export -f kernel_rows
+  export root
+  step kernel bash -c kernel_rows
+  cat "$out/kernel.log"
 fi
 if wants crossover; then
   step crossover "$root/run/cuda_crossover_bench"
@@ -149,6 +166,26 @@ if wants memory; then
   export root
   step memory bash -c memory_rows
   cat "$out/memory.log"
+fi
+if wants stored; then
+  # Every size and type on the GPU, then the CPU at the two larger sizes;
+  # then the GPU's two larger F32 memories at 256 in flight with batches of
+  # up to 128 calls (the default is 32), for the batch size's choice.
+  # shellcheck disable=SC2317  # run by `step`, through bash -c
+  stored_rows() {
+    ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
+      CPU_SIZES="262144 1048576" \
+      bash bench/memory_device_bench.sh "${SERVE_DURATION:-4s}" || return 1
+    echo "## --max_batch_size=128"
+    ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
+      BACKENDS=cuda KINDS=memory CONCURRENCY=256 \
+      ATTNSERVE_FLAGS="--max_batch_size=128 ${ATTNSERVE_FLAGS:-}" \
+      bash bench/memory_device_bench.sh "${SERVE_DURATION:-4s}" 262144 1048576
+  }
+  export -f stored_rows
+  export root
+  step stored bash -c stored_rows
+  cat "$out/stored.log"
 fi
 if wants perf_analyzer; then
   # Triton's own load tester on the KServe API, when the bundle has it and

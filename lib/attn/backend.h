@@ -24,10 +24,12 @@
 #ifndef ATTN_BACKEND_H_
 #define ATTN_BACKEND_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "attn/held_memory.h"
 #include "attn/params.h"
 
 namespace attn {
@@ -54,6 +56,12 @@ class Backend {
   virtual bool SpreadsKeysAcrossThreads(const AttentionParams& params) const {
     (void)params;
     return false;
+  }
+
+  // What a backend that keeps held memories on its device holds (the CUDA
+  // backend's); none for the others.
+  virtual std::optional<HeldMemoryStats> held_memory_stats() const {
+    return std::nullopt;
   }
 
   virtual absl::StatusOr<const char*> MaskedSoftmax(

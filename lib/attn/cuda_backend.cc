@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "attn/internal/cuda/device_call.h"
 #include "attn/internal/cuda/device_pool.h"
 #include "attn/internal/cuda/kernels.h"
+#include "attn/internal/residency.h"
 #include "attn/status_macros.h"
 
 namespace attn {
@@ -34,23 +37,94 @@ using cuda_internal::TooLargeForCublas;
 constexpr char kMaskedSoftmax[] = "cuda-masked-softmax";
 constexpr char kMatmul[] = "cublas-matmul";
 constexpr char kFusedAttention[] = "cuda-fused-attention";
+constexpr char kSplitKeys[] = "cuda-split-keys";
 constexpr char kUnfusedAttention[] = "cuda-unfused-attention";
 constexpr char kAdditive[] = "cuda-additive";
 constexpr char kRegression[] = "cuda-regression";
+
+// Held memories' copies: plain cudaMalloc (a memory is large and lives
+// long; the call pool's size classes would round it up) and a synchronous
+// copy, once per placement.
+class HeldMemoryArena final : public internal::DeviceArena {
+ public:
+  explicit HeldMemoryArena(int ordinal) : ordinal_(ordinal) {}
+
+  absl::StatusOr<void*> Allocate(int64_t bytes) override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"));
+    void* block = nullptr;
+    const cudaError_t error = cudaMalloc(&block, static_cast<size_t>(bytes));
+    if (error == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", bytes, " bytes: out of memory"));
+    }
+    RETURN_IF_ERROR(CudaStatus(error, "cudaMalloc"));
+    return block;
+  }
+  void Free(void* device) override {
+    cudaSetDevice(ordinal_);
+    cudaFree(device);
+  }
+  absl::Status CopyIn(void* device, const void* host, int64_t bytes) override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"));
+    return CudaStatus(cudaMemcpy(device, host, static_cast<size_t>(bytes),
+                                 cudaMemcpyHostToDevice),
+                      "copy a held memory to the device");
+  }
+
+ private:
+  const int ordinal_;
+};
 
 }  // namespace
 
 class CudaBackend::Impl {
  public:
   Impl(const Options& options, std::string description,
-       const CublasLibrary* cublas)
+       const CublasLibrary* cublas, const cudaDeviceProp& properties)
       : options(options),
         description(std::move(description)),
-        device(options.device, options.max_cached_bytes, cublas) {}
+        device(options.device, options.max_cached_bytes, cublas),
+        multiprocessors(properties.multiProcessorCount),
+        shared_per_multiprocessor(
+            static_cast<int64_t>(properties.sharedMemPerMultiprocessor)),
+        held(internal::Residency::Create(
+            std::make_unique<HeldMemoryArena>(options.device),
+            options.held_memory_bytes > 0
+                ? options.held_memory_bytes
+                : static_cast<int64_t>(properties.totalGlobalMem / 2),
+            options.on_held_memory_event)) {}
+
+  // The device copy of a held memory's keys and values for one call;
+  // UNIMPLEMENTED (the CPU runs the call) when it is refused room.
+  absl::StatusOr<internal::Residency::Pin> Hold(const AttentionParams& p) {
+    const bool bits = p.k_bfloat16 != nullptr;
+    const void* k = bits ? static_cast<const void*>(p.k_bfloat16) : p.k;
+    const void* v = bits ? static_cast<const void*>(p.v_bfloat16) : p.v;
+    const int64_t element = bits ? 2 : 4;
+    std::shared_ptr<void> attachment =
+        p.held->Attachment(this, [&]() -> std::shared_ptr<void> {
+          return held->NewEntry(p.held->label(),
+                                {{k, p.lk * p.d * element},
+                                 {v, p.lk * p.dv * element}});
+        });
+    absl::StatusOr<internal::Residency::Pin> pin = held->Acquire(
+        std::static_pointer_cast<internal::Residency::Entry>(attachment));
+    if (!pin.ok()) return absl::UnimplementedError(pin.status().message());
+    if (pin->host() != std::vector<const void*>{k, v}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keys, values: held memory '", p.held->label(),
+          "' was first called with other tensors"));
+    }
+    return pin;
+  }
 
   const Options options;
   const std::string description;
   cuda_internal::Device device;
+  const int multiprocessors;
+  const int64_t shared_per_multiprocessor;
+  const std::shared_ptr<internal::Residency> held;
 };
 
 bool CudaBackend::Compiled() { return true; }
@@ -92,7 +166,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   absl::StatusOr<const CublasLibrary*> cublas = cuda_internal::LoadCublas();
   if (!cublas.ok()) return cublas.status();
   auto backend = std::unique_ptr<CudaBackend>(
-      new CudaBackend(std::make_unique<Impl>(options, description, *cublas)));
+      new CudaBackend(
+          std::make_unique<Impl>(options, description, *cublas, properties)));
 
   // Prove that this build's kernels run on this device (a binary without
   // code for its architecture fails here, not on the first request).
@@ -117,8 +192,12 @@ CudaBackend::~CudaBackend() = default;
 std::string CudaBackend::description() const { return impl_->description; }
 
 std::vector<std::string> CudaBackend::implementation_names() const {
-  return {kMaskedSoftmax,   kMatmul,   kFusedAttention,
+  return {kMaskedSoftmax, kMatmul,   kFusedAttention, kSplitKeys,
           kUnfusedAttention, kAdditive, kRegression};
+}
+
+std::optional<HeldMemoryStats> CudaBackend::held_memory_stats() const {
+  return impl_->held->stats();
 }
 
 CudaBackend::MemoryStats CudaBackend::memory_stats() const {
@@ -168,10 +247,9 @@ absl::StatusOr<const char*> CudaBackend::BatchMatmul(
 
 absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
     const AttentionParams& p) {
-  if (p.k_bfloat16 != nullptr) {
-    return absl::UnimplementedError(
-        "cuda: keys and values held as bfloat16 run on the CPU");
-  }
+  // K and V as bfloat16 bits (a memory stored rounded): precision is then
+  // bfloat16, so they are the operands as they are.
+  const bool bits = p.k_bfloat16 != nullptr;
   const ElementType type = OperandType(p.precision);
   if (p.score == ScoreKind::kGaussian && type != ElementType::kFloat32) {
     return absl::UnimplementedError(
@@ -187,20 +265,45 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
   if (!fused && !AllFitInt({bh, p.lq, p.lk, p.d, p.dv})) {
     return TooLargeForCublas();
   }
+  // A held memory's keys and values are on the device already; declared
+  // before the call, so the copy stays pinned until its kernels are done.
+  std::optional<internal::Residency::Pin> pin;
+  if (p.held != nullptr) {
+    absl::StatusOr<internal::Residency::Pin> held = impl_->Hold(p);
+    if (!held.ok()) return held.status();
+    pin.emplace(std::move(held).value());
+  }
   const int64_t weight_count = p.weights != nullptr ? bh * p.lq * p.lk : 0;
   ASSIGN_OR_RETURN(
       DeviceCall call,
       DeviceCall::Begin(&impl_->device,
-                        StagingFor({q_count, k_count, v_count, out_count,
-                                    weight_count},
+                        StagingFor({q_count, pin ? 0 : k_count,
+                                    pin ? 0 : v_count, out_count, weight_count},
                                    LengthCount(p.valid, p.batch))));
   ASSIGN_OR_RETURN(const void* q, call.UploadOperand(p.q, q_count, type));
-  ASSIGN_OR_RETURN(const void* k, call.UploadOperand(p.k, k_count, type));
-  ASSIGN_OR_RETURN(const void* v, call.UploadOperand(p.v, v_count, type));
+  const void* k;
+  const void* v;
+  if (pin) {
+    k = pin->device()[0];
+    v = pin->device()[1];
+    if (!bits && type != ElementType::kFloat32) {
+      ASSIGN_OR_RETURN(k, call.Convert(static_cast<const float*>(k), k_count,
+                                       type));
+      ASSIGN_OR_RETURN(v, call.Convert(static_cast<const float*>(v), v_count,
+                                       type));
+    }
+  } else if (bits) {
+    ASSIGN_OR_RETURN(k, call.Upload(p.k_bfloat16, k_count * sizeof(uint16_t)));
+    ASSIGN_OR_RETURN(v, call.Upload(p.v_bfloat16, v_count * sizeof(uint16_t)));
+  } else {
+    ASSIGN_OR_RETURN(k, call.UploadOperand(p.k, k_count, type));
+    ASSIGN_OR_RETURN(v, call.UploadOperand(p.v, v_count, type));
+  }
   ASSIGN_OR_RETURN(KeyLimits limits,
                    call.UploadLimits(p.valid, p.batch, p.causal));
   ASSIGN_OR_RETURN(float* out, call.ScratchFloats(out_count));
 
+  bool split = false;
   if (fused) {
     cuda_internal::FusedAttentionArgs args;
     args.q = q;
@@ -215,6 +318,19 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
     args.scale = p.scale;
     args.limits = limits;
     args.type = type;
+    const cuda_internal::FusedAttentionPlan plan =
+        cuda_internal::PlanFusedAttention(args, impl_->multiprocessors,
+                                          impl_->shared_per_multiprocessor);
+    args.block_rows = plan.block_rows;
+    if (plan.key_splits > 1 && impl_->options.split_keys) {
+      split = true;
+      args.key_splits = plan.key_splits;
+      args.tiles_per_split = plan.tiles_per_split;
+      ASSIGN_OR_RETURN(args.partial_out,
+                       call.ScratchFloats(plan.key_splits * bh * p.lq * p.d));
+      ASSIGN_OR_RETURN(args.partial_stats,
+                       call.ScratchFloats(plan.key_splits * bh * p.lq * 2));
+    }
     RETURN_IF_ERROR(CudaStatus(
         cuda_internal::LaunchFusedAttention(args, call.stream()),
         "fused attention"));
@@ -249,7 +365,7 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
   }
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
   RETURN_IF_ERROR(call.Finish());
-  return fused ? kFusedAttention : kUnfusedAttention;
+  return !fused ? kUnfusedAttention : split ? kSplitKeys : kFusedAttention;
 }
 
 absl::StatusOr<const char*> CudaBackend::AdditiveAttention(

@@ -8,7 +8,10 @@
 //   dv == d, runs a fused FlashAttention-style kernel
 //   ("cuda-fused-attention"; no lq x lk matrix in device memory): 3xTF32
 //   tensor-core products for float32, 16-bit products with float32
-//   accumulation for Precision::kBFloat16 / kFloat16. Other attention calls
+//   accumulation for Precision::kBFloat16 / kFloat16. A call of few query
+//   rows over many keys (a stored memory's) splits the keys across every SM
+//   and merges the splits by their log-sum-exp ("cuda-split-keys").
+//   Other attention calls
 //   ("cuda-unfused-attention") run scores (cuBLAS, or a Gaussian-distance
 //   kernel), a masked-softmax kernel and a cuBLAS product.
 // - Masked softmax ("cuda-masked-softmax") is a kernel of ours; additive
@@ -18,6 +21,14 @@
 // The quoted names are what each call reports as the implementation that
 // ran (OpResult::implementation); the host machinery (contexts, staging,
 // device calls) is in attn/internal/cuda/device_call.h.
+//
+// Held memories (attn/held_memory.h: a server's stored memories) stay on the
+// GPU between calls: placed at their first call, float32 or bfloat16 as
+// held, within a byte budget (Options::held_memory_bytes), least recently
+// used evicted first; a call over a held memory copies only its queries in
+// and its results out. A memory that does not fit is refused (UNIMPLEMENTED,
+// so the engine's next backend, the CPU, runs the call) and said once
+// through Options::on_held_memory_event.
 //
 // Resources: device memory comes from a caching pool (no cudaMalloc per
 // request once warm); each concurrently calling thread gets its own stream,
@@ -37,7 +48,9 @@
 #define ATTN_CUDA_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +68,12 @@ class CudaBackend final : public Backend {
     // Off: attention always takes the unfused path (for tests comparing the
     // two, and for debugging).
     bool fused_attention = true;
+    // Off: the fused kernel never splits the keys (for tests comparing).
+    bool split_keys = true;
+    // Device memory for held memories' copies; 0: half of the GPU's.
+    int64_t held_memory_bytes = 0;
+    // Told of placements, evictions, refusals and frees; may be empty.
+    std::function<void(const HeldMemoryEvent&)> on_held_memory_event;
   };
 
   struct MemoryStats {
@@ -79,7 +98,8 @@ class CudaBackend final : public Backend {
   std::string description() const override;
 
   // "cuda-masked-softmax", "cublas-matmul", "cuda-fused-attention",
-  // "cuda-unfused-attention", "cuda-additive", "cuda-regression".
+  // "cuda-split-keys", "cuda-unfused-attention", "cuda-additive",
+  // "cuda-regression".
   std::vector<std::string> implementation_names() const override;
 
   absl::StatusOr<const char*> MaskedSoftmax(
@@ -92,6 +112,8 @@ class CudaBackend final : public Backend {
       const AdditiveAttentionParams& params) override;
   absl::StatusOr<const char*> NadarayaWatson(
       const NadarayaWatsonParams& params) override;
+
+  std::optional<HeldMemoryStats> held_memory_stats() const override;
 
   // Device memory held by this backend's pool (inputs, outputs and scratch
   // of the calls in flight); the peak is since Create or ResetPeakMemory.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "attn/bfloat16.h"
 #include "attn/engine.h"
+#include "attn/held_memory.h"
 #include "attn/reference.h"
 #include "attn/testing/compare.h"
 #include "attn/testing/engines.h"
@@ -371,6 +373,280 @@ std::vector<AttentionCase> AttentionCases() {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaAttentionTest,
                          ::testing::ValuesIn(AttentionCases()), CaseName);
+
+// ---- few rows over many keys: the keys split across the GPU -----------------
+
+struct SplitCase {
+  int64_t lq, lk, d;
+  Mask mask;
+  Precision precision;
+};
+
+std::string DescribeSplit(const SplitCase& c) {
+  static const char* const kMasks[] = {"none", "batch", "row", "causal",
+                                       "causalrow"};
+  return absl::StrCat("q", c.lq, "k", c.lk, "d", c.d, "_",
+                      kMasks[static_cast<int>(c.mask)], "_",
+                      PrecisionName(c.precision));
+}
+void PrintTo(const SplitCase& c, std::ostream* os) { *os << DescribeSplit(c); }
+
+class CudaSplitKeysTest : public ::testing::TestWithParam<SplitCase> {};
+
+// A stored memory's shape (one batch entry, few query rows, many keys): the
+// split kernel, its exact merge, and the CPU's key shares, which merge their
+// shares the same way, each within twice the naive error of the reference.
+TEST_P(CudaSplitKeysTest, SplitsMergeWithinTwiceNaiveErrorAsTheCpuKeySharesDo) {
+  REQUIRE_GPU();
+  const SplitCase& c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.lq * 131 + c.lk * 7 + c.d));
+  const Tensor q = RandomNormal(rng, {1, c.lq, c.d});
+  const Tensor k = RandomNormal(rng, {1, c.lk, c.d});
+  const Tensor v = RandomNormal(rng, {1, c.lk, c.d});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = c.precision;
+  std::vector<int32_t> lengths;
+  if (c.mask == Mask::kPerRow) {
+    // Lengths that end inside a split, at a split's edge, and at 0.
+    lengths = RandomLengths(rng, c.lq, 0, static_cast<int32_t>(c.lk));
+    lengths[0] = 0;
+    if (c.lq > 1) lengths[1] = 1;
+    if (c.lq > 2) lengths[2] = static_cast<int32_t>(c.lk);
+    request.valid_lens = ViewOf(lengths, {1, c.lq});
+  }
+  std::vector<float> naive_weights;
+  const Tensor naive = NaiveAttention(request, 1, &naive_weights);
+  auto reference = ReferenceEngine().ScaledDotProductAttention(request);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  auto gpu = TheGpu().fused->ScaledDotProductAttention(request);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->implementation, "cuda-split-keys");
+  EXPECT_TRUE(WithinTwiceNaive(gpu->output, naive, reference->output));
+  for (int64_t i = 0; i < c.lq && !lengths.empty(); ++i) {
+    if (lengths[i] != 0) continue;
+    for (int64_t j = 0; j < c.d; ++j) {
+      ASSERT_EQ(gpu->output.data[i * c.d + j], 0.0f) << "row " << i;
+    }
+  }
+  auto cpu = ::attn::testing::OptimizedEngine(::attn::testing::Threads::kAlwaysParallel)
+                 .ScaledDotProductAttention(request);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(WithinTwiceNaive(cpu->output, naive, reference->output));
+}
+
+std::vector<SplitCase> SplitCases() {
+  std::vector<SplitCase> cases;
+  for (Precision p : {Precision::kFloat32, Precision::kBFloat16}) {
+    for (int64_t d : {32, 64, 128}) cases.push_back({1, 20011, d, Mask::kNone, p});
+    cases.push_back({5, 65536 + 37, 64, Mask::kNone, p});
+    cases.push_back({16, 8192, 64, Mask::kPerRow, p});
+    cases.push_back({17, 4096 + 1, 64, Mask::kNone, p});  // 64-row blocks
+    cases.push_back({64, 30000, 64, Mask::kPerRow, p});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Memory, CudaSplitKeysTest, ::testing::ValuesIn(SplitCases()),
+    [](const ::testing::TestParamInfo<SplitCase>& info) {
+      return DescribeSplit(info.param);
+    });
+
+// ---- held memories ------------------------------------------------------------
+
+// An engine of its own (the CUDA backend, then the CPU) with a held-memory
+// budget, and the events its backend reported.
+struct HeldEngine {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<std::vector<std::string>> events =
+      std::make_shared<std::vector<std::string>>();
+};
+
+HeldEngine MakeHeldEngine(int64_t budget) {
+  HeldEngine held;
+  EngineOptions options;
+  options.device = Device::kCuda;
+  options.cuda_held_memory_bytes = budget;
+  options.cuda_min_flops = 1e9;  // held calls take no threshold
+  auto events = held.events;
+  options.on_held_memory_event = [events](const HeldMemoryEvent& event) {
+    events->push_back(absl::StrCat(HeldMemoryEventName(event.kind), " ",
+                                   event.label));
+  };
+  auto engine = Engine::Create(options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (engine.ok()) held.engine = std::move(engine).value();
+  return held;
+}
+
+// A memory of n keys and values (d = v = 64) and one call's queries.
+struct Memory {
+  Tensor keys, values, queries;
+  std::vector<uint16_t> key_bits, value_bits;
+  Memory(std::mt19937& rng, int64_t n, int64_t rows, bool bfloat16) {
+    keys = RandomNormal(rng, {1, n, 64});
+    values = RandomNormal(rng, {1, n, 64});
+    queries = RandomNormal(rng, {1, rows, 64});
+    if (bfloat16) {
+      for (float& x : keys.data) x = RoundToBFloat16(x);
+      for (float& x : values.data) x = RoundToBFloat16(x);
+      for (float x : keys.data) key_bits.push_back(BFloat16Bits(x));
+      for (float x : values.data) value_bits.push_back(BFloat16Bits(x));
+    }
+  }
+  int64_t bytes() const {
+    return static_cast<int64_t>(
+        key_bits.empty() ? 4 * (keys.data.size() + values.data.size())
+                         : 2 * (key_bits.size() + value_bits.size()));
+  }
+  // The request a server makes of it; `as_floats` gives the same values as
+  // float32 tensors (for the reference).
+  AttentionRequest Request(const HeldMemory* held, bool as_floats = false) const {
+    AttentionRequest request;
+    request.queries = queries.view();
+    request.keys = keys.view();
+    request.values = values.view();
+    if (!key_bits.empty()) {
+      request.precision = Precision::kBFloat16;
+      if (!as_floats) {
+        request.keys.data = request.values.data = nullptr;
+        request.keys_bfloat16 = key_bits.data();
+        request.values_bfloat16 = value_bits.data();
+      }
+    }
+    request.held = as_floats ? nullptr : held;
+    return request;
+  }
+};
+
+TEST(CudaHeldMemoryTest, PlacedOnceAndExactOverEveryPath) {
+  REQUIRE_GPU();
+  HeldEngine gpu = MakeHeldEngine(0);
+  ASSERT_NE(gpu.engine, nullptr);
+  std::mt19937 rng(44);
+  for (bool bfloat16 : {false, true}) {
+    SCOPED_TRACE(bfloat16 ? "bfloat16" : "float32");
+    const Memory memory(rng, 40000, 7, bfloat16);
+    const auto held = std::make_unique<HeldMemory>("m");
+    const HeldMemoryStats before = *gpu.engine->held_memory_stats();
+    AttentionRequest plain = memory.Request(nullptr, /*as_floats=*/true);
+    std::vector<float> naive_weights;
+    const Tensor naive = NaiveAttention(plain, 1, &naive_weights);
+    plain.return_weights = true;
+    auto reference = ReferenceEngine().ScaledDotProductAttention(plain);
+    ASSERT_TRUE(reference.ok());
+    Tensor naive_w = Tensor::Zeros(reference->weights.shape);
+    naive_w.data.assign(naive_weights.begin(), naive_weights.end());
+    for (int call = 0; call < 3; ++call) {
+      for (bool weights : {false, true}) {
+        AttentionRequest request = memory.Request(held.get());
+        request.return_weights = weights;
+        auto result = gpu.engine->ScaledDotProductAttention(request);
+        ASSERT_TRUE(result.ok()) << result.status();
+        EXPECT_EQ(result->backend, "cuda");
+        EXPECT_EQ(result->implementation,
+                  weights ? "cuda-unfused-attention" : "cuda-split-keys");
+        EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+        if (weights) {
+          EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w,
+                                       reference->weights));
+        }
+      }
+    }
+    const HeldMemoryStats after = *gpu.engine->held_memory_stats();
+    EXPECT_EQ(after.placements, before.placements + 1) << "copied more than once";
+    EXPECT_EQ(after.bytes_held, before.bytes_held + memory.bytes());
+  }
+}
+
+TEST(CudaHeldMemoryTest, GaussianScoresReadTheHeldCopy) {
+  REQUIRE_GPU();
+  HeldEngine gpu = MakeHeldEngine(0);
+  ASSERT_NE(gpu.engine, nullptr);
+  std::mt19937 rng(45);
+  const Memory memory(rng, 5000, 3, false);
+  const auto held = std::make_unique<HeldMemory>("g");
+  AttentionRequest request = memory.Request(held.get());
+  request.score = ScoreKind::kGaussian;
+  AttentionRequest plain = memory.Request(nullptr, true);
+  plain.score = ScoreKind::kGaussian;
+  std::vector<float> naive_weights;
+  const Tensor naive = NaiveAttention(plain, 1, &naive_weights);
+  auto reference = ReferenceEngine().ScaledDotProductAttention(plain);
+  ASSERT_TRUE(reference.ok());
+  for (int call = 0; call < 2; ++call) {
+    auto result = gpu.engine->ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->backend, "cuda");
+    EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
+  }
+  EXPECT_EQ(gpu.engine->held_memory_stats()->placements, 1);
+}
+
+TEST(CudaHeldMemoryTest, FreedWhenTheMemoryIsGoneAndItsLastCallEnds) {
+  REQUIRE_GPU();
+  HeldEngine gpu = MakeHeldEngine(0);
+  ASSERT_NE(gpu.engine, nullptr);
+  std::mt19937 rng(46);
+  const Memory memory(rng, 30000, 4, false);
+  auto held = std::make_unique<HeldMemory>("replaced");
+  // Calls from several threads while the memory is replaced under them:
+  // every call answers, and the copy goes once the last has ended.
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, request = memory.Request(held.get())] {
+      for (int i = 0; i < 5; ++i) {
+        if (!gpu.engine->ScaledDotProductAttention(request).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(gpu.engine->held_memory_stats()->bytes_held, memory.bytes());
+  held.reset();
+  const HeldMemoryStats after = *gpu.engine->held_memory_stats();
+  EXPECT_EQ(after.bytes_held, 0);
+  EXPECT_EQ(after.memories_held, 0);
+  ASSERT_FALSE(gpu.events->empty());
+  EXPECT_EQ(gpu.events->back(), "freed replaced");
+}
+
+TEST(CudaHeldMemoryTest, LeastRecentlyUsedOutAndTooLargeRunsOnTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const Memory a(rng, 4096, 2, false), b(rng, 4096, 2, false),
+      big(rng, 16384, 2, false);
+  // Room for a or b (2 MiB each), not both; never for big (8 MiB).
+  HeldEngine gpu = MakeHeldEngine(3 << 20);
+  ASSERT_NE(gpu.engine, nullptr);
+  const auto held_a = std::make_unique<HeldMemory>("a");
+  const auto held_b = std::make_unique<HeldMemory>("b");
+  const auto held_big = std::make_unique<HeldMemory>("big");
+  auto run = [&](const Memory& memory, const HeldMemory* held) {
+    auto result = gpu.engine->ScaledDotProductAttention(memory.Request(held));
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return std::string();
+    auto reference = ReferenceEngine().ScaledDotProductAttention(
+        memory.Request(nullptr, true));
+    EXPECT_TRUE(AllClose(result->output, reference->output, 1e-5, 1e-4));
+    return result->backend;
+  };
+  EXPECT_EQ(run(a, held_a.get()), "cuda");
+  EXPECT_EQ(run(b, held_b.get()), "cuda");  // evicts a
+  EXPECT_EQ(run(big, held_big.get()), "onednn-cpu");
+  EXPECT_EQ(run(big, held_big.get()), "onednn-cpu");
+  const HeldMemoryStats stats = *gpu.engine->held_memory_stats();
+  EXPECT_EQ(stats.evictions, 1);
+  EXPECT_EQ(stats.refusals, 2);
+  EXPECT_EQ(stats.memories_held, 1);
+  EXPECT_EQ(*gpu.events, (std::vector<std::string>{"placed a", "evicted a",
+                                                   "placed b", "refused big"}));
+}
 
 // ---- the other operations ---------------------------------------------------
 

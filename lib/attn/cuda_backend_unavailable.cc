@@ -52,6 +52,9 @@ absl::StatusOr<const char*> CudaBackend::NadarayaWatson(
     const NadarayaWatsonParams&) {
   return NotBuilt();
 }
+std::optional<HeldMemoryStats> CudaBackend::held_memory_stats() const {
+  return std::nullopt;
+}
 CudaBackend::MemoryStats CudaBackend::memory_stats() const { return {}; }
 void CudaBackend::ResetPeakMemory() {}
 

@@ -88,6 +88,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   if (options.device != Device::kCpu) {
     CudaBackend::Options cuda_options;
     cuda_options.device = options.cuda_device;
+    cuda_options.held_memory_bytes = options.cuda_held_memory_bytes;
+    cuda_options.on_held_memory_event = options.on_held_memory_event;
     absl::StatusOr<std::unique_ptr<CudaBackend>> cuda =
         CudaBackend::Create(cuda_options);
     if (cuda.ok()) {
@@ -218,6 +220,15 @@ bool Engine::SpreadsKeysAcrossThreads(const AttentionRequest& request) const {
   const absl::StatusOr<Plan<AttentionParams>> plan =
       ValidateAttentionShapes(request);
   return plan.ok() && backends_.front()->SpreadsKeysAcrossThreads(plan->params);
+}
+
+std::optional<HeldMemoryStats> Engine::held_memory_stats() const {
+  for (const std::unique_ptr<Backend>& backend : backends_) {
+    if (std::optional<HeldMemoryStats> stats = backend->held_memory_stats()) {
+      return stats;
+    }
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(

@@ -18,6 +18,7 @@
 #ifndef ATTN_ENGINE_H_
 #define ATTN_ENGINE_H_
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -48,6 +49,12 @@ struct EngineOptions {
   // a GPU round trip (see attn/minimum_work_backend.h). 0: the GPU takes
   // every call it can. The server sets it (--cuda_min_flops).
   double cuda_min_flops = 0;
+  // Device memory for held memories' copies (attn/held_memory.h), least
+  // recently used out first; 0: half of the GPU's memory.
+  int64_t cuda_held_memory_bytes = 0;
+  // Told of each held memory placed on the GPU, evicted, refused or freed
+  // (for a log); called on the calling threads. May be empty.
+  std::function<void(const HeldMemoryEvent&)> on_held_memory_event;
   // Use the oneDNN CPU backend (it runs on every CPU). Off: the reference
   // backend runs everything (slow; for tests and debugging).
   bool use_onednn = true;
@@ -109,6 +116,9 @@ class Engine {
   // Where calls go first: kCuda when Create placed the CUDA backend first
   // (kCuda, or kAuto with a usable GPU), else kCpu.
   Device device() const { return device_; }
+
+  // What the device backend holds of held memories; none without one.
+  std::optional<HeldMemoryStats> held_memory_stats() const;
 
   // Every implementation a result of this engine may name, with its
   // backend: (OpResult::implementation, OpResult::backend) pairs, each once,

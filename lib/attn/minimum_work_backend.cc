@@ -44,6 +44,12 @@ absl::StatusOr<const char*> MinimumWorkBackend::BatchMatmul(
 
 absl::StatusOr<const char*> MinimumWorkBackend::ScaledDotProductAttention(
     const AttentionParams& params) {
+  // A held memory's call moves only its queries and results: the memory is
+  // already on the device (or the device declines it), so no threshold
+  // sized for copying the keys in applies.
+  if (params.held != nullptr) {
+    return wrapped_->ScaledDotProductAttention(params);
+  }
   return Route(params, &Backend::ScaledDotProductAttention);
 }
 

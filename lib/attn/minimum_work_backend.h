@@ -37,6 +37,9 @@ class MinimumWorkBackend final : public Backend {
   }
   // The wrapped backend's, and the threshold.
   std::string description() const override;
+  std::optional<HeldMemoryStats> held_memory_stats() const override {
+    return wrapped_->held_memory_stats();
+  }
 
   absl::StatusOr<const char*> MaskedSoftmax(
       const MaskedSoftmaxParams& params) override;

@@ -58,6 +58,11 @@ struct AttentionRequest {
   // (a server checks a stored memory once, when it loads it).
   const uint16_t* keys_bfloat16 = nullptr;
   const uint16_t* values_bfloat16 = nullptr;
+  // The keys and values are a stored memory's, unchanged across calls
+  // (attn/held_memory.h), so a device backend may keep them between calls.
+  // Only with a batch of 1 and no heads (a memory's layout); must outlive
+  // the call.
+  const HeldMemory* held = nullptr;
 };
 
 // Additive attention: queries (B, Lq, q), keys (B, Lk, k), values (B, Lk, v),

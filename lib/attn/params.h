@@ -21,6 +21,8 @@
 
 namespace attn {
 
+class HeldMemory;
+
 // The arithmetic precision of the products. Inputs and outputs are float32
 // either way. kBFloat16 and kFloat16 round every matrix-product operand to
 // bfloat16 / IEEE float16 (round to nearest even) and accumulate in float32:
@@ -101,6 +103,10 @@ struct AttentionParams {
   // UNIMPLEMENTED; the reference backend reads them.
   const uint16_t* k_bfloat16 = nullptr;
   const uint16_t* v_bfloat16 = nullptr;
+  // The keys and values are this held memory's (AttentionRequest::held;
+  // batch and heads are then 1): a device backend may read the copy it
+  // keeps instead of copying them in.
+  const HeldMemory* held = nullptr;
 
   // The number of leading keys query row `row` of (batch, any head) attends.
   int64_t KeyLimit(int64_t b, int64_t row) const {

@@ -267,6 +267,12 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
     p.k = k.data;
     p.v = v.data;
   }
+  if (request.held != nullptr && batch * heads != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys, values: a held memory is one batch entry of one head, not ",
+        batch, " x ", heads));
+  }
+  p.held = request.held;
   p.batch = batch;
   p.heads = heads;
   p.lq = lq;

@@ -65,6 +65,9 @@ class CallRunner::Call {
     }
     record_.implementation = *implementation;
     runner_->metrics_->KernelRun(operation_, *implementation, kernel);
+    if (!context_.model.empty()) {
+      runner_->metrics_->ModelKernelRun(context_.model, *implementation);
+    }
     Finish(responder_->Computed(record_));
   }
 

@@ -56,6 +56,8 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
   core->metrics_->SetQueueDepthSource([raw] { return raw->queue_depth(); });
   core->metrics_->SetInflightBytesSource(
       [raw] { return raw->admission_->inflight_bytes(); });
+  core->metrics_->SetHeldMemorySource(
+      [raw] { return raw->engine_->held_memory_stats(); });
   core->calls_ = std::make_unique<CallRunner>(
       core->engine_.get(), core->pool_.get(), core->batcher_.get(),
       core->metrics_.get(), options.limits, core->admission_.get(),

@@ -58,6 +58,10 @@ class SampledCollector : public prometheus::Collectable {
   void SetInflightBytesSource(std::function<int64_t()> source) {
     inflight_bytes_ = std::move(source);
   }
+  void SetHeldMemorySource(
+      std::function<std::optional<attn::HeldMemoryStats>()> source) {
+    held_memory_ = std::move(source);
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> families;
@@ -70,6 +74,38 @@ class SampledCollector : public prometheus::Collectable {
         "responses are not yet sent (--max_inflight_bytes bounds it).",
         prometheus::MetricType::Gauge,
         inflight_bytes_ ? static_cast<double>(inflight_bytes_()) : 0));
+    if (const std::optional<attn::HeldMemoryStats> held =
+            held_memory_ ? held_memory_() : std::nullopt) {
+      const auto gauge = prometheus::MetricType::Gauge;
+      const auto counter = prometheus::MetricType::Counter;
+      families.push_back(Single(
+          "attnserve_device_memory_held_bytes",
+          "Device memory holding stored memories' keys and values on the GPU.",
+          gauge, static_cast<double>(held->bytes_held)));
+      families.push_back(Single(
+          "attnserve_device_memory_budget_bytes",
+          "The most device memory stored memories may hold "
+          "(--cuda_held_memory_bytes).",
+          gauge, static_cast<double>(held->budget_bytes)));
+      families.push_back(Single("attnserve_device_memories_held",
+                                "Stored memories held on the GPU now.", gauge,
+                                static_cast<double>(held->memories_held)));
+      families.push_back(Single(
+          "attnserve_device_memory_placements_total",
+          "Stored memories copied to the GPU (at a first call, or back "
+          "after an eviction).",
+          counter, static_cast<double>(held->placements)));
+      families.push_back(Single(
+          "attnserve_device_memory_evictions_total",
+          "Stored memories dropped from the GPU for room, least recently "
+          "used first.",
+          counter, static_cast<double>(held->evictions)));
+      families.push_back(Single(
+          "attnserve_device_memory_refusals_total",
+          "Calls on a stored memory that ran on the CPU because the GPU "
+          "had no room for it.",
+          counter, static_cast<double>(held->refusals)));
+    }
     const long ticks = sysconf(_SC_CLK_TCK);
     const long page = sysconf(_SC_PAGESIZE);
     std::ifstream stat_file("/proc/self/stat");
@@ -146,6 +182,7 @@ class SampledCollector : public prometheus::Collectable {
 
   std::function<int()> queue_depth_;
   std::function<int64_t()> inflight_bytes_;
+  std::function<std::optional<attn::HeldMemoryStats>()> held_memory_;
 };
 
 }  // namespace
@@ -224,6 +261,15 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
       metrics->model_events_[e][1] = &model_events.Add(
           {{"event", kModelEvents[e]}, {"outcome", "refused"}});
     }
+    metrics->model_runs_ =
+        &prometheus::BuildCounter()
+             .Name("attnserve_model_kernel_runs_total")
+             .Help("Computed calls of each stored model, by the backend "
+                   "that ran them (cuda, onednn-cpu, reference).")
+             .Register(registry);
+    for (const auto& [implementation, backend] : implementations) {
+      metrics->backend_of_[implementation] = backend;
+    }
     auto& inflight = prometheus::BuildGauge()
                          .Name("attnserve_inflight_requests")
                          .Help("Requests received and not yet finished.")
@@ -294,6 +340,30 @@ void ServiceMetrics::ModelEvent(const std::string& event, bool refused) {
       return;
     }
   }
+}
+
+void ServiceMetrics::ModelKernelRun(const std::string& model,
+                                    const std::string& implementation) {
+  const auto backend = backend_of_.find(implementation);
+  std::pair<std::string, std::string> key(
+      model, backend != backend_of_.end() ? backend->second : "other");
+  prometheus::Counter* counter;
+  {
+    absl::MutexLock lock(&model_runs_mutex_);
+    auto [it, added] = model_run_counters_.try_emplace(key, nullptr);
+    if (added) {
+      it->second =
+          &model_runs_->Add({{"model", key.first}, {"backend", key.second}});
+    }
+    counter = it->second;
+  }
+  counter->Increment();
+}
+
+void ServiceMetrics::SetHeldMemorySource(
+    std::function<std::optional<attn::HeldMemoryStats>()> source) {
+  static_cast<SampledCollector*>(sampled_.get())
+      ->SetHeldMemorySource(std::move(source));
 }
 
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {

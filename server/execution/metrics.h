@@ -53,8 +53,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "attn/held_memory.h"
 #include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -80,6 +84,10 @@ class ServiceMetrics {
   // (server/execution/admission.h) on every scrape. Call before serving.
   void SetQueueDepthSource(std::function<int()> source);
   void SetInflightBytesSource(std::function<int64_t()> source);
+  // Samples what the GPU holds of stored memories on every scrape
+  // (attn::Engine::held_memory_stats; no families when it has none).
+  void SetHeldMemorySource(
+      std::function<std::optional<attn::HeldMemoryStats>()> source);
 
   void RequestStarted();
   void RequestFinished(Operation operation, Protocol protocol, absl::StatusCode code,
@@ -107,6 +115,11 @@ class ServiceMetrics {
   static constexpr std::array<const char*, 4> kModelEvents = {
       "load", "replace", "unload", "save"};
   void ModelEvent(const std::string& event, bool refused);
+  // One computed call of stored model `model`, counted by the backend of
+  // the implementation that ran it (so a memory's calls show which ran on
+  // the GPU and which on the CPU).
+  void ModelKernelRun(const std::string& model,
+                      const std::string& implementation);
 
  private:
   struct PerOperation {
@@ -144,6 +157,12 @@ class ServiceMetrics {
   std::array<std::array<prometheus::Counter*, 2>, kModelEvents.size()>
       model_events_{};
   std::shared_ptr<prometheus::Collectable> sampled_;  // queue depth, process
+  // Implementation -> its backend, and the per-model counters made so far.
+  absl::flat_hash_map<std::string, std::string> backend_of_;
+  prometheus::Family<prometheus::Counter>* model_runs_ = nullptr;
+  absl::Mutex model_runs_mutex_;
+  absl::flat_hash_map<std::pair<std::string, std::string>, prometheus::Counter*>
+      model_run_counters_ ABSL_GUARDED_BY(model_runs_mutex_);
 };
 
 }  // namespace attnserve

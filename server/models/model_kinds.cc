@@ -480,6 +480,7 @@ absl::StatusOr<OperationRequest> BuildAttentionMemory(
   attention.score = scoring.score;
   attention.scale = scoring.scale;
   attention.return_weights = arguments.return_weights;
+  attention.held = memory.held_memory.get();
   return StoredRequest{std::move(attention),
                        &memory,
                        {batch, rows, values.shape[1]},

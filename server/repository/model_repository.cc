@@ -90,6 +90,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   }
   model->tensors = *std::move(tensors);
   if (check) RETURN_IF_ERROR(check(name, *model));
+  model->held_memory = std::make_shared<const attn::HeldMemory>(name);
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }
 
@@ -516,6 +517,7 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
   }
   RETURN_IF_ERROR(WriteModelFolder(field, name, model));
   if (map_weights_) ServeFromWrittenFile(name, &model);
+  model.held_memory = std::make_shared<const attn::HeldMemory>(name);
   auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(stored);

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "attn/held_memory.h"
 #include "attn/tensor.h"
 #include "inference/model_config.pb.h"
 #include "server/repository/file_system.h"
@@ -72,6 +73,11 @@ struct RepositoryModel {
   // Null: the tensors are serialized. Dropped once the model serves from its
   // written file.
   std::shared_ptr<const FileBytes> weights_file;
+  // The tensors' identity across calls, for a device that keeps its own
+  // copy of a stored memory (attn/held_memory.h): made when the model is
+  // read or saved, and gone with the last reference to this version, so a
+  // replaced or unloaded version's device copy goes once its calls end.
+  std::shared_ptr<const attn::HeldMemory> held_memory;
 };
 
 class ModelRepository {

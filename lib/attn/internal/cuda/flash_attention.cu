@@ -1,8 +1,15 @@
 // Fused attention forward in the FlashAttention-2 style: a block owns 64
-// query rows (16 per warp), walks the key tiles that any of its rows may see,
+// query rows (16 per warp; 16 rows, one warp, for a call of few rows), walks
+// the key tiles that any of its rows may see,
 // keeps Q, K and V tiles in shared memory and the scores, running max and
 // running sum in registers (online softmax), so no (lq, lk) matrix ever
 // reaches global memory. Extra device memory: none beyond the output.
+//
+// Few query rows over many keys (a stored memory's calls) would leave most
+// of the GPU idle, one block per 64 rows: there the keys are split
+// (flash-decoding), each block walks one split's tiles and writes its rows'
+// unnormalised output with their running max and sum, and a second kernel
+// merges the splits exactly, by their log-sum-exp (in double).
 //
 // Products run on tensor cores through mma.sync:
 //  - float32: m16n8k8 TF32 in the 3xTF32 scheme (x = big + small, both TF32;
@@ -22,6 +29,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attn/internal/cuda/kernels.h"
@@ -29,10 +37,7 @@
 namespace attn::cuda_internal {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockRows = kWarps * 16;  // query rows per block
-constexpr int kBlockKeys = 64;           // keys per tile
+constexpr int kBlockKeys = 64;  // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 // How many 8-dimension slices of Q.K^T are summed from zero before each
 // rounded add into the scores (see the note on Mma3xTf32Into): fewer
@@ -76,15 +81,16 @@ __device__ __forceinline__ void CopyAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Copies rows [row0, row0 + 64) of a (rows, D) matrix of T into a shared tile
-// with row stride kStride elements; rows at or past `rows` become zeros (so a
-// masked-out key's value can never be NaN * 0).
-template <typename T, int D, int kStride>
+// Copies rows [row0, row0 + kRows) of a (rows, D) matrix of T into a shared
+// tile with row stride kStride elements, with the block's kThreads threads;
+// rows at or past `rows` become zeros (so a masked-out key's value can never
+// be NaN * 0).
+template <typename T, int D, int kStride, int kRows, int kThreads>
 __device__ __forceinline__ void LoadTile(T* tile, const T* matrix,
                                          int64_t row0, int64_t rows) {
   constexpr int kChunksPerRow = D * sizeof(T) / 16;
   constexpr int kElemsPerChunk = 16 / sizeof(T);
-  for (int chunk = threadIdx.x; chunk < 64 * kChunksPerRow;
+  for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow;
        chunk += kThreads) {
     const int r = chunk / kChunksPerRow;
     const int c = (chunk % kChunksPerRow) * kElemsPerChunk;
@@ -269,7 +275,37 @@ __device__ __forceinline__ void StoreOutput(float (&o)[D / 8][4], float (&l)[2],
   }
 }
 
+// Writes one split's rows g and g + 8: the unnormalised output, and the
+// running max (log2 units) and sum, for MergeKeySplits.
+template <int D>
+__device__ __forceinline__ void StorePartial(float (&o)[D / 8][4],
+                                             const float (&m)[2], float (&l)[2],
+                                             const FusedAttentionArgs& a,
+                                             int64_t bh, int64_t row_g) {
+  const int t = threadIdx.x % 4;
+  const int64_t rows = a.batch * a.heads * a.lq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    const int64_t row = row_g + 8 * r;
+    if (row >= a.lq) continue;
+    const int64_t at = blockIdx.y * rows + bh * a.lq + row;
+    float* out = a.partial_out + at * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<float2*>(out + n * 8 + 2 * t) =
+          make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    }
+    if (t == 0) {
+      a.partial_stats[2 * at] = m[r];
+      a.partial_stats[2 * at + 1] = l[r];
+    }
+  }
+}
+
 // The first key tile no row of this block sees: the largest key limit.
+template <int kBlockRows>
 __device__ __forceinline__ int BlockKeyTiles(const FusedAttentionArgs& a,
                                              int64_t batch, int64_t row0,
                                              int* shared_max) {
@@ -284,18 +320,19 @@ __device__ __forceinline__ int BlockKeyTiles(const FusedAttentionArgs& a,
 
 // Where a block and a thread stand: the (batch, head) slice, the block's
 // first query row, the thread's rows g and g + 8 and their key limits, and
-// how many key tiles the block must walk. Both kernels start from it.
-template <typename T, int D>
+// the key tiles [tile_begin, tile_end) the block walks: its split's share of
+// those any of its rows sees. Both kernels start from it.
+template <typename T, int D, int kBlockRows>
 struct BlockPosition {
-  int64_t batch, row0, row_g;
+  int64_t bh, batch, row0, row_g;
   int limit[2];
-  int key_tiles;
+  int tile_begin, tile_end;
   const T *q, *k, *v;
   float* out;
 
   __device__ BlockPosition(const FusedAttentionArgs& a, int64_t query_tiles,
                            int* shared_max) {
-    const int64_t bh = blockIdx.x / query_tiles;
+    bh = blockIdx.x / query_tiles;
     row0 = (blockIdx.x % query_tiles) * kBlockRows;
     batch = bh / a.heads;
     q = static_cast<const T*>(a.q) + bh * a.lq * D;
@@ -308,17 +345,38 @@ struct BlockPosition {
                      ? KeyLimit(a.limits, batch, row_g + 8 * r, a.lq, a.lk)
                      : 0;
     }
-    key_tiles = BlockKeyTiles(a, batch, row0, shared_max);
+    const int key_tiles = BlockKeyTiles<kBlockRows>(a, batch, row0, shared_max);
+    const int64_t begin = blockIdx.y * a.tiles_per_split;
+    tile_begin = static_cast<int>(begin < key_tiles ? begin : key_tiles);
+    tile_end = static_cast<int>(
+        begin + a.tiles_per_split < key_tiles ? begin + a.tiles_per_split
+                                              : key_tiles);
   }
 };
+
+// The split's result: final rows when the keys are not split, else partials.
+template <int D>
+__device__ __forceinline__ void StoreRows(float (&o)[D / 8][4],
+                                          const float (&m)[2], float (&l)[2],
+                                          const FusedAttentionArgs& a,
+                                          int64_t bh, float* out,
+                                          int64_t row_g) {
+  if (a.key_splits == 1) {
+    StoreOutput<D>(o, l, out, row_g, a.lq);
+  } else {
+    StorePartial<D>(o, m, l, a, bh, row_g);
+  }
+}
 
 // ---- the kernels -------------------------------------------------------
 
 // float32 operands. Shared: Q and K with row stride D + 8 floats, V with
 // D + 4 (conflict-free float2 reads of Q/K and scalar reads of V).
-template <int D>
-__global__ void __launch_bounds__(kThreads)
+template <int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     FusedAttentionF32(FusedAttentionArgs a, int64_t query_tiles) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockRows = kWarps * 16;
   constexpr int kQkStride = D + 8;
   constexpr int kVStride = D + 4;
   constexpr int kDTiles = D / 8;
@@ -327,16 +385,19 @@ __global__ void __launch_bounds__(kThreads)
   float* k_tile = q_tile + kBlockRows * kQkStride;
   float* v_tile = k_tile + kBlockKeys * kQkStride;
   __shared__ int block_limit;
-  const BlockPosition<float, D> at(a, query_tiles, &block_limit);
+  const BlockPosition<float, D, kBlockRows> at(a, query_tiles, &block_limit);
   const float *q = at.q, *k = at.k, *v = at.v;
   const int64_t row0 = at.row0, row_g = at.row_g;
-  const int key_tiles = at.key_tiles;
+  const int tile_begin = at.tile_begin, tile_end = at.tile_end;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
-  LoadTile<float, D, kQkStride>(q_tile, q, row0, a.lq);
-  if (key_tiles > 0) LoadTile<float, D, kQkStride>(k_tile, k, 0, a.lk);
+  LoadTile<float, D, kQkStride, kBlockRows, kThreads>(q_tile, q, row0, a.lq);
+  if (tile_begin < tile_end) {
+    LoadTile<float, D, kQkStride, kBlockKeys, kThreads>(
+        k_tile, k, int64_t{tile_begin} * kBlockKeys, a.lk);
+  }
   CopyAsyncCommit();
 
   float o[kDTiles][4] = {};
@@ -345,11 +406,11 @@ __global__ void __launch_bounds__(kThreads)
   const float scale_log2 = a.scale * kLog2e;
   const float* q_warp = q_tile + warp * 16 * kQkStride;
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int key0 = tile * kBlockKeys;
     CopyAsyncWait<0>();
     __syncthreads();  // K(tile) visible; V's buffer free
-    LoadTile<float, D, kVStride>(v_tile, v, key0, a.lk);
+    LoadTile<float, D, kVStride, kBlockKeys, kThreads>(v_tile, v, key0, a.lk);
     CopyAsyncCommit();
 
     float s[8][4] = {};
@@ -394,8 +455,9 @@ __global__ void __launch_bounds__(kThreads)
 
     CopyAsyncWait<0>();
     __syncthreads();  // V(tile) visible; every warp is done with K(tile)
-    if (tile + 1 < key_tiles) {
-      LoadTile<float, D, kQkStride>(k_tile, k, key0 + kBlockKeys, a.lk);
+    if (tile + 1 < tile_end) {
+      LoadTile<float, D, kQkStride, kBlockKeys, kThreads>(
+          k_tile, k, key0 + kBlockKeys, a.lk);
     }
     CopyAsyncCommit();
 
@@ -425,14 +487,16 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   CopyAsyncWait<0>();
-  StoreOutput<D>(o, l, at.out, row_g, a.lq);
+  StoreRows<D>(o, m, l, a, at.bh, at.out, row_g);
 }
 
 // bfloat16 / float16 operands; every tile has row stride D + 8 elements
 // (16 bytes of padding: conflict-free ldmatrix).
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     FusedAttention16(FusedAttentionArgs a, int64_t query_tiles) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockRows = kWarps * 16;
   constexpr int kStride = D + 8;
   constexpr int kDTiles = D / 8;
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -440,15 +504,18 @@ __global__ void __launch_bounds__(kThreads)
   T* k_tile = q_tile + kBlockRows * kStride;
   T* v_tile = k_tile + kBlockKeys * kStride;
   __shared__ int block_limit;
-  const BlockPosition<T, D> at(a, query_tiles, &block_limit);
+  const BlockPosition<T, D, kBlockRows> at(a, query_tiles, &block_limit);
   const T *q = at.q, *k = at.k, *v = at.v;
   const int64_t row0 = at.row0, row_g = at.row_g;
-  const int key_tiles = at.key_tiles;
+  const int tile_begin = at.tile_begin, tile_end = at.tile_end;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  LoadTile<T, D, kStride>(q_tile, q, row0, a.lq);
-  if (key_tiles > 0) LoadTile<T, D, kStride>(k_tile, k, 0, a.lk);
+  LoadTile<T, D, kStride, kBlockRows, kThreads>(q_tile, q, row0, a.lq);
+  if (tile_begin < tile_end) {
+    LoadTile<T, D, kStride, kBlockKeys, kThreads>(
+        k_tile, k, int64_t{tile_begin} * kBlockKeys, a.lk);
+  }
   CopyAsyncCommit();
 
   float o[kDTiles][4] = {};
@@ -462,11 +529,11 @@ __global__ void __launch_bounds__(kThreads)
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int v_col = (lane >> 4) * 8;
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int key0 = tile * kBlockKeys;
     CopyAsyncWait<0>();
     __syncthreads();
-    LoadTile<T, D, kStride>(v_tile, v, key0, a.lk);
+    LoadTile<T, D, kStride, kBlockKeys, kThreads>(v_tile, v, key0, a.lk);
     CopyAsyncCommit();
 
     float s[8][4] = {};
@@ -487,8 +554,9 @@ __global__ void __launch_bounds__(kThreads)
 
     CopyAsyncWait<0>();
     __syncthreads();
-    if (tile + 1 < key_tiles) {
-      LoadTile<T, D, kStride>(k_tile, k, key0 + kBlockKeys, a.lk);
+    if (tile + 1 < tile_end) {
+      LoadTile<T, D, kStride, kBlockKeys, kThreads>(k_tile, k,
+                                                     key0 + kBlockKeys, a.lk);
     }
     CopyAsyncCommit();
 
@@ -509,15 +577,47 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   CopyAsyncWait<0>();
-  StoreOutput<D>(o, l, at.out, row_g, a.lq);
+  StoreRows<D>(o, m, l, a, at.bh, at.out, row_g);
 }
 
-template <typename Kernel>
+// out (rows, D) from the splits' partials: row r's output is
+// sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M = max_s m_s, in double;
+// a row no split saw a key of is zeros. One block per row, a thread per
+// column.
+__global__ void MergeKeySplits(const float* partial_out,
+                               const float* partial_stats, float* out,
+                               int64_t rows, int splits, int d) {
+  const int64_t row = blockIdx.x;
+  const int c = threadIdx.x;
+  float max_m = kNegInf;
+  for (int s = 0; s < splits; ++s) {
+    max_m = fmaxf(max_m, partial_stats[2 * (s * rows + row)]);
+  }
+  if (max_m == kNegInf) {
+    out[row * d + c] = 0.0f;
+    return;
+  }
+  double sum = 0.0, value = 0.0;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t at = s * rows + row;
+    const float m = partial_stats[2 * at];
+    if (m == kNegInf) continue;
+    const double w = exp2(static_cast<double>(m) - max_m);
+    sum += w * partial_stats[2 * at + 1];
+    value += w * partial_out[at * d + c];
+  }
+  out[row * d + c] = sum > 0.0 ? static_cast<float>(value / sum) : 0.0f;
+}
+
+template <int kWarps, typename Kernel>
 cudaError_t Launch(Kernel kernel, size_t shared_bytes,
                    const FusedAttentionArgs& args, cudaStream_t stream) {
-  const int64_t query_tiles = (args.lq + kBlockRows - 1) / kBlockRows;
+  const int64_t query_tiles = (args.lq + kWarps * 16 - 1) / (kWarps * 16);
   const int64_t blocks = args.batch * args.heads * query_tiles;
-  if (blocks <= 0 || blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (blocks <= 0 || blocks > 0x7fffffff || args.key_splits < 1 ||
+      args.key_splits > 65535 || args.tiles_per_split < 1) {
+    return cudaErrorInvalidConfiguration;
+  }
   // Above 48 KiB a kernel must opt in; the attribute is per function, and
   // setting it again is harmless, so every launch sets it (cheap, and
   // correct whichever thread launches first).
@@ -525,30 +625,60 @@ cudaError_t Launch(Kernel kernel, size_t shared_bytes,
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(shared_bytes));
   if (status != cudaSuccess) return status;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
-      args, query_tiles);
+  const dim3 grid(static_cast<unsigned>(blocks),
+                  static_cast<unsigned>(args.key_splits));
+  kernel<<<grid, kWarps * 32, shared_bytes, stream>>>(args, query_tiles);
+  status = cudaGetLastError();
+  if (status != cudaSuccess || args.key_splits == 1) return status;
+  const int64_t rows = args.batch * args.heads * args.lq;
+  MergeKeySplits<<<static_cast<unsigned>(rows), static_cast<unsigned>(args.d),
+                   0, stream>>>(args.partial_out, args.partial_stats, args.out,
+                                rows, args.key_splits, static_cast<int>(args.d));
   return cudaGetLastError();
+}
+
+template <int D>
+size_t SharedBytes(ElementType type, int block_rows) {
+  if (type == ElementType::kFloat32) {
+    return sizeof(float) *
+           ((block_rows + kBlockKeys) * (D + 8) + kBlockKeys * (D + 4));
+  }
+  return 2 * (block_rows + 2 * kBlockKeys) * (D + 8);
+}
+
+template <int D, int kWarps>
+cudaError_t LaunchForShape(const FusedAttentionArgs& args,
+                           cudaStream_t stream) {
+  const size_t shared = SharedBytes<D>(args.type, kWarps * 16);
+  switch (args.type) {
+    case ElementType::kFloat32:
+      return Launch<kWarps>(FusedAttentionF32<D, kWarps>, shared, args, stream);
+    case ElementType::kBFloat16:
+      return Launch<kWarps>(FusedAttention16<__nv_bfloat16, D, kWarps>, shared,
+                            args, stream);
+    case ElementType::kFloat16:
+      return Launch<kWarps>(FusedAttention16<__half, D, kWarps>, shared, args,
+                            stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <int D>
 cudaError_t LaunchForHeadDim(const FusedAttentionArgs& args,
                              cudaStream_t stream) {
-  switch (args.type) {
-    case ElementType::kFloat32:
-      return Launch(FusedAttentionF32<D>,
-                    sizeof(float) * ((kBlockRows + kBlockKeys) * (D + 8) +
-                                     kBlockKeys * (D + 4)),
-                    args, stream);
-    case ElementType::kBFloat16:
-      return Launch(FusedAttention16<__nv_bfloat16, D>,
-                    sizeof(__nv_bfloat16) * (kBlockRows + 2 * kBlockKeys) * (D + 8),
-                    args, stream);
-    case ElementType::kFloat16:
-      return Launch(FusedAttention16<__half, D>,
-                    sizeof(__half) * (kBlockRows + 2 * kBlockKeys) * (D + 8),
-                    args, stream);
+  return args.block_rows == 16 ? LaunchForShape<D, 1>(args, stream)
+                               : LaunchForShape<D, 4>(args, stream);
+}
+
+size_t SharedBytesFor(int64_t d, ElementType type, int block_rows) {
+  switch (d) {
+    case 32:
+      return SharedBytes<32>(type, block_rows);
+    case 64:
+      return SharedBytes<64>(type, block_rows);
+    default:
+      return SharedBytes<128>(type, block_rows);
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -557,8 +687,46 @@ bool FusedAttentionSupportsHeadDim(int64_t d) {
   return d == 32 || d == 64 || d == 128;
 }
 
+FusedAttentionPlan PlanFusedAttention(const FusedAttentionArgs& args,
+                                      int multiprocessors,
+                                      int64_t shared_per_multiprocessor) {
+  FusedAttentionPlan plan;
+  // One warp's 16 rows when a (batch, head) has no more: a 64-row block
+  // would spend its tensor cores on 48 empty rows.
+  plan.block_rows = args.lq <= 16 ? 16 : 64;
+  const int64_t key_tiles = (args.lk + kBlockKeys - 1) / kBlockKeys;
+  plan.tiles_per_split = key_tiles;
+  const int64_t blocks =
+      args.batch * args.heads * ((args.lq + plan.block_rows - 1) / plan.block_rows);
+  const int64_t shared =
+      static_cast<int64_t>(SharedBytesFor(args.d, args.type, plan.block_rows));
+  const int64_t per_multiprocessor = std::max<int64_t>(
+      1, std::min<int64_t>(16, shared_per_multiprocessor / (shared + 1024)));
+  const int64_t resident = per_multiprocessor * multiprocessors;
+  if (blocks >= resident || key_tiles < 8) return plan;
+  // Two waves of resident blocks, each split at least 4 tiles (256 keys),
+  // and the partial rows (splits x lq) at most a quarter of the key rows,
+  // so that they stay small beside the keys they summarise (and device
+  // memory stays linear in the length).
+  const int64_t wanted = (2 * resident + blocks - 1) / blocks;
+  const int64_t splits = std::min<int64_t>(
+      {wanted, key_tiles / 4, args.lk / (4 * args.lq), int64_t{65535}});
+  if (splits < 2) return plan;
+  plan.tiles_per_split = (key_tiles + splits - 1) / splits;
+  plan.key_splits =
+      static_cast<int>((key_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split);
+  return plan;
+}
+
 cudaError_t LaunchFusedAttention(const FusedAttentionArgs& args,
                                  cudaStream_t stream) {
+  if (args.block_rows != 16 && args.block_rows != 64) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.key_splits > 1 &&
+      (args.partial_out == nullptr || args.partial_stats == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   switch (args.d) {
     case 32:
       return LaunchForHeadDim<32>(args, stream);

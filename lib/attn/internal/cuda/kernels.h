@@ -54,10 +54,37 @@ struct FusedAttentionArgs {
   float scale = 1.0f;
   KeyLimits limits;
   ElementType type = ElementType::kFloat32;
+  // How the call is cut (PlanFusedAttention): query rows per block (16 or
+  // 64), and the key tiles of 64 each split of the keys walks. With more
+  // than one split, each writes its partial rows (partial_out (key_splits,
+  // batch * heads * lq, d) unnormalised, partial_stats (key_splits, batch *
+  // heads * lq, 2): the running max in log2 units and the sum) and a second
+  // kernel merges them into `out`.
+  int block_rows = 64;
+  int key_splits = 1;
+  int64_t tiles_per_split = int64_t{1} << 40;
+  float* partial_out = nullptr;
+  float* partial_stats = nullptr;
 };
 
 // The head dimensions the fused kernel is compiled for (32, 64, 128).
 bool FusedAttentionSupportsHeadDim(int64_t d);
+
+// The cut of a call over a GPU of `multiprocessors` SMs with
+// `shared_per_multiprocessor` bytes of shared memory each: one warp's 16
+// rows per block when lq <= 16, else 64; and, when those blocks would not
+// fill two waves of the GPU, the keys split so that they do (each split at
+// least 256 keys, and the splits' partial rows at most a quarter of the
+// keys).
+struct FusedAttentionPlan {
+  int block_rows = 64;
+  int key_splits = 1;
+  int64_t tiles_per_split = 0;
+};
+FusedAttentionPlan PlanFusedAttention(const FusedAttentionArgs& args,
+                                      int multiprocessors,
+                                      int64_t shared_per_multiprocessor);
+
 cudaError_t LaunchFusedAttention(const FusedAttentionArgs& args,
                                  cudaStream_t stream);
 
