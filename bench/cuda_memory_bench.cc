@@ -7,10 +7,12 @@
 // Prints CSV rows (header first):
 //  - "copy": the device-to-device copy bandwidth (bytes read + written), the
 //    ceiling one pass over the memory is measured against;
-//  - "kernel": the fused kernel alone on device-resident inputs, as the
-//    backend plans it (key splits and their merge included), median of 7
-//    rounds of 20 launches timed with CUDA events; the memory's bytes over
-//    that time, and its share of the copy bandwidth;
+//  - "kernel": each kernel that may run the call, alone on device-resident
+//    inputs, as the backend plans it (key splits and their merge included):
+//    cuda-split-keys (the fused tensor-core kernel) always, cuda-decode too
+//    for at most 4 rows; median of 7 rounds of 20 launches timed with CUDA
+//    events; the memory's bytes over that time, and its share of the copy
+//    bandwidth;
 //  - "call": a whole Engine call over a held memory (attn/held_memory.h):
 //    the queries in, the kernel, the result out, from host memory, timed on
 //    the host (median of 7 rounds of 20 calls).
@@ -141,8 +143,10 @@ int main(int argc, char** argv) {
   }
   const double copy_gbps = CopyBandwidthGbps();
   std::printf("# %s, %d SMs\n", properties.name, properties.multiProcessorCount);
-  std::printf("what,N,dtype,Q,splits,us,queries_per_s,GBps,share_of_copy\n");
-  std::printf("copy,,,,,,,%.0f,1.00\n", copy_gbps);
+  std::printf(
+      "what,N,dtype,Q,implementation,splits,us,queries_per_s,GBps,"
+      "share_of_copy\n");
+  std::printf("copy,,,,,,,,%.0f,1.00\n", copy_gbps);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;
   for (const int64_t n : sizes) {
@@ -202,16 +206,46 @@ int main(int argc, char** argv) {
         args.out = out;
         args.partial_out = partial_out;
         args.partial_stats = partial_stats;
-        const double us = DeviceMicros([&] {
-          Check(attn::cuda_internal::LaunchFusedAttention(args, nullptr),
-                "launch");
-        });
         const char* name = bf16 ? "bf16" : "fp32";
-        std::printf("kernel,%lld,%s,%lld,%d,%.1f,%.0f,%.0f,%.2f\n",
-                    static_cast<long long>(n), name,
-                    static_cast<long long>(rows), plan.key_splits, us,
-                    rows / us * 1e6, memory_bytes / us / 1e3,
-                    memory_bytes / us / 1e3 / copy_gbps);
+        auto print = [&](const char* implementation, int64_t splits,
+                         double us) {
+          std::printf("kernel,%lld,%s,%lld,%s,%lld,%.1f,%.0f,%.0f,%.2f\n",
+                      static_cast<long long>(n), name,
+                      static_cast<long long>(rows), implementation,
+                      static_cast<long long>(splits), us, rows / us * 1e6,
+                      memory_bytes / us / 1e3,
+                      memory_bytes / us / 1e3 / copy_gbps);
+        };
+        print("cuda-split-keys", plan.key_splits, DeviceMicros([&] {
+                Check(attn::cuda_internal::LaunchFusedAttention(args, nullptr),
+                      "launch");
+              }));
+        if (attn::cuda_internal::DecodeAttentionTakes(rows, kDim)) {
+          attn::cuda_internal::DecodeAttentionArgs decode;
+          decode.q = q;
+          decode.k = k;
+          decode.v = v;
+          decode.out = out;
+          decode.batch = decode.heads = 1;
+          decode.lq = rows;
+          decode.lk = n;
+          decode.d = kDim;
+          decode.scale = 0.125f;
+          decode.type = type;
+          decode.keys_per_split = attn::cuda_internal::PlanDecodeAttention(
+              decode, properties.multiProcessorCount);
+          const int64_t splits =
+              (n + decode.keys_per_split - 1) / decode.keys_per_split;
+          decode.partial_out = DeviceFloats(splits * rows * kDim);
+          decode.partial_stats = DeviceFloats(splits * rows * 2);
+          print("cuda-decode", splits, DeviceMicros([&] {
+                  Check(attn::cuda_internal::LaunchDecodeAttention(decode,
+                                                                    nullptr),
+                        "launch");
+                }));
+          cudaFree(decode.partial_out);
+          cudaFree(decode.partial_stats);
+        }
         // The whole call over the held memory, from host memory.
         attn::AttentionRequest request;
         request.queries = {queries.data(), {1, rows, kDim}};
@@ -244,7 +278,7 @@ int main(int argc, char** argv) {
           if (round > 0) rounds.push_back(took.count() / 20);  // 0 places it
         }
         const double call_us = Median(rounds);
-        std::printf("call,%lld,%s,%lld,%s,%.1f,%.0f,%.0f,%.2f\n",
+        std::printf("call,%lld,%s,%lld,%s,,%.1f,%.0f,%.0f,%.2f\n",
                     static_cast<long long>(n), name,
                     static_cast<long long>(rows), implementation.c_str(),
                     call_us, rows / call_us * 1e6, memory_bytes / call_us / 1e3,

@@ -3,7 +3,8 @@
 stays on the GPU (keys and values [N, 64]), a call being Q query rows.
 
 For N = 65,536, 262,144 and 1,048,576, float32 and bfloat16, Q = 1 and 64,
-times with CUDA events (median of 7 rounds of 20 calls):
+times with CUDA events (median of 7 rounds of 20 calls; 3 rounds of 2 for
+a path slower than 5 ms a call):
   plain: softmax((q @ k^T) * d^-0.5) @ v, float32 products staying float32
          (TF32 off, PyTorch's default), and the same in bfloat16;
   sdpa:  F.scaled_dot_product_attention (PyTorch picks its kernel).
@@ -23,6 +24,14 @@ def timed_us(f, reps=20, rounds=7):
     for _ in range(3):
         f()
     torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    f()
+    end.record()
+    torch.cuda.synchronize()
+    if start.elapsed_time(end) > 5:  # ms: a slow path (fp32 SDPA's math)
+        reps, rounds = 2, 3
     times = []
     for _ in range(rounds):
         start = torch.cuda.Event(enable_timing=True)

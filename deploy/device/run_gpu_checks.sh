@@ -171,11 +171,17 @@ if wants stored; then
   # Every size and type on the GPU, then the CPU at the two larger sizes;
   # then the GPU's two larger F32 memories at 256 in flight with batches of
   # up to 128 calls (the default is 32), for the batch size's choice.
+  # STORED_SIZES, STORED_KINDS, STORED_CPU_SIZES narrow the first part;
+  # STORED_BATCH128=0 skips the second.
   # shellcheck disable=SC2317  # run by `step`, through bash -c
   stored_rows() {
+    # shellcheck disable=SC2086  # a size list
     ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
-      CPU_SIZES="262144 1048576" \
-      bash bench/memory_device_bench.sh "${SERVE_DURATION:-4s}" || return 1
+      CPU_SIZES="${STORED_CPU_SIZES:-262144 1048576}" \
+      KINDS="${STORED_KINDS:-memory memory16}" \
+      bash bench/memory_device_bench.sh "${SERVE_DURATION:-4s}" \
+      ${STORED_SIZES:-65536 262144 1048576} || return 1
+    [[ ${STORED_BATCH128:-1} == 0 ]] && return 0
     echo "## --max_batch_size=128"
     ATTNSERVE="$root/run/attnserve" ATTNCTL="$root/run/attnctl" \
       BACKENDS=cuda KINDS=memory CONCURRENCY=256 \

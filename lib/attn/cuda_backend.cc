@@ -38,6 +38,7 @@ constexpr char kMaskedSoftmax[] = "cuda-masked-softmax";
 constexpr char kMatmul[] = "cublas-matmul";
 constexpr char kFusedAttention[] = "cuda-fused-attention";
 constexpr char kSplitKeys[] = "cuda-split-keys";
+constexpr char kDecode[] = "cuda-decode";
 constexpr char kUnfusedAttention[] = "cuda-unfused-attention";
 constexpr char kAdditive[] = "cuda-additive";
 constexpr char kRegression[] = "cuda-regression";
@@ -94,6 +95,30 @@ class CudaBackend::Impl {
                 ? options.held_memory_bytes
                 : static_cast<int64_t>(properties.totalGlobalMem / 2),
             options.on_held_memory_event)) {}
+
+  // Whether the fused kernel runs `p` (else the unfused path).
+  bool Fuses(const AttentionParams& p) const {
+    return options.fused_attention && p.weights == nullptr &&
+           p.score == ScoreKind::kDotProduct && p.d == p.dv &&
+           cuda_internal::FusedAttentionSupportsHeadDim(p.d);
+  }
+
+  // Whether a fused call that splits its keys runs on the decode kernel:
+  // few rows, no mask.
+  bool Decodes(const AttentionParams& p) const {
+    return options.decode_attention &&
+           p.valid.kind == ValidLengths::Kind::kNone && !p.causal &&
+           cuda_internal::DecodeAttentionTakes(p.lq, p.d);
+  }
+
+  // How the fused kernel cuts `args` on this GPU.
+  cuda_internal::FusedAttentionPlan Plan(
+      const cuda_internal::FusedAttentionArgs& args) const {
+    cuda_internal::FusedAttentionPlan plan = cuda_internal::PlanFusedAttention(
+        args, multiprocessors, shared_per_multiprocessor);
+    if (!options.split_keys) plan.key_splits = 1;
+    return plan;
+  }
 
   // The device copy of a held memory's keys and values for one call;
   // UNIMPLEMENTED (the CPU runs the call) when it is refused room.
@@ -192,8 +217,20 @@ CudaBackend::~CudaBackend() = default;
 std::string CudaBackend::description() const { return impl_->description; }
 
 std::vector<std::string> CudaBackend::implementation_names() const {
-  return {kMaskedSoftmax, kMatmul,   kFusedAttention, kSplitKeys,
-          kUnfusedAttention, kAdditive, kRegression};
+  return {kMaskedSoftmax,     kMatmul,   kFusedAttention, kSplitKeys,
+          kDecode, kUnfusedAttention, kAdditive,       kRegression};
+}
+
+bool CudaBackend::SpreadsKeysAcrossThreads(const AttentionParams& p) const {
+  if (!impl_->Fuses(p)) return false;
+  cuda_internal::FusedAttentionArgs args;
+  args.batch = p.batch;
+  args.heads = p.heads;
+  args.lq = p.lq;
+  args.lk = p.lk;
+  args.d = p.d;
+  args.type = OperandType(p.precision);
+  return impl_->Plan(args).key_splits > 1;
 }
 
 std::optional<HeldMemoryStats> CudaBackend::held_memory_stats() const {
@@ -258,10 +295,7 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
   const int64_t bh = p.batch * p.heads;
   const int64_t q_count = bh * p.lq * p.d, k_count = bh * p.lk * p.d,
                 v_count = bh * p.lk * p.dv, out_count = bh * p.lq * p.dv;
-  const bool fused = impl_->options.fused_attention &&
-                     p.weights == nullptr && p.score == ScoreKind::kDotProduct &&
-                     p.d == p.dv &&
-                     cuda_internal::FusedAttentionSupportsHeadDim(p.d);
+  const bool fused = impl_->Fuses(p);
   if (!fused && !AllFitInt({bh, p.lq, p.lk, p.d, p.dv})) {
     return TooLargeForCublas();
   }
@@ -303,7 +337,7 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
                    call.UploadLimits(p.valid, p.batch, p.causal));
   ASSIGN_OR_RETURN(float* out, call.ScratchFloats(out_count));
 
-  bool split = false;
+  const char* implementation = fused ? kFusedAttention : kUnfusedAttention;
   if (fused) {
     cuda_internal::FusedAttentionArgs args;
     args.q = q;
@@ -318,22 +352,48 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
     args.scale = p.scale;
     args.limits = limits;
     args.type = type;
-    const cuda_internal::FusedAttentionPlan plan =
-        cuda_internal::PlanFusedAttention(args, impl_->multiprocessors,
-                                          impl_->shared_per_multiprocessor);
+    const cuda_internal::FusedAttentionPlan plan = impl_->Plan(args);
     args.block_rows = plan.block_rows;
-    if (plan.key_splits > 1 && impl_->options.split_keys) {
-      split = true;
-      args.key_splits = plan.key_splits;
-      args.tiles_per_split = plan.tiles_per_split;
-      ASSIGN_OR_RETURN(args.partial_out,
-                       call.ScratchFloats(plan.key_splits * bh * p.lq * p.d));
-      ASSIGN_OR_RETURN(args.partial_stats,
-                       call.ScratchFloats(plan.key_splits * bh * p.lq * 2));
+    if (plan.key_splits > 1 && impl_->Decodes(p)) {
+      // Few unmasked rows: the keys streamed once on the CUDA cores.
+      implementation = kDecode;
+      cuda_internal::DecodeAttentionArgs decode;
+      decode.q = q;
+      decode.k = k;
+      decode.v = v;
+      decode.out = out;
+      decode.batch = p.batch;
+      decode.heads = p.heads;
+      decode.lq = p.lq;
+      decode.lk = p.lk;
+      decode.d = p.d;
+      decode.scale = p.scale;
+      decode.type = type;
+      decode.keys_per_split =
+          cuda_internal::PlanDecodeAttention(decode, impl_->multiprocessors);
+      const int64_t splits =
+          (p.lk + decode.keys_per_split - 1) / decode.keys_per_split;
+      ASSIGN_OR_RETURN(decode.partial_out,
+                       call.ScratchFloats(splits * bh * p.lq * p.d));
+      ASSIGN_OR_RETURN(decode.partial_stats,
+                       call.ScratchFloats(splits * bh * p.lq * 2));
+      RETURN_IF_ERROR(CudaStatus(
+          cuda_internal::LaunchDecodeAttention(decode, call.stream()),
+          "decode attention"));
+    } else {
+      if (plan.key_splits > 1) {
+        implementation = kSplitKeys;
+        args.key_splits = plan.key_splits;
+        args.tiles_per_split = plan.tiles_per_split;
+        ASSIGN_OR_RETURN(args.partial_out,
+                         call.ScratchFloats(plan.key_splits * bh * p.lq * p.d));
+        ASSIGN_OR_RETURN(args.partial_stats,
+                         call.ScratchFloats(plan.key_splits * bh * p.lq * 2));
+      }
+      RETURN_IF_ERROR(CudaStatus(
+          cuda_internal::LaunchFusedAttention(args, call.stream()),
+          "fused attention"));
     }
-    RETURN_IF_ERROR(CudaStatus(
-        cuda_internal::LaunchFusedAttention(args, call.stream()),
-        "fused attention"));
   } else {
     ASSIGN_OR_RETURN(float* scores, call.ScratchFloats(bh * p.lq * p.lk));
     if (p.score == ScoreKind::kGaussian) {
@@ -365,7 +425,7 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
   }
   RETURN_IF_ERROR(call.Download(p.out, out, out_count));
   RETURN_IF_ERROR(call.Finish());
-  return !fused ? kUnfusedAttention : split ? kSplitKeys : kFusedAttention;
+  return implementation;
 }
 
 absl::StatusOr<const char*> CudaBackend::AdditiveAttention(

@@ -10,7 +10,9 @@
 //   tensor-core products for float32, 16-bit products with float32
 //   accumulation for Precision::kBFloat16 / kFloat16. A call of few query
 //   rows over many keys (a stored memory's) splits the keys across every SM
-//   and merges the splits by their log-sum-exp ("cuda-split-keys").
+//   and merges the splits by their log-sum-exp ("cuda-split-keys"); with at
+//   most 4 unmasked rows, a kernel that streams the keys once on the CUDA
+//   cores in float32 does, merging the same way ("cuda-decode").
 //   Other attention calls
 //   ("cuda-unfused-attention") run scores (cuBLAS, or a Gaussian-distance
 //   kernel), a masked-softmax kernel and a cuBLAS product.
@@ -70,6 +72,9 @@ class CudaBackend final : public Backend {
     bool fused_attention = true;
     // Off: the fused kernel never splits the keys (for tests comparing).
     bool split_keys = true;
+    // Off: few-row calls over many keys take the split fused kernel instead
+    // of the decode kernel (for tests and benchmarks comparing the two).
+    bool decode_attention = true;
     // Device memory for held memories' copies; 0: half of the GPU's.
     int64_t held_memory_bytes = 0;
     // Told of placements, evictions, refusals and frees; may be empty.
@@ -98,8 +103,8 @@ class CudaBackend final : public Backend {
   std::string description() const override;
 
   // "cuda-masked-softmax", "cublas-matmul", "cuda-fused-attention",
-  // "cuda-split-keys", "cuda-unfused-attention", "cuda-additive",
-  // "cuda-regression".
+  // "cuda-split-keys", "cuda-decode", "cuda-unfused-attention",
+  // "cuda-additive", "cuda-regression".
   std::vector<std::string> implementation_names() const override;
 
   absl::StatusOr<const char*> MaskedSoftmax(
@@ -114,6 +119,10 @@ class CudaBackend final : public Backend {
       const NadarayaWatsonParams& params) override;
 
   std::optional<HeldMemoryStats> held_memory_stats() const override;
+  // True for a call the fused kernel splits across every SM (few query rows
+  // over many keys): a batch of such calls over one memory reads it once
+  // for all of its rows, so the server runs them one batch at a time.
+  bool SpreadsKeysAcrossThreads(const AttentionParams& params) const override;
 
   // Device memory held by this backend's pool (inputs, outputs and scratch
   // of the calls in flight); the peak is since Create or ResetPeakMemory.

@@ -20,6 +20,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,7 @@ using ::attn::testing::ViewOf;
 struct Gpu {
   std::unique_ptr<Engine> fused;    // cuda (fused attention on), reference
   std::unique_ptr<Engine> unfused;  // cuda (fused attention off), reference
+  std::unique_ptr<Engine> no_decode;  // cuda (decode kernel off), reference
   CudaBackend* backend = nullptr;   // fused's CUDA backend
   std::string unavailable;          // why there is none, when there is none
 };
@@ -54,9 +56,10 @@ struct Gpu {
 Gpu& TheGpu() {
   static Gpu* gpu = [] {
     auto* gpu = new Gpu;
-    auto make = [gpu](bool fused) -> std::unique_ptr<Engine> {
+    auto make = [gpu](bool fused, bool decode = true) -> std::unique_ptr<Engine> {
       CudaBackend::Options options;
       options.fused_attention = fused;
+      options.decode_attention = decode;
       auto backend = CudaBackend::Create(options);
       if (!backend.ok()) {
         gpu->unavailable = std::string(backend.status().message());
@@ -67,11 +70,14 @@ Gpu& TheGpu() {
       list.push_back(std::move(backend).value());
       auto engine = Engine::CreateWithBackends(std::move(list));
       if (!engine.ok()) return nullptr;
-      if (fused) gpu->backend = raw;
+      if (fused && decode) gpu->backend = raw;
       return std::move(engine).value();
     };
     gpu->fused = make(true);
-    if (gpu->fused != nullptr) gpu->unfused = make(false);
+    if (gpu->fused != nullptr) {
+      gpu->unfused = make(false);
+      gpu->no_decode = make(true, false);
+    }
     return gpu;
   }();
   return *gpu;
@@ -394,8 +400,9 @@ void PrintTo(const SplitCase& c, std::ostream* os) { *os << DescribeSplit(c); }
 class CudaSplitKeysTest : public ::testing::TestWithParam<SplitCase> {};
 
 // A stored memory's shape (one batch entry, few query rows, many keys): the
-// split kernel, its exact merge, and the CPU's key shares, which merge their
-// shares the same way, each within twice the naive error of the reference.
+// decode kernel (at most 4 unmasked rows), the split fused kernel, their
+// exact merge, and the CPU's key shares, which merge their shares the same
+// way, each within twice the naive error of the reference.
 TEST_P(CudaSplitKeysTest, SplitsMergeWithinTwiceNaiveErrorAsTheCpuKeySharesDo) {
   REQUIRE_GPU();
   const SplitCase& c = GetParam();
@@ -424,8 +431,15 @@ TEST_P(CudaSplitKeysTest, SplitsMergeWithinTwiceNaiveErrorAsTheCpuKeySharesDo) {
 
   auto gpu = TheGpu().fused->ScaledDotProductAttention(request);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_EQ(gpu->implementation, "cuda-split-keys");
+  const bool decodes = c.lq <= 4 && c.mask == Mask::kNone;
+  EXPECT_EQ(gpu->implementation, decodes ? "cuda-decode" : "cuda-split-keys");
   EXPECT_TRUE(WithinTwiceNaive(gpu->output, naive, reference->output));
+  if (decodes) {  // the split fused kernel on the same call
+    auto split = TheGpu().no_decode->ScaledDotProductAttention(request);
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_EQ(split->implementation, "cuda-split-keys");
+    EXPECT_TRUE(WithinTwiceNaive(split->output, naive, reference->output));
+  }
   for (int64_t i = 0; i < c.lq && !lengths.empty(); ++i) {
     if (lengths[i] != 0) continue;
     for (int64_t j = 0; j < c.d; ++j) {
@@ -442,11 +456,14 @@ std::vector<SplitCase> SplitCases() {
   std::vector<SplitCase> cases;
   for (Precision p : {Precision::kFloat32, Precision::kBFloat16}) {
     for (int64_t d : {32, 64, 128}) cases.push_back({1, 20011, d, Mask::kNone, p});
+    cases.push_back({3, 100003, 64, Mask::kNone, p});   // decode, 4-row
+    cases.push_back({4, 3000, 128, Mask::kNone, p});    // decode, few splits
     cases.push_back({5, 65536 + 37, 64, Mask::kNone, p});
     cases.push_back({16, 8192, 64, Mask::kPerRow, p});
     cases.push_back({17, 4096 + 1, 64, Mask::kNone, p});  // 64-row blocks
     cases.push_back({64, 30000, 64, Mask::kPerRow, p});
   }
+  cases.push_back({2, 9000, 64, Mask::kNone, Precision::kFloat16});
   return cases;
 }
 
@@ -528,9 +545,10 @@ TEST(CudaHeldMemoryTest, PlacedOnceAndExactOverEveryPath) {
   HeldEngine gpu = MakeHeldEngine(0);
   ASSERT_NE(gpu.engine, nullptr);
   std::mt19937 rng(44);
-  for (bool bfloat16 : {false, true}) {
-    SCOPED_TRACE(bfloat16 ? "bfloat16" : "float32");
-    const Memory memory(rng, 40000, 7, bfloat16);
+  for (const auto& [bfloat16, rows] :
+       std::vector<std::pair<bool, int64_t>>{{false, 1}, {false, 7}, {true, 1}, {true, 7}}) {
+    SCOPED_TRACE(absl::StrCat(bfloat16 ? "bfloat16" : "float32", ", rows ", rows));
+    const Memory memory(rng, 40000, rows, bfloat16);
     const auto held = std::make_unique<HeldMemory>("m");
     const HeldMemoryStats before = *gpu.engine->held_memory_stats();
     AttentionRequest plain = memory.Request(nullptr, /*as_floats=*/true);
@@ -549,7 +567,9 @@ TEST(CudaHeldMemoryTest, PlacedOnceAndExactOverEveryPath) {
         ASSERT_TRUE(result.ok()) << result.status();
         EXPECT_EQ(result->backend, "cuda");
         EXPECT_EQ(result->implementation,
-                  weights ? "cuda-unfused-attention" : "cuda-split-keys");
+                  weights    ? "cuda-unfused-attention"
+                  : rows <= 4 ? "cuda-decode"
+                             : "cuda-split-keys");
         EXPECT_TRUE(WithinTwiceNaive(result->output, naive, reference->output));
         if (weights) {
           EXPECT_TRUE(WithinTwiceNaive(result->weights, naive_w,

@@ -52,6 +52,9 @@ absl::StatusOr<const char*> CudaBackend::NadarayaWatson(
     const NadarayaWatsonParams&) {
   return NotBuilt();
 }
+bool CudaBackend::SpreadsKeysAcrossThreads(const AttentionParams&) const {
+  return false;
+}
 std::optional<HeldMemoryStats> CudaBackend::held_memory_stats() const {
   return std::nullopt;
 }

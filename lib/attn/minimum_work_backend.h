@@ -40,6 +40,9 @@ class MinimumWorkBackend final : public Backend {
   std::optional<HeldMemoryStats> held_memory_stats() const override {
     return wrapped_->held_memory_stats();
   }
+  bool SpreadsKeysAcrossThreads(const AttentionParams& params) const override {
+    return wrapped_->SpreadsKeysAcrossThreads(params);
+  }
 
   absl::StatusOr<const char*> MaskedSoftmax(
       const MaskedSoftmaxParams& params) override;

@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<ExecutionStack>> ExecutionStack::Create(
             // A batch is handed on at once while a worker waits for work:
             // waiting for more requests would only idle it.
             [raw] { return raw->pool_->available_threads() > 0; },
-            core->wide_engine_.get()));
+            core->SharedPassEngine()));
     core->pool_->SetIdleCallback([raw] { raw->batcher_->OnExecutorIdle(); });
     core->batcher_->StartScheduler();
   }

@@ -65,8 +65,10 @@ class ExecutionStack {
   // option for options out of range (workers, admission, batching).
   // `wide_engine` (may be null): an engine whose calls may use every core,
   // on which the batcher runs the batches that share one pass over a stored
-  // version one at a time
-  // (Batcher::Create).
+  // version one at a time (Batcher::Create). Where `engine` runs on a GPU,
+  // it is that engine itself: such a batch spreads its keys over every SM,
+  // so the next one gathers queries while it runs instead of competing
+  // with it for the GPU.
   static absl::StatusOr<std::unique_ptr<ExecutionStack>> Create(
       const Options& options, std::unique_ptr<attn::Engine> engine,
       std::unique_ptr<attn::Engine> wide_engine = nullptr);
@@ -129,6 +131,12 @@ class ExecutionStack {
   RealClock real_clock_;
   std::unique_ptr<attn::Engine> engine_;
   std::unique_ptr<attn::Engine> wide_engine_;  // may be null
+  // The engine a stored version's shared-pass batches run on, one at a
+  // time: wide_engine_, else the engine itself on a GPU, else none.
+  attn::Engine* SharedPassEngine() const {
+    if (wide_engine_ != nullptr) return wide_engine_.get();
+    return engine_->device() == attn::Device::kCuda ? engine_.get() : nullptr;
+  }
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Batcher> batcher_;

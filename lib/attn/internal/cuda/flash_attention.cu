@@ -580,33 +580,66 @@ __global__ void __launch_bounds__(kWarps * 32)
   StoreRows<D>(o, m, l, a, at.bh, at.out, row_g);
 }
 
-// out (rows, D) from the splits' partials: row r's output is
+// out (rows, d) from the splits' partials: row r's output is
 // sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M = max_s m_s, in double;
-// a row no split saw a key of is zeros. One block per row, a thread per
-// column.
-__global__ void MergeKeySplits(const float* partial_out,
-                               const float* partial_stats, float* out,
-                               int64_t rows, int splits, int d) {
+// a row no split saw a key of is zeros. One block per row: the max over the
+// splits first, then each warp sums every kMergeWarps-th split (its lanes
+// over the columns, d <= 128), then the warps' sums are added. Splitting
+// the loop over the splits among the warps matters: one thread walking
+// ~1,000 splits' dependent loads took most of a call's time (H200).
+constexpr int kMergeWarps = 8;
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    MergeKeySplits(const float* partial_out, const float* partial_stats,
+                   float* out, int64_t rows, int splits, int d) {
+  __shared__ float warp_max[kMergeWarps];
+  __shared__ double warp_sum[kMergeWarps];
+  __shared__ double warp_value[kMergeWarps * 128];
   const int64_t row = blockIdx.x;
-  const int c = threadIdx.x;
-  float max_m = kNegInf;
-  for (int s = 0; s < splits; ++s) {
-    max_m = fmaxf(max_m, partial_stats[2 * (s * rows + row)]);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float m = kNegInf;
+  for (int s = threadIdx.x; s < splits; s += kMergeWarps * 32) {
+    m = fmaxf(m, partial_stats[2 * (s * rows + row)]);
   }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, offset));
+  }
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  float max_m = warp_max[0];
+  for (int w = 1; w < kMergeWarps; ++w) max_m = fmaxf(max_m, warp_max[w]);
   if (max_m == kNegInf) {
-    out[row * d + c] = 0.0f;
+    if (threadIdx.x < d) out[row * d + threadIdx.x] = 0.0f;
     return;
   }
-  double sum = 0.0, value = 0.0;
-  for (int s = 0; s < splits; ++s) {
+  // A split that saw no key has m = -inf, so weight 0, and l = o = 0.
+  const int columns = d / 32;
+  double sum = 0.0, value[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll 4
+  for (int s = warp; s < splits; s += kMergeWarps) {
     const int64_t at = s * rows + row;
-    const float m = partial_stats[2 * at];
-    if (m == kNegInf) continue;
-    const double w = exp2(static_cast<double>(m) - max_m);
+    const double w =
+        exp2(static_cast<double>(partial_stats[2 * at]) - max_m);
     sum += w * partial_stats[2 * at + 1];
-    value += w * partial_out[at * d + c];
+    const float* o = partial_out + at * d;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < columns) value[j] += w * o[lane + 32 * j];
+    }
   }
-  out[row * d + c] = sum > 0.0 ? static_cast<float>(value / sum) : 0.0f;
+  if (lane == 0) warp_sum[warp] = sum;
+  for (int j = 0; j < columns; ++j) {
+    warp_value[warp * 128 + lane + 32 * j] = value[j];
+  }
+  __syncthreads();
+  if (threadIdx.x < d) {
+    double total = 0.0, total_value = 0.0;
+    for (int w = 0; w < kMergeWarps; ++w) {
+      total += warp_sum[w];
+      total_value += warp_value[w * 128 + threadIdx.x];
+    }
+    out[row * d + threadIdx.x] =
+        total > 0.0 ? static_cast<float>(total_value / total) : 0.0f;
+  }
 }
 
 template <int kWarps, typename Kernel>
@@ -630,11 +663,10 @@ cudaError_t Launch(Kernel kernel, size_t shared_bytes,
   kernel<<<grid, kWarps * 32, shared_bytes, stream>>>(args, query_tiles);
   status = cudaGetLastError();
   if (status != cudaSuccess || args.key_splits == 1) return status;
-  const int64_t rows = args.batch * args.heads * args.lq;
-  MergeKeySplits<<<static_cast<unsigned>(rows), static_cast<unsigned>(args.d),
-                   0, stream>>>(args.partial_out, args.partial_stats, args.out,
-                                rows, args.key_splits, static_cast<int>(args.d));
-  return cudaGetLastError();
+  return LaunchMergeKeySplits(args.partial_out, args.partial_stats, args.out,
+                              args.batch * args.heads * args.lq,
+                              args.key_splits, static_cast<int>(args.d),
+                              stream);
 }
 
 template <int D>
@@ -683,6 +715,19 @@ size_t SharedBytesFor(int64_t d, ElementType type, int block_rows) {
 
 }  // namespace
 
+cudaError_t LaunchMergeKeySplits(const float* partial_out,
+                                 const float* partial_stats, float* out,
+                                 int64_t rows, int splits, int d,
+                                 cudaStream_t stream) {
+  if (rows < 1 || rows > 0x7fffffff || splits < 1 ||
+      !FusedAttentionSupportsHeadDim(d)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  MergeKeySplits<<<static_cast<unsigned>(rows), kMergeWarps * 32, 0, stream>>>(
+      partial_out, partial_stats, out, rows, splits, d);
+  return cudaGetLastError();
+}
+
 bool FusedAttentionSupportsHeadDim(int64_t d) {
   return d == 32 || d == 64 || d == 128;
 }
@@ -704,11 +749,12 @@ FusedAttentionPlan PlanFusedAttention(const FusedAttentionArgs& args,
       1, std::min<int64_t>(16, shared_per_multiprocessor / (shared + 1024)));
   const int64_t resident = per_multiprocessor * multiprocessors;
   if (blocks >= resident || key_tiles < 8) return plan;
-  // Two waves of resident blocks, each split at least 4 tiles (256 keys),
+  // One wave of resident blocks (a second would double the partials to
+  // merge), each split at least 4 tiles (256 keys),
   // and the partial rows (splits x lq) at most a quarter of the key rows,
   // so that they stay small beside the keys they summarise (and device
   // memory stays linear in the length).
-  const int64_t wanted = (2 * resident + blocks - 1) / blocks;
+  const int64_t wanted = (resident + blocks - 1) / blocks;
   const int64_t splits = std::min<int64_t>(
       {wanted, key_tiles / 4, args.lk / (4 * args.lq), int64_t{65535}});
   if (splits < 2) return plan;

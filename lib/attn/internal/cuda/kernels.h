@@ -73,7 +73,7 @@ bool FusedAttentionSupportsHeadDim(int64_t d);
 // The cut of a call over a GPU of `multiprocessors` SMs with
 // `shared_per_multiprocessor` bytes of shared memory each: one warp's 16
 // rows per block when lq <= 16, else 64; and, when those blocks would not
-// fill two waves of the GPU, the keys split so that they do (each split at
+// fill one wave of the GPU, the keys split so that they do (each split at
 // least 256 keys, and the splits' partial rows at most a quarter of the
 // keys).
 struct FusedAttentionPlan {
@@ -87,6 +87,44 @@ FusedAttentionPlan PlanFusedAttention(const FusedAttentionArgs& args,
 
 cudaError_t LaunchFusedAttention(const FusedAttentionArgs& args,
                                  cudaStream_t stream);
+
+// out (rows, d) from key splits' partials (partial_out (splits, rows, d)
+// unnormalised, partial_stats (splits, rows, 2): running max in log2 units
+// and sum), merged exactly by their log-sum-exp in double; a row no split
+// saw a key of is zeros. d is 32, 64 or 128.
+cudaError_t LaunchMergeKeySplits(const float* partial_out,
+                                 const float* partial_stats, float* out,
+                                 int64_t rows, int splits, int d,
+                                 cudaStream_t stream);
+
+// Decode attention (decode_attention.cu): out = softmax(scale * q k^T) v
+// for at most kDecodeMaxRows query rows per (batch, head) over many keys,
+// no mask, on the CUDA cores in float32 from operands of `type` (bfloat16
+// and float16 ones widened exactly): the keys split into blocks of
+// keys_per_split (PlanDecodeAttention), each writing its partial rows, then
+// LaunchMergeKeySplits. q (bh, lq, d), k and v (bh, lk, d) of `type`; out
+// (bh, lq, d) float32; partial_out (splits, bh * lq, d) and partial_stats
+// (splits, bh * lq, 2) float32 scratch, splits = ceil(lk / keys_per_split).
+inline constexpr int64_t kDecodeMaxRows = 4;
+struct DecodeAttentionArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  float* out = nullptr;
+  int64_t batch = 0, heads = 1, lq = 0, lk = 0, d = 0;
+  float scale = 1.0f;
+  ElementType type = ElementType::kFloat32;
+  int64_t keys_per_split = 0;
+  float* partial_out = nullptr;
+  float* partial_stats = nullptr;
+};
+// Whether the decode kernel is compiled for lq rows of head dim d.
+bool DecodeAttentionTakes(int64_t lq, int64_t d);
+// keys_per_split for a GPU of `multiprocessors` SMs.
+int64_t PlanDecodeAttention(const DecodeAttentionArgs& args,
+                            int multiprocessors);
+cudaError_t LaunchDecodeAttention(const DecodeAttentionArgs& args,
+                                  cudaStream_t stream);
 
 // scores (bh, lq, lk) = -scale * ||q_i - k_j||^2 / 2 for q (bh, lq, d),
 // k (bh, lk, d): the Gaussian score, computed from differences (no
