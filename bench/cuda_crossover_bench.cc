@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   }
   attn::EngineOptions gpu_options;
   gpu_options.device = attn::Device::kCuda;
-  gpu_options.cuda_min_flops = 0;  // every call the GPU takes
+  gpu_options.cuda_min_work = attn::MinimumWork{};  // every call it takes
   auto gpu = attn::Engine::Create(gpu_options);
   if (!gpu.ok()) {
     std::printf("no GPU (%s): the CPU alone\n\n",

@@ -222,16 +222,7 @@ int main(int argc, char** argv) {
               }));
         if (attn::cuda_internal::DecodeAttentionTakes(rows, kDim)) {
           attn::cuda_internal::DecodeAttentionArgs decode;
-          decode.q = q;
-          decode.k = k;
-          decode.v = v;
-          decode.out = out;
-          decode.batch = decode.heads = 1;
-          decode.lq = rows;
-          decode.lk = n;
-          decode.d = kDim;
-          decode.scale = 0.125f;
-          decode.type = type;
+          static_cast<attn::cuda_internal::AttentionOperands&>(decode) = args;
           decode.keys_per_split = attn::cuda_internal::PlanDecodeAttention(
               decode, properties.multiProcessorCount);
           const int64_t splits =

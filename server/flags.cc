@@ -3,6 +3,7 @@
 // the server reads a flag (the library and the core take Options).
 #include "server/flags.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -13,9 +14,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "attn/cpu_isa.h"
 #include "attn/held_memory.h"
+#include "attn/minimum_work_backend.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "Where kernels run: cpu (oneDNN), cuda (the GPU; start-up fails "
@@ -37,6 +40,16 @@ ABSL_FLAG(double, cuda_min_flops, 4e6,
           "The default is the crossover measured on an H100 beside a 16-core "
           "Xeon (3.9e6, Nadaraya-Watson's; attention's was 1.7e7); "
           "bench/cuda_crossover_bench measures it on the node.");
+ABSL_FLAG(std::vector<std::string>, cuda_min_flops_by_operation,
+          std::vector<std::string>({"masked_softmax=never", "batch_matmul=never"}),
+          "Per-operation exceptions to --cuda_min_flops, as operation=flops "
+          "or operation=never (that operation always runs on the CPU); "
+          "operations: masked_softmax, batch_matmul, attention, "
+          "additive_attention, nadaraya_watson. The default keeps masked "
+          "softmax and batch matmul on the CPU: on an H100 beside a 16-core "
+          "Xeon they never won on the GPU at any size measured "
+          "(bench/cuda_crossover_bench). Calls on stored memories held on "
+          "the GPU take no threshold unless attention is 'never'.");
 ABSL_FLAG(int64_t, cuda_held_memory_bytes, 0,
           "With a GPU, the device memory that stored memories' keys and "
           "values may hold between calls (each is copied there at its first "
@@ -363,7 +376,41 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
         "--backend must be cpu, cuda or auto, got \"", backend, "\""));
   }
   engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
-  engine.cuda_min_flops = absl::GetFlag(FLAGS_cuda_min_flops);
+  const double min_flops = absl::GetFlag(FLAGS_cuda_min_flops);
+  if (!(min_flops >= 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--cuda_min_flops must be >= 0, got %g", min_flops));
+  }
+  engine.cuda_min_work = attn::MinimumWork::All(min_flops);
+  for (const std::string& entry :
+       absl::GetFlag(FLAGS_cuda_min_flops_by_operation)) {
+    if (entry.empty()) continue;
+    const std::vector<std::string> parts = absl::StrSplit(entry, '=');
+    double flops = 0;
+    const bool never = parts.size() == 2 && parts[1] == "never";
+    if (parts.size() != 2 ||
+        (!never && (!absl::SimpleAtod(parts[1], &flops) || !(flops >= 0) ||
+                    std::isinf(flops)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cuda_min_flops_by_operation: '", entry,
+          "' is not operation=flops (a number >= 0) or operation=never"));
+    }
+    if (never) flops = attn::MinimumWork::kNever;
+    attn::MinimumWork& work = engine.cuda_min_work;
+    double* threshold = parts[0] == "masked_softmax"       ? &work.masked_softmax
+                        : parts[0] == "batch_matmul"       ? &work.batch_matmul
+                        : parts[0] == "attention"          ? &work.attention
+                        : parts[0] == "additive_attention" ? &work.additive_attention
+                        : parts[0] == "nadaraya_watson"    ? &work.nadaraya_watson
+                                                           : nullptr;
+    if (threshold == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cuda_min_flops_by_operation: unknown operation '", parts[0],
+          "' (masked_softmax, batch_matmul, attention, additive_attention, "
+          "nadaraya_watson)"));
+    }
+    *threshold = flops;
+  }
   engine.cuda_held_memory_bytes = absl::GetFlag(FLAGS_cuda_held_memory_bytes);
   if (engine.cuda_held_memory_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -380,10 +427,6 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
                       : "",
                   event.reason);
   };
-  if (!(engine.cuda_min_flops >= 0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--cuda_min_flops must be >= 0, got %g", engine.cuda_min_flops));
-  }
   if (const std::string isa = absl::GetFlag(FLAGS_max_cpu_isa); isa != "auto") {
     absl::StatusOr<attn::CpuIsa> cap = attn::ParseCpuIsa(isa);
     if (!cap.ok()) {

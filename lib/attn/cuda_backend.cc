@@ -339,36 +339,28 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
 
   const char* implementation = fused ? kFusedAttention : kUnfusedAttention;
   if (fused) {
+    cuda_internal::AttentionOperands operands;
+    operands.q = q;
+    operands.k = k;
+    operands.v = v;
+    operands.out = out;
+    operands.batch = p.batch;
+    operands.heads = p.heads;
+    operands.lq = p.lq;
+    operands.lk = p.lk;
+    operands.d = p.d;
+    operands.scale = p.scale;
+    operands.type = type;
     cuda_internal::FusedAttentionArgs args;
-    args.q = q;
-    args.k = k;
-    args.v = v;
-    args.out = out;
-    args.batch = p.batch;
-    args.heads = p.heads;
-    args.lq = p.lq;
-    args.lk = p.lk;
-    args.d = p.d;
-    args.scale = p.scale;
+    static_cast<cuda_internal::AttentionOperands&>(args) = operands;
     args.limits = limits;
-    args.type = type;
     const cuda_internal::FusedAttentionPlan plan = impl_->Plan(args);
     args.block_rows = plan.block_rows;
     if (plan.key_splits > 1 && impl_->Decodes(p)) {
       // Few unmasked rows: the keys streamed once on the CUDA cores.
       implementation = kDecode;
       cuda_internal::DecodeAttentionArgs decode;
-      decode.q = q;
-      decode.k = k;
-      decode.v = v;
-      decode.out = out;
-      decode.batch = p.batch;
-      decode.heads = p.heads;
-      decode.lq = p.lq;
-      decode.lk = p.lk;
-      decode.d = p.d;
-      decode.scale = p.scale;
-      decode.type = type;
+      static_cast<cuda_internal::AttentionOperands&>(decode) = operands;
       decode.keys_per_split =
           cuda_internal::PlanDecodeAttention(decode, impl_->multiprocessors);
       const int64_t splits =

@@ -245,7 +245,7 @@ TEST(CudaRoutingTest, SmallCallsStayOnTheCpu) {
   // rule itself without a GPU).
   EngineOptions options;
   options.device = Device::kCuda;
-  options.cuda_min_flops = 1e6;
+  options.cuda_min_work = MinimumWork::All(1e6);
   auto engine = Engine::Create(options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_NE((*engine)->backend_descriptions().front().find("1e+06 flops"),
@@ -488,7 +488,7 @@ HeldEngine MakeHeldEngine(int64_t budget) {
   EngineOptions options;
   options.device = Device::kCuda;
   options.cuda_held_memory_bytes = budget;
-  options.cuda_min_flops = 1e9;  // held calls take no threshold
+  options.cuda_min_work = MinimumWork::All(1e9);  // held calls take none
   auto events = held.events;
   options.on_held_memory_event = [events](const HeldMemoryEvent& event) {
     events->push_back(absl::StrCat(HeldMemoryEventName(event.kind), " ",

@@ -94,9 +94,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         CudaBackend::Create(cuda_options);
     if (cuda.ok()) {
       std::unique_ptr<Backend> gpu = std::move(cuda).value();
-      if (options.cuda_min_flops > 0) {
+      if (!options.cuda_min_work.none()) {
         gpu = std::make_unique<MinimumWorkBackend>(std::move(gpu),
-                                                   options.cuda_min_flops);
+                                                   options.cuda_min_work);
       }
       backends.push_back(std::move(gpu));
       device = Device::kCuda;

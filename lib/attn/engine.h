@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
 #include "attn/cpu_isa.h"
+#include "attn/minimum_work_backend.h"
 #include "attn/ops.h"
 
 namespace attn {
@@ -45,10 +46,12 @@ struct EngineOptions {
   // The CUDA backend's device ordinal (kCuda, kAuto).
   int cuda_device = 0;
   // Calls estimated (attn/work.h) at fewer floating-point operations than
-  // this skip the CUDA backend and run on the CPU, so a toy call does not pay
-  // a GPU round trip (see attn/minimum_work_backend.h). 0: the GPU takes
-  // every call it can. The server sets it (--cuda_min_flops).
-  double cuda_min_flops = 0;
+  // their operation's threshold skip the CUDA backend and run on the CPU, so
+  // a toy call does not pay a GPU round trip (see
+  // attn/minimum_work_backend.h); an infinite one keeps the operation on the
+  // CPU. All 0 (the default): the GPU takes every call it can. The server
+  // sets them (--cuda_min_flops, --cuda_min_flops_by_operation).
+  MinimumWork cuda_min_work;
   // Device memory for held memories' copies (attn/held_memory.h), least
   // recently used out first; 0: half of the GPU's memory.
   int64_t cuda_held_memory_bytes = 0;
@@ -103,7 +106,7 @@ class Engine {
 
   // Runs every operation once on small inputs, so that one-time costs
   // (oneDNN's JIT code generation, first-touch of its buffers; ~2 ms; the
-  // GPU's module loads, whatever cuda_min_flops says) are paid at start-up
+  // GPU's module loads, whatever cuda_min_work says) are paid at start-up
   // rather than by the first requests. Blocks; returns the first failure.
   absl::Status WarmUp();
 

@@ -9,23 +9,44 @@
 namespace attn {
 
 MinimumWorkBackend::MinimumWorkBackend(std::unique_ptr<Backend> wrapped,
-                                       double min_flops)
-    : wrapped_(std::move(wrapped)), min_flops_(min_flops) {}
+                                       MinimumWork min_work)
+    : wrapped_(std::move(wrapped)), min_work_(min_work) {}
+
+namespace {
+
+std::string Threshold(double flops) {
+  if (flops == MinimumWork::kNever) return "never";
+  return absl::StrFormat("from %g flops", flops);
+}
+
+}  // namespace
 
 std::string MinimumWorkBackend::description() const {
-  if (min_flops_ <= 0) return wrapped_->description();
+  if (min_work_.none()) return wrapped_->description();
+  const MinimumWork& w = min_work_;
+  if (w.masked_softmax == w.attention && w.batch_matmul == w.attention &&
+      w.additive_attention == w.attention &&
+      w.nadaraya_watson == w.attention) {
+    return absl::StrFormat(
+        "%s; takes calls %s, smaller ones run on the next backend",
+        wrapped_->description(), Threshold(w.attention));
+  }
   return absl::StrFormat(
-      "%s; takes calls from %g flops, smaller ones run on the next backend",
-      wrapped_->description(), min_flops_);
+      "%s; takes masked_softmax %s, batch_matmul %s, attention %s, "
+      "additive_attention %s, nadaraya_watson %s; the rest run on the next "
+      "backend",
+      wrapped_->description(), Threshold(w.masked_softmax),
+      Threshold(w.batch_matmul), Threshold(w.attention),
+      Threshold(w.additive_attention), Threshold(w.nadaraya_watson));
 }
 
 template <typename Params>
 absl::StatusOr<const char*> MinimumWorkBackend::Route(
-    const Params& params,
+    const Params& params, double min_flops,
     absl::StatusOr<const char*> (Backend::*method)(const Params&)) {
   // A plain message: toy calls take this path on every request, and the
   // engine drops the status anyway.
-  if (EstimatedFlops(params) < min_flops_ &&
+  if (EstimatedFlops(params) < min_flops &&
       !take_every_call_.load(std::memory_order_relaxed)) {
     return absl::UnimplementedError("below the backend's minimum work");
   }
@@ -34,33 +55,36 @@ absl::StatusOr<const char*> MinimumWorkBackend::Route(
 
 absl::StatusOr<const char*> MinimumWorkBackend::MaskedSoftmax(
     const MaskedSoftmaxParams& params) {
-  return Route(params, &Backend::MaskedSoftmax);
+  return Route(params, min_work_.masked_softmax, &Backend::MaskedSoftmax);
 }
 
 absl::StatusOr<const char*> MinimumWorkBackend::BatchMatmul(
     const BatchMatmulParams& params) {
-  return Route(params, &Backend::BatchMatmul);
+  return Route(params, min_work_.batch_matmul, &Backend::BatchMatmul);
 }
 
 absl::StatusOr<const char*> MinimumWorkBackend::ScaledDotProductAttention(
     const AttentionParams& params) {
   // A held memory's call moves only its queries and results: the memory is
   // already on the device (or the device declines it), so no threshold
-  // sized for copying the keys in applies.
-  if (params.held != nullptr) {
+  // sized for copying the keys in applies, unless attention is kept off
+  // the device altogether.
+  if (params.held != nullptr && min_work_.attention != MinimumWork::kNever) {
     return wrapped_->ScaledDotProductAttention(params);
   }
-  return Route(params, &Backend::ScaledDotProductAttention);
+  return Route(params, min_work_.attention,
+               &Backend::ScaledDotProductAttention);
 }
 
 absl::StatusOr<const char*> MinimumWorkBackend::AdditiveAttention(
     const AdditiveAttentionParams& params) {
-  return Route(params, &Backend::AdditiveAttention);
+  return Route(params, min_work_.additive_attention,
+               &Backend::AdditiveAttention);
 }
 
 absl::StatusOr<const char*> MinimumWorkBackend::NadarayaWatson(
     const NadarayaWatsonParams& params) {
-  return Route(params, &Backend::NadarayaWatson);
+  return Route(params, min_work_.nadaraya_watson, &Backend::NadarayaWatson);
 }
 
 }  // namespace attn

@@ -1,13 +1,16 @@
 // A backend that declines the calls too small to be worth it: every call
-// estimated (attn/work.h) at fewer floating-point operations than a threshold
-// gets UNIMPLEMENTED, so the engine's next backend runs it; the rest go to the
-// backend it wraps.
+// estimated (attn/work.h) at fewer floating-point operations than its
+// operation's threshold gets UNIMPLEMENTED, so the engine's next backend runs
+// it; the rest go to the backend it wraps. An infinite threshold keeps the
+// operation off the wrapped backend altogether (masked softmax and batch
+// matmul, measured never to win on a GPU against its host's CPU).
 //
 // Why: a GPU call pays a fixed round trip (staging, copies both ways, kernel
 // launches, a stream synchronisation: tens of microseconds) that a toy
 // request, done on the CPU in a few microseconds, never repays. The engine
-// wraps the CUDA backend in one (EngineOptions::cuda_min_flops); the server's
-// flag --cuda_min_flops sets the threshold, and
+// wraps the CUDA backend in one (EngineOptions::cuda_min_work); the server's
+// flags --cuda_min_flops and --cuda_min_flops_by_operation set the
+// thresholds, and
 // bench/cuda_crossover_bench measures where the GPU starts to win.
 //
 // Thread safety: as the wrapped backend's (the threshold is immutable; the
@@ -16,6 +19,7 @@
 #define ATTN_MINIMUM_WORK_BACKEND_H_
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,10 +28,33 @@
 
 namespace attn {
 
+// The least work, in flops, a call of each operation needs to run on the
+// wrapped backend; <= 0 passes every call on, +infinity none.
+struct MinimumWork {
+  static constexpr double kNever = std::numeric_limits<double>::infinity();
+  double masked_softmax = 0;
+  double batch_matmul = 0;
+  double attention = 0;
+  double additive_attention = 0;
+  double nadaraya_watson = 0;
+
+  // Every operation from `flops`.
+  static MinimumWork All(double flops) {
+    return {flops, flops, flops, flops, flops};
+  }
+  // True when no operation has a threshold (nothing to wrap).
+  bool none() const {
+    return masked_softmax <= 0 && batch_matmul <= 0 && attention <= 0 &&
+           additive_attention <= 0 && nadaraya_watson <= 0;
+  }
+};
+
 class MinimumWorkBackend final : public Backend {
  public:
-  // `min_flops` <= 0 passes every call on to `wrapped`.
-  MinimumWorkBackend(std::unique_ptr<Backend> wrapped, double min_flops);
+  MinimumWorkBackend(std::unique_ptr<Backend> wrapped, MinimumWork min_work);
+  // Every operation from `min_flops`.
+  MinimumWorkBackend(std::unique_ptr<Backend> wrapped, double min_flops)
+      : MinimumWorkBackend(std::move(wrapped), MinimumWork::All(min_flops)) {}
 
   // The wrapped backend's (name and implementations): results and metrics
   // name what ran.
@@ -35,7 +62,7 @@ class MinimumWorkBackend final : public Backend {
   std::vector<std::string> implementation_names() const override {
     return wrapped_->implementation_names();
   }
-  // The wrapped backend's, and the threshold.
+  // The wrapped backend's, and the thresholds.
   std::string description() const override;
   std::optional<HeldMemoryStats> held_memory_stats() const override {
     return wrapped_->held_memory_stats();
@@ -55,7 +82,7 @@ class MinimumWorkBackend final : public Backend {
   absl::StatusOr<const char*> NadarayaWatson(
       const NadarayaWatsonParams& params) override;
 
-  double min_flops() const { return min_flops_; }
+  const MinimumWork& min_work() const { return min_work_; }
 
   // While true, every call goes to the wrapped backend: Engine::WarmUp's
   // small calls must reach the GPU. Calls running meanwhile are routed
@@ -65,14 +92,14 @@ class MinimumWorkBackend final : public Backend {
   }
 
  private:
-  // UNIMPLEMENTED below the threshold, else `method` of the wrapped backend.
+  // UNIMPLEMENTED below `min_flops`, else `method` of the wrapped backend.
   template <typename Params>
   absl::StatusOr<const char*> Route(
-      const Params& params,
+      const Params& params, double min_flops,
       absl::StatusOr<const char*> (Backend::*method)(const Params&));
 
   const std::unique_ptr<Backend> wrapped_;
-  const double min_flops_;
+  const MinimumWork min_work_;
   std::atomic<bool> take_every_call_{false};
 };
 

@@ -252,12 +252,55 @@ TEST(MinimumWorkBackendTest, NamesTheWrappedBackendAndSaysTheThreshold) {
   EXPECT_EQ(routed.name(), "stand-in");
   EXPECT_EQ(routed.implementation_names(),
             std::vector<std::string>{"stand-in"});
-  EXPECT_EQ(routed.min_flops(), 2.5e6);
+  EXPECT_EQ(routed.min_work().attention, 2.5e6);
+  EXPECT_EQ(routed.min_work().masked_softmax, 2.5e6);
   EXPECT_NE(routed.description().find("stand-in (a GPU)"), std::string::npos);
   EXPECT_NE(routed.description().find("2.5e+06 flops"), std::string::npos)
       << routed.description();
   MinimumWorkBackend open(std::make_unique<StandInBackend>(), 0);
   EXPECT_EQ(open.description(), "stand-in (a GPU)");
+}
+
+TEST(MinimumWorkBackendTest, EachOperationHasItsOwnThresholdAndNeverMeansNever) {
+  // Masked softmax and batch matmul kept off the wrapped backend however
+  // large; attention from 0; the other two from a threshold between the
+  // small and the large calls.
+  MinimumWork work;
+  work.masked_softmax = MinimumWork::kNever;
+  work.batch_matmul = MinimumWork::kNever;
+  work.attention = 0;
+  work.additive_attention = 1e4;
+  work.nadaraya_watson = 1e4;
+  auto stand_in = std::make_unique<StandInBackend>();
+  StandInBackend* raw = stand_in.get();
+  std::vector<std::unique_ptr<Backend>> list;
+  list.push_back(std::make_unique<MinimumWorkBackend>(std::move(stand_in), work));
+  list.push_back(std::make_unique<ReferenceBackend>());
+  std::unique_ptr<Engine> engine =
+      Engine::CreateWithBackends(std::move(list)).value();
+  EXPECT_NE(engine->backend_descriptions().front().find(
+                "masked_softmax never, batch_matmul never, attention from 0 "
+                "flops, additive_attention from 10000 flops"),
+            std::string::npos)
+      << engine->backend_descriptions().front();
+  Inputs in(9);
+  for (int64_t scale : {1, 10}) {
+    for (const OpCase& c : EveryOperation(in, scale)) {
+      SCOPED_TRACE(c.op + " at scale " + std::to_string(scale));
+      const double threshold =
+          c.op == "masked_softmax"       ? work.masked_softmax
+          : c.op == "batch_matmul"       ? work.batch_matmul
+          : c.op == "attention"          ? work.attention
+          : c.op == "additive_attention" ? work.additive_attention
+                                         : work.nadaraya_watson;
+      const int before = raw->calls();
+      absl::StatusOr<OpResult> result = c.call(*engine);
+      ASSERT_TRUE(result.ok()) << result.status();
+      const bool wrapped = c.flops >= threshold;
+      EXPECT_EQ(result->implementation, wrapped ? "stand-in" : "reference");
+      EXPECT_EQ(raw->calls(), before + (wrapped ? 1 : 0));
+    }
+  }
 }
 
 TEST(MinimumWorkBackendTest, DeclinesBeforeWritingAnyOutput) {

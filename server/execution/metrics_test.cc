@@ -1,10 +1,14 @@
 // The metric families as a scrape sees them: the served models' events are
 // counted under their event and outcome, bound at start-up, and an event
-// the metrics do not know is not counted.
+// the metrics do not know is not counted; each stored model's computed
+// calls are counted by the backend that ran them; what the GPU holds of
+// stored memories is sampled at scrape time, and absent without a GPU.
 #include "server/execution/metrics.h"
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -48,6 +52,72 @@ TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
   double total = 0;
   for (const auto& [labels, value] : values) total += value;
   EXPECT_EQ(total, 3);
+}
+
+// The value of every sample of family `name`, by its labels joined as
+// "name=value,..." (empty for none).
+std::map<std::string, double> Samples(const std::vector<prometheus::MetricFamily>& families,
+                                      const std::string& name) {
+  std::map<std::string, double> values;
+  for (const prometheus::MetricFamily& family : families) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      std::string labels;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        labels += (labels.empty() ? "" : ",") + label.name + "=" + label.value;
+      }
+      values[labels] = family.type == prometheus::MetricType::Counter
+                           ? metric.counter.value
+                           : metric.gauge.value;
+    }
+  }
+  return values;
+}
+
+TEST(ServiceMetricsTest, StoredModelCallsAreCountedByTheBackendThatRanThem) {
+  std::unique_ptr<ServiceMetrics> metrics =
+      ServiceMetrics::Create({{"cuda-decode", "cuda"},
+                              {"cpu-key-shares", "onednn-cpu"}})
+          .value();
+  metrics->ModelKernelRun("memory_a", "cuda-decode");
+  metrics->ModelKernelRun("memory_a", "cuda-decode");
+  metrics->ModelKernelRun("memory_a", "cpu-key-shares");
+  metrics->ModelKernelRun("memory_b", "something new");
+  const std::map<std::string, double> runs = Samples(
+      metrics->registry()->Collect(), "attnserve_model_kernel_runs_total");
+  EXPECT_EQ(runs, (std::map<std::string, double>{
+                      {"backend=cuda,model=memory_a", 2},
+                      {"backend=onednn-cpu,model=memory_a", 1},
+                      {"backend=other,model=memory_b", 1}}));
+}
+
+TEST(ServiceMetricsTest, HeldMemoryFamiliesAreSampledOnlyWithADevice) {
+  std::unique_ptr<ServiceMetrics> metrics =
+      ServiceMetrics::Create({{"reference", "reference"}}).value();
+  std::optional<attn::HeldMemoryStats> stats;
+  metrics->SetHeldMemorySource([&stats] { return stats; });
+  const std::string held = "attnserve_device_memory_held_bytes";
+  EXPECT_TRUE(Samples(metrics->sampled()->Collect(), held).empty());
+  stats = attn::HeldMemoryStats{};
+  stats->budget_bytes = 1000;
+  stats->bytes_held = 640;
+  stats->memories_held = 2;
+  stats->placements = 3;
+  stats->evictions = 1;
+  stats->refusals = 4;
+  const std::vector<prometheus::MetricFamily> families =
+      metrics->sampled()->Collect();
+  auto value = [&](const std::string& name) {
+    const std::map<std::string, double> samples = Samples(families, name);
+    EXPECT_EQ(samples.size(), 1u) << name;
+    return samples.empty() ? -1.0 : samples.begin()->second;
+  };
+  EXPECT_EQ(value(held), 640);
+  EXPECT_EQ(value("attnserve_device_memory_budget_bytes"), 1000);
+  EXPECT_EQ(value("attnserve_device_memories_held"), 2);
+  EXPECT_EQ(value("attnserve_device_memory_placements_total"), 3);
+  EXPECT_EQ(value("attnserve_device_memory_evictions_total"), 1);
+  EXPECT_EQ(value("attnserve_device_memory_refusals_total"), 4);
 }
 
 }  // namespace

@@ -926,6 +926,63 @@ TEST_F(ModelCatalogueTest, AServedMemoryOutlivesItsFileChangedInPlace) {
   EXPECT_TRUE(all_equal(*held, 1.0f));
 }
 
+// A stored memory's calls name its version's held memory (so a GPU keeps
+// one copy of it between calls), and a replaced or unloaded version lets go
+// of it only once the last call holding the version ends: the device copy
+// goes with it (attn/held_memory.h; lib/attn/internal/residency_test.cc and
+// the GPU tests prove that part).
+TEST_F(ModelCatalogueTest, AGoneMemoryLetsGoOfItsHeldCopyWhenItsLastCallEnds) {
+  auto memory = [] {
+    RepositoryModel model;
+    model.config.set_name("mem");
+    model.config.set_backend(AttentionMemoryKind().backend);
+    model.tensors["keys"] = attn::Tensor::Zeros({16, 4});
+    model.tensors["values"] = attn::Tensor::Zeros({16, 2});
+    return model;
+  };
+  ASSERT_TRUE(repository_->SaveModel({"test", "a memory"}, "mem", memory()).ok());
+  ModelCatalogue catalogue(repository_.get(),
+                           ModelControl{/*explicit_mode=*/true,
+                                        /*needs_permission=*/false,
+                                        /*on_event=*/{}});
+  const float query[4] = {1, 2, 3, 4};
+  ModelInputs inputs;
+  inputs.floats["queries"] = attn::TensorView{query, {1, 1, 4}};
+  auto held_of_a_call = [&](const ServedModel& served) {
+    absl::StatusOr<OperationRequest> request =
+        served.kind->build_request(KindArguments{
+            "mem", {}, inputs, served.stored.get(), /*return_weights=*/false});
+    EXPECT_TRUE(request.ok()) << request.status();
+    const auto& stored = std::get<StoredRequest>(*request);
+    return std::get<attn::AttentionRequest>(stored.request).held;
+  };
+
+  // A call in flight holds the version it resolved.
+  std::shared_ptr<const RepositoryModel> first =
+      catalogue.Resolve("mem", "")->stored;
+  ASSERT_NE(first->held_memory, nullptr);
+  EXPECT_EQ(first->held_memory->label(), "mem");
+  EXPECT_EQ(held_of_a_call(*catalogue.Resolve("mem", "")),
+            first->held_memory.get());
+  std::weak_ptr<const attn::HeldMemory> first_held = first->held_memory;
+
+  ASSERT_TRUE(catalogue.Load(true, "mem", {}).ok());  // replaced
+  std::shared_ptr<const RepositoryModel> second =
+      catalogue.Resolve("mem", "")->stored;
+  EXPECT_NE(second->held_memory, first->held_memory);
+  EXPECT_EQ(held_of_a_call(*catalogue.Resolve("mem", "")),
+            second->held_memory.get());
+  EXPECT_FALSE(first_held.expired()) << "let go under a call in flight";
+  first.reset();  // the last call on the replaced version ends
+  EXPECT_TRUE(first_held.expired());
+
+  std::weak_ptr<const attn::HeldMemory> second_held = second->held_memory;
+  ASSERT_TRUE(catalogue.Unload(true, "mem", {}).ok());
+  EXPECT_FALSE(second_held.expired()) << "let go under a call in flight";
+  second.reset();
+  EXPECT_TRUE(second_held.expired());
+}
+
 TEST_F(ModelCatalogueTest, ModelControlAndTheIndex) {
   ModelCatalogue off(repository_.get());
   EXPECT_EQ(off.Load(true, "m", {}).code(),

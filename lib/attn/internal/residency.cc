@@ -64,19 +64,11 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
     absl::MutexLock lock(&mutex_);
     entry->last_use = ++tick_;
     if (entry->device.empty()) {
-      auto refuse = [&](std::string why) {
-        ++refusals_;
-        if (!entry->refusal_said) {
-          entry->refusal_said = true;
-          events.push_back({HeldMemoryEvent::Kind::kRefused, entry->label,
-                            entry->bytes, why});
-        }
-        refused = absl::UnavailableError(absl::StrCat(
-            "held memory '", entry->label, "' is not on the device: ", why));
-      };
       if (entry->bytes > budget_bytes_) {
-        refuse(absl::StrCat(entry->bytes, " bytes exceed the budget of ",
-                            budget_bytes_));
+        refused = Refuse(entry.get(),
+                         absl::StrCat(entry->bytes, " bytes exceed the budget of ",
+                                      budget_bytes_),
+                         &events);
       } else {
         // Evict the least recently used unpinned copies until it fits.
         while (bytes_held_ + entry->bytes > budget_bytes_) {
@@ -94,9 +86,11 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
           DropCopy(oldest, &to_free);
         }
         if (bytes_held_ + entry->bytes > budget_bytes_) {
-          refuse(absl::StrCat("no room: ", bytes_held_,
-                              " bytes of the budget of ", budget_bytes_,
-                              " are in use by calls"));
+          refused = Refuse(entry.get(),
+                           absl::StrCat("no room: ", bytes_held_,
+                                        " bytes of the budget of ",
+                                        budget_bytes_, " are in use by calls"),
+                           &events);
         } else {
           std::vector<void*> placed;
           absl::Status status;
@@ -112,7 +106,9 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
           }
           if (!status.ok()) {
             for (void* block : placed) arena_->Free(block);
-            refuse(absl::StrCat("the device refused: ", status.message()));
+            refused = Refuse(
+                entry.get(),
+                absl::StrCat("the device refused: ", status.message()), &events);
           } else {
             entry->device = std::move(placed);
             placed_.push_back(entry.get());
@@ -136,6 +132,18 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
   std::vector<const void*> host;
   for (const HostSpan& span : entry->spans) host.push_back(span.data);
   return Pin(entry, std::move(device), std::move(host));
+}
+
+absl::Status Residency::Refuse(Entry* entry, std::string why,
+                               std::vector<HeldMemoryEvent>* events) {
+  ++refusals_;
+  if (!entry->refusal_said) {
+    entry->refusal_said = true;
+    events->push_back(
+        {HeldMemoryEvent::Kind::kRefused, entry->label, entry->bytes, why});
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "held memory '", entry->label, "' is not on the device: ", why));
 }
 
 void Residency::Unpin(Entry* entry) {

@@ -98,6 +98,10 @@ class Residency : public std::enable_shared_from_this<Residency> {
   Residency(std::unique_ptr<DeviceArena> arena, int64_t budget_bytes,
             EventSink on_event);
 
+  // Counts a refusal of `entry`, says it once, and returns the status.
+  absl::Status Refuse(Entry* entry, std::string why,
+                      std::vector<HeldMemoryEvent>* events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Unpin(Entry* entry);
   // The entry is gone (its HeldMemory and every pin): frees its copy.
   void Forget(Entry* entry);

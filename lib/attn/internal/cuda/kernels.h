@@ -39,21 +39,25 @@ cudaError_t LaunchMaskedSoftmax(const float* x, float* out, int64_t batch,
 cudaError_t LaunchConvert(const float* in, void* out, int64_t count,
                           ElementType to, cudaStream_t stream);
 
-// Fused (FlashAttention-style) forward: out = softmax(scale * q k^T) v with
-// the key limits, never materialising the (lq, lk) scores. q (bh, lq, d),
-// k (bh, lk, d), v (bh, lk, d), out (bh, lq, d) float32, where bh = batch *
-// heads. float32 operands run as 3xTF32 tensor-core products (float32
-// accuracy); bfloat16/float16 operands as 16-bit products with float32
-// accumulation.
-struct FusedAttentionArgs {
+// The operands of an attention kernel: q (bh, lq, d), k (bh, lk, d),
+// v (bh, lk, d) of `type`, out (bh, lq, d) float32, where bh = batch *
+// heads; out = softmax(scale * q k^T) v.
+struct AttentionOperands {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   float* out = nullptr;
   int64_t batch = 0, heads = 1, lq = 0, lk = 0, d = 0;
   float scale = 1.0f;
-  KeyLimits limits;
   ElementType type = ElementType::kFloat32;
+};
+
+// Fused (FlashAttention-style) forward with the key limits, never
+// materialising the (lq, lk) scores. float32 operands run as 3xTF32
+// tensor-core products (float32 accuracy); bfloat16/float16 operands as
+// 16-bit products with float32 accumulation.
+struct FusedAttentionArgs : AttentionOperands {
+  KeyLimits limits;
   // How the call is cut (PlanFusedAttention): query rows per block (16 or
   // 64), and the key tiles of 64 each split of the keys walks. With more
   // than one split, each writes its partial rows (partial_out (key_splits,
@@ -102,18 +106,11 @@ cudaError_t LaunchMergeKeySplits(const float* partial_out,
 // no mask, on the CUDA cores in float32 from operands of `type` (bfloat16
 // and float16 ones widened exactly): the keys split into blocks of
 // keys_per_split (PlanDecodeAttention), each writing its partial rows, then
-// LaunchMergeKeySplits. q (bh, lq, d), k and v (bh, lk, d) of `type`; out
-// (bh, lq, d) float32; partial_out (splits, bh * lq, d) and partial_stats
-// (splits, bh * lq, 2) float32 scratch, splits = ceil(lk / keys_per_split).
+// LaunchMergeKeySplits. partial_out (splits, bh * lq, d) and partial_stats
+// (splits, bh * lq, 2) are float32 scratch, splits = ceil(lk /
+// keys_per_split).
 inline constexpr int64_t kDecodeMaxRows = 4;
-struct DecodeAttentionArgs {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  float* out = nullptr;
-  int64_t batch = 0, heads = 1, lq = 0, lk = 0, d = 0;
-  float scale = 1.0f;
-  ElementType type = ElementType::kFloat32;
+struct DecodeAttentionArgs : AttentionOperands {
   int64_t keys_per_split = 0;
   float* partial_out = nullptr;
   float* partial_stats = nullptr;
