@@ -26,6 +26,7 @@ class Residency::Entry {
   int pins = 0;
   int64_t last_use = 0;
   bool refusal_said = false;
+  bool placing = false;  // a call is copying it in, unlocked
 };
 
 std::shared_ptr<Residency> Residency::Create(std::unique_ptr<DeviceArena> arena,
@@ -60,8 +61,12 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
   std::vector<void*> to_free;
   absl::Status refused;
   std::vector<void*> device;
+  bool place = false;  // this call copies the memory in
   {
     absl::MutexLock lock(&mutex_);
+    // Another call is copying it in: that copy serves this call too.
+    mutex_.Await(absl::Condition(
+        +[](Entry* placing) { return !placing->placing; }, entry.get()));
     entry->last_use = ++tick_;
     if (entry->device.empty()) {
       if (entry->bytes > budget_bytes_) {
@@ -92,41 +97,55 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
                                         budget_bytes_, " are in use by calls"),
                            &events);
         } else {
-          std::vector<void*> placed;
-          absl::Status status;
-          for (const HostSpan& span : entry->spans) {
-            absl::StatusOr<void*> block = arena_->Allocate(span.bytes);
-            if (!block.ok()) {
-              status = block.status();
-              break;
-            }
-            placed.push_back(*block);
-            status = arena_->CopyIn(*block, span.data, span.bytes);
-            if (!status.ok()) break;
-          }
-          if (!status.ok()) {
-            for (void* block : placed) arena_->Free(block);
-            refused = Refuse(
-                entry.get(),
-                absl::StrCat("the device refused: ", status.message()), &events);
-          } else {
-            entry->device = std::move(placed);
-            placed_.push_back(entry.get());
-            bytes_held_ += entry->bytes;
-            ++placements_;
-            entry->refusal_said = false;
-            events.push_back({HeldMemoryEvent::Kind::kPlaced, entry->label,
-                              entry->bytes, ""});
-          }
+          // Its room is taken now; the copy is made below, unlocked.
+          bytes_held_ += entry->bytes;
+          entry->placing = true;
+          place = true;
         }
       }
     }
-    if (refused.ok()) {
+    if (refused.ok() && !place) {
       ++entry->pins;
       device = entry->device;
     }
   }
   for (void* block : to_free) arena_->Free(block);
+  if (place) {
+    // Allocated and copied without the set's lock: calls on the memories
+    // already placed go on meanwhile (a copy of 512 MiB takes ~100 ms).
+    std::vector<void*> placed;
+    absl::Status status;
+    for (const HostSpan& span : entry->spans) {
+      absl::StatusOr<void*> block = arena_->Allocate(span.bytes);
+      if (!block.ok()) {
+        status = block.status();
+        break;
+      }
+      placed.push_back(*block);
+      status = arena_->CopyIn(*block, span.data, span.bytes);
+      if (!status.ok()) break;
+    }
+    if (!status.ok()) {
+      for (void* block : placed) arena_->Free(block);
+    }
+    absl::MutexLock lock(&mutex_);
+    entry->placing = false;
+    if (!status.ok()) {
+      bytes_held_ -= entry->bytes;
+      refused = Refuse(entry.get(),
+                       absl::StrCat("the device refused: ", status.message()),
+                       &events);
+    } else {
+      entry->device = std::move(placed);
+      placed_.push_back(entry.get());
+      ++placements_;
+      entry->refusal_said = false;
+      events.push_back(
+          {HeldMemoryEvent::Kind::kPlaced, entry->label, entry->bytes, ""});
+      ++entry->pins;
+      device = entry->device;
+    }
+  }
   Emit(events);
   if (!refused.ok()) return refused;
   std::vector<const void*> host;

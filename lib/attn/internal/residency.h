@@ -11,9 +11,10 @@
 //   one with no room while the others are pinned, is refused: the call runs
 //   on another backend, and the refusal is counted (and said once).
 //
-// Thread safety: every method may be called concurrently. A placement copies
-// under the set's lock, so other acquisitions wait for it (once per
-// placement; a warm acquisition is a few lookups).
+// Thread safety: every method may be called concurrently. A placement takes
+// its room under the set's lock and copies without it, so calls on memories
+// already placed go on meanwhile; other calls on the memory being placed
+// wait for that copy. A warm acquisition is a few lookups under the lock.
 #ifndef ATTN_INTERNAL_RESIDENCY_H_
 #define ATTN_INTERNAL_RESIDENCY_H_
 
@@ -90,6 +91,7 @@ class Residency : public std::enable_shared_from_this<Residency> {
                                   std::vector<HostSpan> spans);
   // The device copy of `entry` for one call, placed now when it is not.
   // UNAVAILABLE (the entry stays unplaced) when it does not fit, with why.
+  // stats().bytes_held counts a copy from the moment its room is taken.
   absl::StatusOr<Pin> Acquire(const std::shared_ptr<Entry>& entry);
 
   HeldMemoryStats stats() const;

@@ -5,12 +5,16 @@
 #include "attn/internal/residency.h"
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "attn/held_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,6 +33,8 @@ class FakeArena : public DeviceArena {
     int64_t bytes = 0;
     int64_t copies = 0;
     int64_t fail_above = -1;  // refuse an allocation beyond this total
+    // Called before each copy, unlocked (a test blocks a copy in it).
+    std::function<void(const void* host)> before_copy;
   };
   explicit FakeArena(std::shared_ptr<Counts> counts)
       : counts_(std::move(counts)) {}
@@ -52,6 +58,7 @@ class FakeArena : public DeviceArena {
     delete[] block;
   }
   absl::Status CopyIn(void* device, const void* host, int64_t bytes) override {
+    if (counts_->before_copy) counts_->before_copy(host);
     std::memcpy(device, host, bytes);
     absl::MutexLock lock(&counts_->mutex);
     ++counts_->copies;
@@ -116,6 +123,51 @@ TEST_F(ResidencyTest, PlacesAtFirstUseAndCopiesOnce) {
   EXPECT_EQ(stats.memories_held, 1);
   EXPECT_EQ(stats.placements, 1);
   EXPECT_THAT(Events(), ElementsAre("placed a"));
+}
+
+TEST_F(ResidencyTest, APlacementInProgressHoldsUpOnlyCallsOnItsOwnMemory) {
+  MakeSet(1 << 20);
+  std::vector<float> a_host(256, 1.0f), b_host(256, 2.0f);
+  auto a = Memory("a", a_host), b = Memory("b", b_host);
+  ASSERT_TRUE(set_->Acquire(b).ok());  // b is placed
+  absl::Notification copying, release;
+  counts_->before_copy = [&](const void* host) {
+    if (host != a_host.data()) return;
+    copying.Notify();
+    release.WaitForNotification();
+  };
+  std::thread placing([&] { EXPECT_TRUE(set_->Acquire(a).ok()); });
+  copying.WaitForNotification();  // a's copy has begun, and is held there
+  // A call on b goes on while a is copied in (it waited for a's copy when
+  // that was made under the set's lock).
+  absl::Notification b_done;
+  std::thread b_call([&] {
+    absl::StatusOr<Residency::Pin> b_pin = set_->Acquire(b);
+    EXPECT_TRUE(b_pin.ok());
+    if (b_pin.ok()) {
+      EXPECT_EQ(std::memcmp(b_pin->device()[0], b_host.data(), 512), 0);
+    }
+    b_done.Notify();
+  });
+  EXPECT_TRUE(b_done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "a call on a placed memory waited for another memory's copy";
+  // a's room is taken from the start of its copy.
+  if (b_done.HasBeenNotified()) {
+    EXPECT_EQ(set_->stats().bytes_held, 2048);
+  }
+  // A second call on a waits for that copy and shares it.
+  std::thread waiting([&] {
+    absl::StatusOr<Residency::Pin> pin = set_->Acquire(a);
+    ASSERT_TRUE(pin.ok());
+    EXPECT_EQ(std::memcmp(pin->device()[0], a_host.data(), 512), 0);
+  });
+  release.Notify();
+  placing.join();
+  waiting.join();
+  b_call.join();
+  EXPECT_EQ(counts_->copies, 4);  // b's two spans, then a's two, once
+  EXPECT_EQ(set_->stats().placements, 2);
+  EXPECT_THAT(Events(), ElementsAre("placed b", "placed a"));
 }
 
 TEST_F(ResidencyTest, AGoneMemoryIsFreedWhenItsLastCallEnds) {
