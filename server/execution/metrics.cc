@@ -264,8 +264,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
     metrics->model_runs_ =
         &prometheus::BuildCounter()
              .Name("attnserve_model_kernel_runs_total")
-             .Help("Computed calls of each stored model, by the backend "
-                   "that ran them (cuda, onednn-cpu, reference).")
+             .Help("Computed calls of each model, by name and by the "
+                   "backend that ran them (cuda, onednn-cpu, reference).")
              .Register(registry);
     for (const auto& [implementation, backend] : implementations) {
       metrics->backend_of_[implementation] = backend;

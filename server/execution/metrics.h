@@ -45,15 +45,15 @@
 #include <array>
 #include <functional>
 #include <memory>
-#include <utility>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attn/held_memory.h"
@@ -115,9 +115,10 @@ class ServiceMetrics {
   static constexpr std::array<const char*, 4> kModelEvents = {
       "load", "replace", "unload", "save"};
   void ModelEvent(const std::string& event, bool refused);
-  // One computed call of stored model `model`, counted by the backend of
-  // the implementation that ran it (so a memory's calls show which ran on
-  // the GPU and which on the CPU).
+  // One computed call of the model named `model` (a stored memory's, or a
+  // built-in model's), counted by the backend of the implementation that
+  // ran it, so a memory's calls show which ran on the GPU and which on the
+  // CPU.
   void ModelKernelRun(const std::string& model,
                       const std::string& implementation);
 
