@@ -1,32 +1,33 @@
 #include "attn/internal/residency.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace attn::internal {
 
-// The fields are the set's, guarded by its mutex (an Entry has no lock of
-// its own: every change to it changes the set's totals too).
+// A memory's fixed fields; what changes is the set's Slot, under its lock.
 class Residency::Entry {
  public:
   Entry(std::shared_ptr<Residency> set, std::string label,
         std::vector<HostSpan> spans)
-      : set(std::move(set)), label(std::move(label)), spans(std::move(spans)) {
-    for (const HostSpan& span : this->spans) bytes += span.bytes;
-  }
+      : set(std::move(set)),
+        label(std::move(label)),
+        spans(std::move(spans)),
+        bytes(TotalBytes(this->spans)) {}
   ~Entry() { set->Forget(this); }
 
   const std::shared_ptr<Residency> set;
   const std::string label;
   const std::vector<HostSpan> spans;
-  int64_t bytes = 0;
-  std::vector<void*> device;  // empty: not placed
-  int pins = 0;
-  int64_t last_use = 0;
-  bool refusal_said = false;
-  bool placing = false;  // a call is copying it in, unlocked
+  const int64_t bytes;
+
+ private:
+  static int64_t TotalBytes(const std::vector<HostSpan>& spans) {
+    int64_t total = 0;
+    for (const HostSpan& span : spans) total += span.bytes;
+    return total;
+  }
 };
 
 std::shared_ptr<Residency> Residency::Create(std::unique_ptr<DeviceArena> arena,
@@ -51,8 +52,11 @@ Residency::Pin::~Pin() {
 
 std::shared_ptr<Residency::Entry> Residency::NewEntry(
     std::string label, std::vector<HostSpan> spans) {
-  return std::make_shared<Entry>(shared_from_this(), std::move(label),
-                                 std::move(spans));
+  auto entry = std::make_shared<Entry>(shared_from_this(), std::move(label),
+                                       std::move(spans));
+  absl::MutexLock lock(&mutex_);
+  slots_[entry.get()];
+  return entry;
 }
 
 absl::StatusOr<Residency::Pin> Residency::Acquire(
@@ -65,33 +69,36 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
   {
     absl::MutexLock lock(&mutex_);
     // Another call is copying it in: that copy serves this call too.
-    mutex_.Await(absl::Condition(
-        +[](Entry* placing) { return !placing->placing; }, entry.get()));
-    entry->last_use = ++tick_;
-    if (entry->device.empty()) {
+    while (slots_[entry.get()].placing) placement_ended_.Wait(&mutex_);
+    Slot& slot = slots_[entry.get()];
+    slot.last_use = ++tick_;
+    if (slot.device.empty()) {
       if (entry->bytes > budget_bytes_) {
-        refused = Refuse(entry.get(),
+        refused = Refuse(*entry, slot,
                          absl::StrCat(entry->bytes, " bytes exceed the budget of ",
                                       budget_bytes_),
                          &events);
       } else {
         // Evict the least recently used unpinned copies until it fits.
         while (bytes_held_ + entry->bytes > budget_bytes_) {
-          Entry* oldest = nullptr;
-          for (Entry* placed : placed_) {
-            if (placed->pins == 0 &&
-                (oldest == nullptr || placed->last_use < oldest->last_use)) {
-              oldest = placed;
+          const Entry* oldest = nullptr;
+          Slot* oldest_slot = nullptr;
+          for (auto& [other, other_slot] : slots_) {
+            if (!other_slot.device.empty() && other_slot.pins == 0 &&
+                (oldest == nullptr ||
+                 other_slot.last_use < oldest_slot->last_use)) {
+              oldest = other;
+              oldest_slot = &other_slot;
             }
           }
           if (oldest == nullptr) break;
           events.push_back({HeldMemoryEvent::Kind::kEvicted, oldest->label,
                             oldest->bytes, ""});
           ++evictions_;
-          DropCopy(oldest, &to_free);
+          DropCopy(*oldest, *oldest_slot, &to_free);
         }
         if (bytes_held_ + entry->bytes > budget_bytes_) {
-          refused = Refuse(entry.get(),
+          refused = Refuse(*entry, slot,
                            absl::StrCat("no room: ", bytes_held_,
                                         " bytes of the budget of ",
                                         budget_bytes_, " are in use by calls"),
@@ -99,14 +106,14 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
         } else {
           // Its room is taken now; the copy is made below, unlocked.
           bytes_held_ += entry->bytes;
-          entry->placing = true;
+          slot.placing = true;
           place = true;
         }
       }
     }
     if (refused.ok() && !place) {
-      ++entry->pins;
-      device = entry->device;
+      ++slot.pins;
+      device = slot.device;
     }
   }
   for (void* block : to_free) arena_->Free(block);
@@ -129,21 +136,22 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
       for (void* block : placed) arena_->Free(block);
     }
     absl::MutexLock lock(&mutex_);
-    entry->placing = false;
+    Slot& slot = slots_[entry.get()];
+    slot.placing = false;
+    placement_ended_.SignalAll();
     if (!status.ok()) {
       bytes_held_ -= entry->bytes;
-      refused = Refuse(entry.get(),
+      refused = Refuse(*entry, slot,
                        absl::StrCat("the device refused: ", status.message()),
                        &events);
     } else {
-      entry->device = std::move(placed);
-      placed_.push_back(entry.get());
+      slot.device = std::move(placed);
       ++placements_;
-      entry->refusal_said = false;
+      slot.refusal_said = false;
       events.push_back(
           {HeldMemoryEvent::Kind::kPlaced, entry->label, entry->bytes, ""});
-      ++entry->pins;
-      device = entry->device;
+      ++slot.pins;
+      device = slot.device;
     }
   }
   Emit(events);
@@ -153,43 +161,45 @@ absl::StatusOr<Residency::Pin> Residency::Acquire(
   return Pin(entry, std::move(device), std::move(host));
 }
 
-absl::Status Residency::Refuse(Entry* entry, std::string why,
+absl::Status Residency::Refuse(const Entry& entry, Slot& slot, std::string why,
                                std::vector<HeldMemoryEvent>* events) {
   ++refusals_;
-  if (!entry->refusal_said) {
-    entry->refusal_said = true;
+  if (!slot.refusal_said) {
+    slot.refusal_said = true;
     events->push_back(
-        {HeldMemoryEvent::Kind::kRefused, entry->label, entry->bytes, why});
+        {HeldMemoryEvent::Kind::kRefused, entry.label, entry.bytes, why});
   }
   return absl::UnavailableError(absl::StrCat(
-      "held memory '", entry->label, "' is not on the device: ", why));
+      "held memory '", entry.label, "' is not on the device: ", why));
 }
 
-void Residency::Unpin(Entry* entry) {
+void Residency::Unpin(const Entry* entry) {
   absl::MutexLock lock(&mutex_);
-  --entry->pins;
+  --slots_[entry].pins;
 }
 
-void Residency::Forget(Entry* entry) {
+void Residency::Forget(const Entry* entry) {
   std::vector<void*> to_free;
   std::vector<HeldMemoryEvent> events;
   {
     absl::MutexLock lock(&mutex_);
-    if (!entry->device.empty()) {
+    auto slot = slots_.find(entry);
+    if (slot != slots_.end() && !slot->second.device.empty()) {
       events.push_back({HeldMemoryEvent::Kind::kFreed, entry->label,
                         entry->bytes, ""});
-      DropCopy(entry, &to_free);
+      DropCopy(*entry, slot->second, &to_free);
     }
+    if (slot != slots_.end()) slots_.erase(slot);
   }
   for (void* block : to_free) arena_->Free(block);
   Emit(events);
 }
 
-void Residency::DropCopy(Entry* entry, std::vector<void*>* to_free) {
-  to_free->insert(to_free->end(), entry->device.begin(), entry->device.end());
-  entry->device.clear();
-  bytes_held_ -= entry->bytes;
-  placed_.erase(std::find(placed_.begin(), placed_.end(), entry));
+void Residency::DropCopy(const Entry& entry, Slot& slot,
+                         std::vector<void*>* to_free) {
+  to_free->insert(to_free->end(), slot.device.begin(), slot.device.end());
+  slot.device.clear();
+  bytes_held_ -= entry.bytes;
 }
 
 void Residency::Emit(const std::vector<HeldMemoryEvent>& events) const {
@@ -202,7 +212,9 @@ HeldMemoryStats Residency::stats() const {
   HeldMemoryStats stats;
   stats.budget_bytes = budget_bytes_;
   stats.bytes_held = bytes_held_;
-  stats.memories_held = static_cast<int64_t>(placed_.size());
+  for (const auto& [entry, slot] : slots_) {
+    if (!slot.device.empty()) ++stats.memories_held;
+  }
   stats.placements = placements_;
   stats.evictions = evictions_;
   stats.refusals = refusals_;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -97,18 +98,27 @@ class Residency : public std::enable_shared_from_this<Residency> {
   HeldMemoryStats stats() const;
 
  private:
+  // What the set knows of one memory beside its entry's fixed fields.
+  struct Slot {
+    std::vector<void*> device;  // empty: not placed
+    int pins = 0;
+    int64_t last_use = 0;
+    bool refusal_said = false;
+    bool placing = false;  // a call is copying it in, unlocked
+  };
+
   Residency(std::unique_ptr<DeviceArena> arena, int64_t budget_bytes,
             EventSink on_event);
 
   // Counts a refusal of `entry`, says it once, and returns the status.
-  absl::Status Refuse(Entry* entry, std::string why,
+  absl::Status Refuse(const Entry& entry, Slot& slot, std::string why,
                       std::vector<HeldMemoryEvent>* events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Unpin(Entry* entry);
+  void Unpin(const Entry* entry);
   // The entry is gone (its HeldMemory and every pin): frees its copy.
-  void Forget(Entry* entry);
+  void Forget(const Entry* entry);
   // Drops `entry`'s copy (locked); the caller frees `*to_free` unlocked.
-  void DropCopy(Entry* entry, std::vector<void*>* to_free)
+  void DropCopy(const Entry& entry, Slot& slot, std::vector<void*>* to_free)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Emit(const std::vector<HeldMemoryEvent>& events) const;
 
@@ -116,7 +126,9 @@ class Residency : public std::enable_shared_from_this<Residency> {
   const int64_t budget_bytes_;
   const EventSink on_event_;
   mutable absl::Mutex mutex_;
-  std::vector<Entry*> placed_ ABSL_GUARDED_BY(mutex_);
+  // Signalled when a placement ends, for the calls waiting on it.
+  absl::CondVar placement_ended_;
+  absl::flat_hash_map<const Entry*, Slot> slots_ ABSL_GUARDED_BY(mutex_);
   int64_t bytes_held_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t tick_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t placements_ ABSL_GUARDED_BY(mutex_) = 0;
