@@ -27,13 +27,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "attn/bfloat16.h"
 #include "attn/engine.h"
 #include "attn/held_memory.h"
 #include "attn/internal/cuda/kernels.h"
 #include "attn/ops.h"
+
+ABSL_FLAG(std::vector<std::string>, sizes,
+          std::vector<std::string>({"65536", "262144", "1048576"}),
+          "Memory sizes (key-value pairs), comma-separated.");
+ABSL_FLAG(std::vector<std::string>, rows, std::vector<std::string>({"1", "64"}),
+          "Query rows per call, comma-separated.");
 
 namespace {
 
@@ -41,30 +48,28 @@ using attn::cuda_internal::ElementType;
 
 constexpr int64_t kDim = 64;
 
-bool Check(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return true;
+// Exits 1, naming `what`, unless `error` is cudaSuccess.
+void Check(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return;
   std::fprintf(stderr, "cuda_memory_bench: %s: %s\n", what,
                cudaGetErrorString(error));
   std::exit(1);
 }
 
-std::vector<int64_t> ParseList(const std::string& text) {
+// The numbers of a list flag; a part that is not one is an error.
+std::vector<int64_t> Numbers(const std::vector<std::string>& parts,
+                             const char* flag) {
   std::vector<int64_t> values;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
+  for (const std::string& part : parts) {
     int64_t value;
-    if (absl::SimpleAtoi(part, &value)) values.push_back(value);
+    if (!absl::SimpleAtoi(part, &value) || value < 1) {
+      std::fprintf(stderr, "cuda_memory_bench: --%s: '%s' is not a count\n",
+                   flag, part.c_str());
+      std::exit(1);
+    }
+    values.push_back(value);
   }
   return values;
-}
-
-std::string Flag(int argc, char** argv, const std::string& name,
-                 const std::string& fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-  }
-  return fallback;
 }
 
 double Median(std::vector<double> values) {
@@ -125,9 +130,10 @@ void* ToDevice(const void* host, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<int64_t> sizes =
-      ParseList(Flag(argc, argv, "sizes", "65536,262144,1048576"));
-  const std::vector<int64_t> row_counts = ParseList(Flag(argc, argv, "rows", "1,64"));
+  absl::ParseCommandLine(argc, argv);
+  const std::vector<int64_t> sizes = Numbers(absl::GetFlag(FLAGS_sizes), "sizes");
+  const std::vector<int64_t> row_counts =
+      Numbers(absl::GetFlag(FLAGS_rows), "rows");
   cudaDeviceProp properties;
   if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) {
     std::fprintf(stderr, "cuda_memory_bench: no usable GPU\n");

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "attn/cpu_isa.h"
@@ -396,18 +397,15 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
           "' is not operation=flops (a number >= 0) or operation=never"));
     }
     if (never) flops = attn::MinimumWork::kNever;
-    attn::MinimumWork& work = engine.cuda_min_work;
-    double* threshold = parts[0] == "masked_softmax"       ? &work.masked_softmax
-                        : parts[0] == "batch_matmul"       ? &work.batch_matmul
-                        : parts[0] == "attention"          ? &work.attention
-                        : parts[0] == "additive_attention" ? &work.additive_attention
-                        : parts[0] == "nadaraya_watson"    ? &work.nadaraya_watson
-                                                           : nullptr;
+    double* threshold = engine.cuda_min_work.Find(parts[0]);
     if (threshold == nullptr) {
+      std::vector<std::string> known;
+      for (const auto& [name, unused] : attn::kMinimumWorkOperations) {
+        known.push_back(name);
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "--cuda_min_flops_by_operation: unknown operation '", parts[0],
-          "' (masked_softmax, batch_matmul, attention, additive_attention, "
-          "nadaraya_watson)"));
+          "' (", absl::StrJoin(known, ", "), ")"));
     }
     *threshold = flops;
   }

@@ -136,7 +136,7 @@ class CudaBackend::Impl {
     absl::StatusOr<internal::Residency::Pin> pin = held->Acquire(
         std::static_pointer_cast<internal::Residency::Entry>(attachment));
     if (!pin.ok()) return absl::UnimplementedError(pin.status().message());
-    if (pin->host() != std::vector<const void*>{k, v}) {
+    if (pin->host()[0] != k || pin->host()[1] != v) {
       return absl::InvalidArgumentError(absl::StrCat(
           "keys, values: held memory '", p.held->label(),
           "' was first called with other tensors"));

@@ -1,9 +1,13 @@
 #include "attn/minimum_work_backend.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "attn/work.h"
 
 namespace attn {
@@ -31,13 +35,12 @@ std::string MinimumWorkBackend::description() const {
         "%s; takes calls %s, smaller ones run on the next backend",
         wrapped_->description(), Threshold(w.attention));
   }
-  return absl::StrFormat(
-      "%s; takes masked_softmax %s, batch_matmul %s, attention %s, "
-      "additive_attention %s, nadaraya_watson %s; the rest run on the next "
-      "backend",
-      wrapped_->description(), Threshold(w.masked_softmax),
-      Threshold(w.batch_matmul), Threshold(w.attention),
-      Threshold(w.additive_attention), Threshold(w.nadaraya_watson));
+  std::vector<std::string> each;
+  for (const auto& [name, threshold] : kMinimumWorkOperations) {
+    each.push_back(absl::StrCat(name, " ", Threshold(w.*threshold)));
+  }
+  return absl::StrFormat("%s; takes %s; the rest run on the next backend",
+                         wrapped_->description(), absl::StrJoin(each, ", "));
 }
 
 template <typename Params>

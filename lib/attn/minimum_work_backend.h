@@ -18,9 +18,12 @@
 #ifndef ATTN_MINIMUM_WORK_BACKEND_H_
 #define ATTN_MINIMUM_WORK_BACKEND_H_
 
+#include <array>
 #include <atomic>
 #include <limits>
 #include <memory>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -43,11 +46,36 @@ struct MinimumWork {
     return {flops, flops, flops, flops, flops};
   }
   // True when no operation has a threshold (nothing to wrap).
-  bool none() const {
-    return masked_softmax <= 0 && batch_matmul <= 0 && attention <= 0 &&
-           additive_attention <= 0 && nadaraya_watson <= 0;
-  }
+  bool none() const;
+  // The threshold of the operation named `operation` (as
+  // kMinimumWorkOperations names them), or null for another name.
+  double* Find(std::string_view operation);
 };
+
+// Every operation's name (as a server's flags and the description give it)
+// and its threshold.
+inline constexpr std::array<std::pair<const char*, double MinimumWork::*>, 5>
+    kMinimumWorkOperations = {{
+        {"masked_softmax", &MinimumWork::masked_softmax},
+        {"batch_matmul", &MinimumWork::batch_matmul},
+        {"attention", &MinimumWork::attention},
+        {"additive_attention", &MinimumWork::additive_attention},
+        {"nadaraya_watson", &MinimumWork::nadaraya_watson},
+    }};
+
+inline bool MinimumWork::none() const {
+  for (const auto& [name, threshold] : kMinimumWorkOperations) {
+    if (this->*threshold > 0) return false;
+  }
+  return true;
+}
+
+inline double* MinimumWork::Find(std::string_view operation) {
+  for (const auto& [name, threshold] : kMinimumWorkOperations) {
+    if (operation == name) return &(this->*threshold);
+  }
+  return nullptr;
+}
 
 class MinimumWorkBackend final : public Backend {
  public:

@@ -287,12 +287,8 @@ TEST(MinimumWorkBackendTest, EachOperationHasItsOwnThresholdAndNeverMeansNever) 
   for (int64_t scale : {1, 10}) {
     for (const OpCase& c : EveryOperation(in, scale)) {
       SCOPED_TRACE(c.op + " at scale " + std::to_string(scale));
-      const double threshold =
-          c.op == "masked_softmax"       ? work.masked_softmax
-          : c.op == "batch_matmul"       ? work.batch_matmul
-          : c.op == "attention"          ? work.attention
-          : c.op == "additive_attention" ? work.additive_attention
-                                         : work.nadaraya_watson;
+      ASSERT_NE(work.Find(c.op), nullptr);
+      const double threshold = *work.Find(c.op);
       const int before = raw->calls();
       absl::StatusOr<OpResult> result = c.call(*engine);
       ASSERT_TRUE(result.ok()) << result.status();
