@@ -275,6 +275,61 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
       std::move(model));
 }
 
+absl::Status ModelCatalogue::CheckAppendAllowed(
+    bool may_append, const std::string& name) const {
+  absl::Status refused;
+  if (repository_ == nullptr) {
+    refused = absl::FailedPreconditionError(
+        "append: the server runs without --model_repository");
+  } else if (control_.needs_permission && !may_append) {
+    refused = absl::PermissionDeniedError(
+        "append: this token may not append to models; give it the "
+        "permission append (or model_control) in --auth_tokens_file");
+  } else if (IsBuiltIn(name)) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "name: '", name, "' is a built-in model, which holds no rows"));
+  }
+  if (refused.ok()) return refused;
+  return Report("append", name, "rows", std::move(refused));
+}
+
+absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
+    bool may_append, const std::string& name, const attn::TensorView& keys,
+    const attn::TensorView& values,
+    const std::optional<MemorySettings>& create) {
+  RETURN_IF_ERROR(CheckAppendAllowed(may_append, name));
+  ModelRepository::AppendRequest request;
+  request.name = name;
+  request.prepare = [&](const RepositoryModel& model)
+      -> absl::StatusOr<ModelRepository::Rows> {
+    if (create.has_value()) {
+      RETURN_IF_ERROR(CheckMemorySettings("create", name, model, *create));
+    }
+    const ModelKind* kind = KindOfStored(model);
+    if (kind == nullptr || kind->prepare_append == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: model '", name, "' (backend ", model.config.backend(),
+          ") holds no rows to append to; attention_memory models and "
+          "nadaraya_watson models holding a training set do"));
+    }
+    return kind->prepare_append(name, model, keys, values);
+  };
+  bool created = false;
+  if (create.has_value()) {
+    request.create = [&]() -> absl::StatusOr<RepositoryModel> {
+      created = true;
+      return NewAttentionMemory(name, *create, keys, values);
+    };
+  }
+  absl::StatusOr<ModelRepository::Appended> appended =
+      repository_->AppendRows(request);
+  absl::Status reported =
+      Report(created ? "save" : "append", name,
+             created ? "by append" : "rows", appended.status());
+  if (!reported.ok()) return reported;
+  return appended;
+}
+
 std::string ModelEvent::Describe() const {
   return absl::StrCat("model '", model, "': ", event, " ", how, ": ",
                       status.ok() ? "done"

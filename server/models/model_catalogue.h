@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/models/model_kind.h"
+#include "server/models/model_kinds.h"
 #include "server/repository/model_repository.h"
 
 namespace attnserve {
@@ -63,10 +64,12 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
 struct ModelEvent {
   // "load" (a new model, from the repository or uploaded), "replace" (a
   // load, upload or save over a served model), "unload", "save" (a new
-  // model by FitBandwidth's save_as).
+  // model by FitBandwidth's save_as, or a memory made by an append),
+  // "append" (rows added to a stored model).
   std::string event;
   std::string model;
-  std::string how;  // "from the repository", "uploaded", "by save_as"
+  // "from the repository", "uploaded", "by save_as", "by append", "rows"
+  std::string how;
   absl::Status status;  // OK, or why it was refused (nothing changed)
   // One log line, e.g. "model 'm': replace uploaded: OK".
   std::string Describe() const;
@@ -167,6 +170,36 @@ class ModelCatalogue {
   absl::Status SaveFittedModel(const std::string& name, float bandwidth,
                                attn::TensorView x_train,
                                attn::TensorView y_train);
+
+  // Appends rows to the stored model `name` (ModelRepository::AppendRows:
+  // durable before the answer, seen by every call that starts after it):
+  // an attention memory's `keys` [n, d] and `values` [n, v], or a trained
+  // Nadaraya-Watson model's x_train and y_train rows as `keys` and
+  // `values`, each as the model holds them (its kind's prepare_append).
+  // With `create`, a memory not yet served is made of these rows with
+  // those settings; one served must have them. `may_append`: the call's
+  // token grants append or model_control (or tokens are off). OK, or why
+  // not, nothing changed:
+  // - FAILED_PRECONDITION without a repository;
+  // - PERMISSION_DENIED for a caller without the permission while
+  //   permissions are needed;
+  // - INVALID_ARGUMENT: a built-in model, a model whose kind holds no rows
+  //   (additive weights, a bandwidth alone), rows its kind refuses, settings
+  //   that differ from the memory's;
+  // - NOT_FOUND: no such model and no `create`;
+  // - the repository's other statuses (RESOURCE_EXHAUSTED over
+  //   --max_model_bytes or on a full disk).
+  // Each is reported (ModelControl::on_event) as an "append" event, or a
+  // "save" when it made the memory. Blocks on file I/O and on other
+  // writers.
+  // Append's checks of who may append to what, before a front end decodes
+  // the rows: a caller without permission hears that first.
+  absl::Status CheckAppendAllowed(bool may_append,
+                                  const std::string& name) const;
+  absl::StatusOr<ModelRepository::Appended> Append(
+      bool may_append, const std::string& name, const attn::TensorView& keys,
+      const attn::TensorView& values,
+      const std::optional<MemorySettings>& create);
 
   // Null without --model_repository.
   ModelRepository* repository() const { return repository_; }

@@ -105,6 +105,15 @@ struct ModelKind {
   // values): OK, or INVALID_ARGUMENT whose message starts with `where`.
   using CheckStored = absl::Status (*)(const std::string& where,
                                        const RepositoryModel& model);
+  // The rows an append adds to a stored model of this kind (`name`), from
+  // the call's `keys` and `values` (a training set's x and y): checked
+  // against what `model` holds and converted to its storage type, by the
+  // name of the tensor each extends (ModelRepository::Rows); or
+  // INVALID_ARGUMENT naming the field (keys, values) and the shape it must
+  // have. The views are the call's, finite (the front end checked).
+  using PrepareAppend = absl::StatusOr<ModelRepository::Rows> (*)(
+      const std::string& name, const RepositoryModel& model,
+      const attn::TensorView& keys, const attn::TensorView& values);
   // Writes the dimensions a checked stored model fixes into its signature
   // (the -1s of the kind's), so that metadata and the model config tell a
   // client what the model takes and returns.
@@ -119,6 +128,7 @@ struct ModelKind {
   std::string backend;
   CheckStored check_stored = nullptr;
   StoredDimensions stored_dimensions = nullptr;  // null: the kind's stand
+  PrepareAppend prepare_append = nullptr;  // null: its models never grow
   BuildRequest build_request = nullptr;
   // The outputs the result's `output` and `weights` are returned as; every
   // output of the signature is one of them. `weights_output` is empty when

@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "attn/bfloat16.h"
 #include "attn/status_macros.h"
 
@@ -394,6 +398,108 @@ absl::Status CheckAttentionMemory(const std::string& where,
   return ScoringOf(where, model).status();
 }
 
+// The shape rows extending `stored` must have: (n, <its dimensions after
+// the first>).
+std::string RowsShape(const attn::Shape& stored) {
+  std::string shape = "(n";
+  for (size_t i = 1; i < stored.size(); ++i) {
+    absl::StrAppend(&shape, ", ", stored[i]);
+  }
+  return absl::StrCat(shape, stored.size() == 1 ? ",)" : ")");
+}
+
+// Checks that `rows`, sent as `field`, extend the stored tensor
+// `stored_name` of model `name`: its rank and dimensions after the first,
+// and n >= 1 rows. INVALID_ARGUMENT naming the field otherwise.
+absl::Status CheckRowsOf(absl::string_view field, const attn::TensorView& rows,
+                         const std::string& name,
+                         const std::string& stored_name,
+                         const StoredTensor& stored) {
+  const bool fits = rows.shape.size() == stored.shape.size() &&
+                    std::equal(rows.shape.begin() + 1, rows.shape.end(),
+                               stored.shape.begin() + 1);
+  if (fits && rows.shape[0] >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": shape ", attn::ShapeToString(rows.shape), " must be ",
+      RowsShape(stored.shape), fits ? " with n >= 1 (an empty append)" : "",
+      ": model '", name, "' holds ", stored_name, " ",
+      attn::ShapeToString(stored.shape)));
+}
+
+// The rows `rows` (field `field`) add, in the stored type: a view of
+// the call's values for F32 (used only while the append runs), or a copy
+// rounded to bfloat16, where a value beyond bfloat16's range is refused.
+absl::StatusOr<StoredTensor> RowsInTypeOf(absl::string_view field,
+                                          const attn::TensorView& rows,
+                                          bool bfloat16) {
+  // The front ends check every element; a stored model must never hold a
+  // NaN however its rows came.
+  for (int64_t i = 0; i < rows.num_elements(); ++i) {
+    if (!std::isfinite(rows.data[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": element ", i, " is ", rows.data[i],
+          "; a stored model's rows must be finite"));
+    }
+  }
+  if (!bfloat16) {
+    return StoredTensor(rows.shape, rows.data, nullptr);
+  }
+  auto bits = std::make_shared<std::vector<uint16_t>>(rows.num_elements());
+  for (size_t i = 0; i < bits->size(); ++i) {
+    (*bits)[i] = attn::BFloat16Bits(rows.data[i]);
+    if (!std::isfinite(attn::WidenBFloat16((*bits)[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": element ", i, " (", rows.data[i],
+          ") is beyond bfloat16's range, which the memory stores"));
+    }
+  }
+  const uint16_t* data = bits->data();
+  return StoredTensor(rows.shape, data, std::move(bits));
+}
+
+// An append to a memory: keys (n, d) and values (n, v), as it holds them.
+absl::StatusOr<ModelRepository::Rows> PrepareMemoryAppend(
+    const std::string& name, const RepositoryModel& model,
+    const attn::TensorView& keys, const attn::TensorView& values) {
+  ModelRepository::Rows rows;
+  for (const auto& [field, given] :
+       {std::pair<const char*, const attn::TensorView&>{"keys", keys},
+        {"values", values}}) {
+    const StoredTensor& stored = model.tensors.at(field);
+    RETURN_IF_ERROR(CheckRowsOf(field, given, name, field, stored));
+    ASSIGN_OR_RETURN(rows[field], RowsInTypeOf(field, given, stored.is_bfloat16()));
+  }
+  if (keys.shape[0] != values.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "values: shape ", attn::ShapeToString(values.shape), " must have ",
+        keys.shape[0], " rows, as keys ", attn::ShapeToString(keys.shape)));
+  }
+  return rows;
+}
+
+// An append to a trained Nadaraya-Watson model's set: x as keys, y as
+// values, each of the rank and width it holds.
+absl::StatusOr<ModelRepository::Rows> PrepareTrainingSetAppend(
+    const std::string& name, const RepositoryModel& model,
+    const attn::TensorView& keys, const attn::TensorView& values) {
+  ModelRepository::Rows rows;
+  for (const auto& [field, stored_name, given] :
+       {std::tuple<const char*, const char*, const attn::TensorView&>{
+            "keys", "x_train", keys},
+        {"values", "y_train", values}}) {
+    const StoredTensor& stored = model.tensors.at(stored_name);
+    RETURN_IF_ERROR(CheckRowsOf(field, given, name, stored_name, stored));
+    ASSIGN_OR_RETURN(rows[stored_name], RowsInTypeOf(field, given, stored.is_bfloat16()));
+  }
+  if (keys.shape[0] != values.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "values: shape ", attn::ShapeToString(values.shape), " must have ",
+        keys.shape[0], " rows (y_train), as keys ",
+        attn::ShapeToString(keys.shape), " (x_train)"));
+  }
+  return rows;
+}
+
 // The spec named `name` of `specs` (one the kind declares).
 TensorSpec& SpecNamed(std::vector<TensorSpec>& specs, const std::string& name) {
   return *std::find_if(specs.begin(), specs.end(),
@@ -593,6 +699,7 @@ const ModelKind& TrainedNadarayaWatsonKind() {
     kind->backend = "nadaraya_watson";
     kind->check_stored = CheckNadarayaWatsonModel;
     kind->stored_dimensions = TrainingSetDimensions;
+    kind->prepare_append = PrepareTrainingSetAppend;
     // Not by default: one query over a stored set costs an exponential per
     // point, which stacking does not share. Measured single-query calls
     // over 1-D sets at 64 in flight, batching on / off: 0.85x at 65,536
@@ -617,6 +724,7 @@ const ModelKind& AttentionMemoryKind() {
     kind->backend = "attention_memory";
     kind->check_stored = CheckAttentionMemory;
     kind->stored_dimensions = AttentionMemoryDimensions;
+    kind->prepare_append = PrepareMemoryAppend;
     kind->argument_inputs = {{"queries:", "queries"}};
     kind->gains_from_batching = true;
     return kind;
@@ -653,6 +761,90 @@ absl::Status CheckStoredModel(const std::string& where,
   return kind->check_stored(where, model);
 }
 
+absl::StatusOr<RepositoryModel> NewAttentionMemory(
+    const std::string& name, const MemorySettings& settings,
+    const attn::TensorView& keys, const attn::TensorView& values) {
+  for (const auto& [field, given] :
+       {std::pair<const char*, const attn::TensorView&>{"keys", keys},
+        {"values", values}}) {
+    if (given.rank() != 2 || given.shape[0] < 1 || given.shape[1] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": shape ", attn::ShapeToString(given.shape),
+          " must be (n, ", field[0] == 'k' ? "d" : "v",
+          ") with n, ", field[0] == 'k' ? "d" : "v",
+          " >= 1 to make memory '", name, "'"));
+    }
+  }
+  if (keys.shape[0] != values.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "values: shape ", attn::ShapeToString(values.shape), " must have ",
+        keys.shape[0], " rows, as keys ", attn::ShapeToString(keys.shape)));
+  }
+  if (settings.scale.has_value() &&
+      !(*settings.scale > 0 && std::isfinite(*settings.scale))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "create.scale: ", *settings.scale, " is not a finite positive number"));
+  }
+  RepositoryModel model;
+  model.config.set_name(name);
+  model.config.set_platform("attnserve");
+  model.config.set_backend(AttentionMemoryKind().backend);
+  auto& parameters = *model.config.mutable_parameters();
+  parameters["score"].set_string_value(
+      settings.score == attn::ScoreKind::kGaussian ? "gaussian" : "dot_product");
+  if (settings.scale.has_value()) {
+    // Shortest text that reads back as the same float.
+    parameters["scale"].set_string_value(absl::StrCat(*settings.scale));
+    if (ParseNumber(parameters["scale"].string_value()).value_or(0) !=
+        static_cast<double>(*settings.scale)) {
+      parameters["scale"].set_string_value(
+          absl::StrFormat("%.9g", *settings.scale));
+    }
+  }
+  for (const auto& [field, given] :
+       {std::pair<const char*, const attn::TensorView&>{"keys", keys},
+        {"values", values}}) {
+    if (settings.bfloat16) {
+      // Rounded as an append to a bfloat16 memory rounds.
+      ASSIGN_OR_RETURN(model.tensors[field],
+                       RowsInTypeOf(field, given, /*bfloat16=*/true));
+    } else {
+      attn::Tensor copy = attn::Tensor::Zeros(given.shape);
+      std::copy(given.data, given.data + copy.data.size(), copy.data.begin());
+      model.tensors[field] = std::move(copy);
+    }
+  }
+  return model;
+}
+
+absl::Status CheckMemorySettings(absl::string_view field,
+                                 const std::string& name,
+                                 const RepositoryModel& model,
+                                 const MemorySettings& settings) {
+  if (model.config.backend() != AttentionMemoryKind().backend) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": model '", name, "' is a ", model.config.backend(),
+        " model, not an attention memory"));
+  }
+  ASSIGN_OR_RETURN(const MemoryScoring scoring, ScoringOf(name, model));
+  const bool bfloat16 = model.tensors.at("keys").is_bfloat16();
+  if (scoring.score == settings.score && scoring.scale == settings.scale &&
+      bfloat16 == settings.bfloat16) {
+    return absl::OkStatus();
+  }
+  auto describe = [](attn::ScoreKind score, std::optional<float> scale,
+                     bool bf16) {
+    return absl::StrCat(
+        "score ", score == attn::ScoreKind::kGaussian ? "gaussian" : "dot_product",
+        ", scale ", scale.has_value() ? absl::StrCat(*scale) : "default",
+        ", ", bf16 ? "bfloat16" : "float32");
+  };
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": memory '", name, "' exists with ",
+      describe(scoring.score, scoring.scale, bfloat16), ", not ",
+      describe(settings.score, settings.scale, settings.bfloat16),
+      "; leave create unset to append to it"));
+}
 
 RepositoryModel FittedNadarayaWatsonModel(const std::string& name,
                                           float bandwidth) {

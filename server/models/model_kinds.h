@@ -39,6 +39,7 @@
 #ifndef ATTNSERVE_SERVER_MODELS_MODEL_KINDS_H_
 #define ATTNSERVE_SERVER_MODELS_MODEL_KINDS_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,33 @@ const ModelKind* KindOfStored(const RepositoryModel& model);
 // what that kind needs. INVALID_ARGUMENT starting with `where`.
 absl::Status CheckStoredModel(const std::string& where,
                               const RepositoryModel& model);
+
+// Stored models that hold rows grow by appends (ModelKind::prepare_append,
+// ModelCatalogue::Append): an attention memory's keys and values, and a
+// trained Nadaraya-Watson model's training set (x_train and y_train, sent
+// as an append's keys and values).
+//
+// What a memory made by its first append is: its score and scale (unset:
+// the score's default), and whether it stores its rows as bfloat16.
+struct MemorySettings {
+  attn::ScoreKind score = attn::ScoreKind::kDotProduct;
+  std::optional<float> scale;
+  bool bfloat16 = false;
+};
+// A new attention memory `name` of `keys` [n, d] and `values` [n, v]
+// (copied, rounded to bfloat16 when the settings say so) and `settings`,
+// to be stored (ModelRepository::AppendRows checks it). INVALID_ARGUMENT
+// naming the field for shapes that do not make a memory or a scale that is
+// not finite and positive.
+absl::StatusOr<RepositoryModel> NewAttentionMemory(
+    const std::string& name, const MemorySettings& settings,
+    const attn::TensorView& keys, const attn::TensorView& values);
+// OK when the stored model `model` (`name`) is an attention memory with
+// `settings`; else INVALID_ARGUMENT naming `field` and what it holds.
+absl::Status CheckMemorySettings(absl::string_view field,
+                                 const std::string& name,
+                                 const RepositoryModel& model,
+                                 const MemorySettings& settings);
 
 // A fitted Nadaraya-Watson model `name` holding `bandwidth`, to be stored
 // (ModelRepository::SaveModel checks it).

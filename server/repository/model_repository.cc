@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "attn/status_macros.h"
@@ -28,14 +31,87 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
+// The number <n> of a rows file's name, rows-<n>.safetensors; nullopt for
+// any other name.
+std::optional<uint64_t> RowsFileNumber(const std::string& file) {
+  static constexpr absl::string_view kPrefix = "rows-";
+  static constexpr absl::string_view kSuffix = ".safetensors";
+  absl::string_view digits = file;
+  if (!absl::ConsumePrefix(&digits, kPrefix) ||
+      !absl::ConsumeSuffix(&digits, kSuffix) || digits.empty() ||
+      digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != absl::string_view::npos) {
+    return std::nullopt;
+  }
+  uint64_t number = 0;
+  if (!absl::SimpleAtoi(digits, &number)) return std::nullopt;
+  return number;
+}
+
+std::string RowsFileName(uint64_t number) {
+  return absl::StrFormat("rows-%08d.safetensors", number);
+}
+
+// The rows files of folder `folder`, by number.
+absl::StatusOr<std::map<uint64_t, std::string>> RowsFiles(
+    FileSystem& fs, const std::string& folder) {
+  ASSIGN_OR_RETURN(std::vector<FileSystem::Entry> entries, fs.ListDir(folder));
+  std::map<uint64_t, std::string> files;
+  for (const FileSystem::Entry& entry : entries) {
+    if (entry.is_dir) continue;
+    if (std::optional<uint64_t> number = RowsFileNumber(entry.name)) {
+      files[*number] = entry.name;
+    }
+  }
+  return files;
+}
+
+// Checks that `rows` extend `tensors`: each names one of them, with its
+// type and its dimensions after the first, and all have one first
+// dimension n >= 1, which it returns. INVALID_ARGUMENT starting with
+// `where`.
+absl::StatusOr<int64_t> CheckRowsExtend(
+    const std::string& where, const std::map<std::string, StoredTensor>& tensors,
+    const ModelRepository::Rows& rows) {
+  if (rows.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": no rows"));
+  }
+  int64_t n = -1;
+  for (const auto& [tensor_name, added] : rows) {
+    auto it = tensors.find(tensor_name);
+    const bool fits =
+        it != tensors.end() && !added.shape.empty() &&
+        added.shape.size() == it->second.shape.size() &&
+        std::equal(added.shape.begin() + 1, added.shape.end(),
+                   it->second.shape.begin() + 1) &&
+        added.is_bfloat16() == it->second.is_bfloat16() &&
+        added.shape[0] >= 1 && (n < 0 || added.shape[0] == n);
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": rows '", tensor_name, "' ",
+          attn::ShapeToString(added.shape), added.is_bfloat16() ? " BF16" : " F32",
+          " do not extend the model's ",
+          it == tensors.end()
+              ? std::string("tensors (no such tensor)")
+              : absl::StrCat(attn::ShapeToString(it->second.shape),
+                             it->second.is_bfloat16() ? " BF16" : " F32"),
+          n < 0 ? "" : absl::StrCat(" by the same ", n, " rows")));
+    }
+    n = added.shape[0];
+  }
+  return n;
+}
+
 // Reads and checks the model in folder `dir`/`name`, its weights mapped
-// when `map_weights` and the file allows. Messages name the files as
-// `name`/<file>, relative to the repository; `log` gets why a file that
-// could have been mapped was copied.
+// when `map_weights` and the file allows, then extended by its rows files
+// in order, in `grown` (the tensors they extend; left empty when there are
+// none). Messages name the files as `name`/<file>, relative to the
+// repository; `log` gets why a file that could have been mapped was copied.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     FileSystem& fs, const std::string& dir, const std::string& name,
     const ModelRepository::CheckModel& check, int64_t max_model_bytes,
-    bool map_weights, const std::function<void(const std::string&)>& log) {
+    bool map_weights, const std::function<void(const std::string&)>& log,
+    std::map<std::string, GrowingTensor>* grown) {
   auto model = std::make_shared<RepositoryModel>();
   auto failed = [&](const std::string& file, const absl::Status& status) {
     if (absl::IsResourceExhausted(status)) {
@@ -82,6 +158,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   }
   if (!weights.ok()) return failed("weights.safetensors", weights.status());
   model->weights_mapped = (*weights)->why_copied().empty();
+  model->stored_bytes = static_cast<int64_t>((*weights)->bytes().size());
   absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
       ParseSafetensorsShared(*std::move(weights));
   if (!tensors.ok()) {
@@ -89,6 +166,47 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         name, "/weights.safetensors: ", tensors.status().message()));
   }
   model->tensors = *std::move(tensors);
+  absl::StatusOr<std::map<uint64_t, std::string>> rows_files =
+      RowsFiles(fs, folder);
+  if (!rows_files.ok()) return failed("(the folder)", rows_files.status());
+  grown->clear();
+  for (const auto& [number, file] : *rows_files) {
+    // The model's files together stay within the limit.
+    const int64_t room = max_model_bytes - model->stored_bytes;
+    absl::StatusOr<std::shared_ptr<const FileBytes>> bytes;
+    if (map_weights) {
+      bytes = fs.MapFile(folder + file, room);
+    } else if (absl::StatusOr<std::string> read = fs.ReadFile(folder + file, room);
+               read.ok()) {
+      bytes = FileBytesInMemory(*std::move(read), "--map_model_weights is off");
+    } else {
+      bytes = read.status();
+    }
+    if (!bytes.ok()) return failed(file, bytes.status());
+    model->stored_bytes += static_cast<int64_t>((*bytes)->bytes().size());
+    absl::StatusOr<std::map<std::string, StoredTensor>> rows =
+        ParseSafetensorsShared(*std::move(bytes));
+    if (!rows.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "/", file, ": ", rows.status().message()));
+    }
+    RETURN_IF_ERROR(CheckRowsExtend(absl::StrCat(name, "/", file),
+                                    model->tensors, *rows)
+                        .status());
+    for (const auto& [tensor_name, added] : *rows) {
+      auto it = grown->find(tensor_name);
+      if (it == grown->end()) {
+        grown->emplace(tensor_name,
+                       GrowingTensor(model->tensors.at(tensor_name)));
+      }
+      grown->at(tensor_name).Append(added);
+    }
+    ++model->appended_files;
+  }
+  for (const auto& [tensor_name, tensor] : *grown) {
+    model->tensors[tensor_name] = tensor.View();
+    model->weights_mapped = false;  // some rows are the process's own copy
+  }
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
   return std::shared_ptr<const RepositoryModel>(std::move(model));
@@ -219,6 +337,27 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
                        removed.message()));
     }
   }
+  // Rows files an interrupted append left under their hidden names
+  // (.rows-<n>.safetensors.tmp-<id>): never read, removed once old enough.
+  for (const std::string& model : Folders()) {
+    absl::StatusOr<std::vector<FileSystem::Entry>> files =
+        fs_->ListDir(dir_ + "/" + model);
+    if (!files.ok()) continue;
+    for (const FileSystem::Entry& file : *files) {
+      if (file.is_dir || !absl::StartsWith(file.name, ".rows-") ||
+          now - file.modified < older_than) {
+        continue;
+      }
+      const std::string where = absl::StrCat(model, "/", file.name);
+      const absl::Status removed =
+          fs_->RemoveFile(absl::StrCat(dir_, "/", where));
+      Log(removed.ok()
+              ? absl::StrCat("removed ", where, ", left by an interrupted append")
+              : absl::StrCat("cannot remove ", where,
+                             " (left by an interrupted append; ignored): ",
+                             removed.message()));
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
@@ -243,12 +382,16 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   }
   repository->CleanUpLeftovers(options.remove_leftovers_after);
   for (const std::string& name : repository->Folders()) {
+    std::map<std::string, GrowingTensor> grown;
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
         ReadModel(*fs, options.dir, name, options.check_model,
                   options.max_model_bytes, options.map_weights,
-                  [&](const std::string& note) { repository->Log(note); });
+                  [&](const std::string& note) { repository->Log(note); },
+                  &grown);
+    absl::MutexLock write(&repository->write_mu_);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
+      repository->KeepGrowth(name, *model, std::move(grown));
       repository->models_[name] = *std::move(model);
     } else if (options.fail_on_model_error) {
       return absl::Status(model.status().code(),
@@ -279,9 +422,12 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
     return absl::NotFoundError(absl::StrCat(
         "model_name: no folder '", name, "' in the model repository"));
   }
+  std::map<std::string, GrowingTensor> grown;
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
-                map_weights_, [this](const std::string& note) { Log(note); });
+                map_weights_, [this](const std::string& note) { Log(note); },
+                &grown);
+  if (model.ok()) KeepGrowth(name, *model, std::move(grown));
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -364,7 +510,8 @@ std::vector<std::string> ModelRepository::Names() const {
 
 absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
                                                const std::string& name,
-                                               const RepositoryModel& model) {
+                                               RepositoryModel* written) {
+  const RepositoryModel& model = *written;
   const std::string folder = dir_ + "/" + name;
   // What could not be read back is not written. Bytes the tensors were
   // parsed from are that already, and are written as they are.
@@ -452,6 +599,8 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   // Committed. The old version is garbage now; Load removes it if this
   // does not.
   if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
+  written->stored_bytes = static_cast<int64_t>(weights.size());
+  written->appended_files = 0;
   return absl::OkStatus();
 }
 
@@ -515,15 +664,147 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
           "'); pick another name"));
     }
   }
-  RETURN_IF_ERROR(WriteModelFolder(field, name, model));
-  if (map_weights_) ServeFromWrittenFile(name, &model);
+  RETURN_IF_ERROR(WriteModelFolder(field, name, &model));
+  Serve(name, std::move(model));
+  return absl::OkStatus();
+}
+
+void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
+  if (map_weights_ && model.appended_files == 0) {
+    ServeFromWrittenFile(name, &model);
+  }
   model.held_memory = std::make_shared<const attn::HeldMemory>(name);
   auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(stored);
   unloaded_.erase(name);
   reload_failures_.erase(name);
+}
+
+void ModelRepository::KeepGrowth(
+    const std::string& name,
+    const std::shared_ptr<const RepositoryModel>& model,
+    std::map<std::string, GrowingTensor> grown) {
+  if (grown.empty()) return;
+  growth_[name] = Growth{model, std::move(grown)};
+}
+
+absl::Status ModelRepository::WriteRowsFile(const std::string& name,
+                                            const Rows& rows, int64_t* bytes) {
+  const std::string folder = dir_ + "/" + name;
+  absl::StatusOr<std::map<uint64_t, std::string>> files =
+      RowsFiles(*fs_, folder);
+  if (!files.ok()) {
+    return SaveError("append", name, "listing its folder", files.status());
+  }
+  const uint64_t number = files->empty() ? 1 : files->rbegin()->first + 1;
+  const std::string file = RowsFileName(number);
+  const std::string path = folder + "/" + file;
+  // Written under a hidden name, so a file with that name is whole: a kill
+  // before the rename leaves a leftover that loads never read (and Load
+  // removes), never a partial rows file.
+  const std::string temporary =
+      absl::StrCat(folder, "/.", file, ".tmp-", getpid(), "-", ++saves_);
+  const std::string serialized = SerializeSafetensors(rows);
+  *bytes = static_cast<int64_t>(serialized.size());
+  absl::Status status = WriteDurably(*fs_, temporary, serialized);
+  if (!status.ok()) {
+    fs_->RemoveFile(temporary).IgnoreError();
+    return SaveError("append", name, absl::StrCat("writing ", file), status);
+  }
+  status = fs_->Rename(temporary, path);
+  if (!status.ok()) {
+    fs_->RemoveFile(temporary).IgnoreError();
+    return SaveError("append", name, absl::StrCat("naming ", file), status);
+  }
+  status = fs_->SyncDir(folder);
+  if (!status.ok()) {
+    // Answered as a failure, so the rows must not come back after a crash.
+    fs_->RemoveFile(path).IgnoreError();
+    fs_->SyncDir(folder).IgnoreError();
+    return SaveError("append", name, "syncing its folder", status);
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
+    const AppendRequest& request) {
+  const std::string& name = request.name;
+  if (dir_.empty()) {
+    return absl::FailedPreconditionError(
+        "append: the server runs without --model_repository");
+  }
+  if (!ValidName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
+  }
+  absl::MutexLock write(&write_mu_);
+  std::shared_ptr<const RepositoryModel> current = Find(name);
+  if (current == nullptr) {
+    if (fs_->Stat(dir_ + "/" + name).ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "name: model '", name,
+          "' has a folder in the repository but is not served (unloaded, "
+          "or it failed to load: the repository index says which); load it "
+          "before appending to it"));
+    }
+    if (!request.create) {
+      return absl::NotFoundError(absl::StrCat(
+          "name: no model '", name, "' in the model repository"));
+    }
+    ASSIGN_OR_RETURN(RepositoryModel model, request.create());
+    if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
+    RETURN_IF_ERROR(WriteModelFolder("append", name, &model));
+    Appended appended;
+    appended.rows = model.tensors.begin()->second.shape[0];
+    appended.files = 1;
+    Serve(name, std::move(model));
+    return appended;
+  }
+  ASSIGN_OR_RETURN(const Rows rows, request.prepare(*current));
+  ASSIGN_OR_RETURN(const int64_t added,
+                   CheckRowsExtend("append", current->tensors, rows));
+  int64_t row_bytes = 0;
+  for (const auto& [tensor_name, tensor] : rows) {
+    row_bytes += static_cast<int64_t>(tensor.bytes().size());
+  }
+  if (current->stored_bytes + row_bytes > max_model_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "append '", name, "': the model's files would hold over ",
+        current->stored_bytes + row_bytes, " bytes, over the limit of ",
+        max_model_bytes_, " (--max_model_bytes); the model is unchanged"));
+  }
+  int64_t file_bytes = 0;
+  RETURN_IF_ERROR(WriteRowsFile(name, rows, &file_bytes));
+
+  // Committed on disk: the served version grows. Its rows are copied into
+  // buffers that append in place while the version served is the one the
+  // last append made; a version saved or loaded since starts them afresh.
+  Growth& growth = growth_[name];
+  if (growth.version.lock() != current) growth.tensors.clear();
+  RepositoryModel grown = *current;
+  Appended appended;
+  appended.first_row = current->tensors.at(rows.begin()->first).shape[0];
+  for (const auto& [tensor_name, tensor] : rows) {
+    auto it = growth.tensors.find(tensor_name);
+    if (it == growth.tensors.end()) {
+      it = growth.tensors
+               .emplace(tensor_name,
+                        GrowingTensor(current->tensors.at(tensor_name)))
+               .first;
+    }
+    it->second.Append(tensor);
+    grown.tensors[tensor_name] = it->second.View();
+  }
+  appended.rows = appended.first_row + added;
+  grown.weights_mapped = false;
+  grown.weights_file = nullptr;
+  grown.stored_bytes += file_bytes;
+  ++grown.appended_files;
+  appended.files = 1 + grown.appended_files;
+  Serve(name, std::move(grown));
+  growth.version = Find(name);
+  return appended;
 }
 
 }  // namespace attnserve

@@ -24,6 +24,14 @@
 // new complete one; the hidden leftovers are never loaded, and Load removes
 // them (docs/repository.md).
 //
+// A model may also grow by rows (AppendRows): each append is one more file
+// in its folder, rows-<n>.safetensors, written under a hidden name, fsynced,
+// renamed into place and the folder fsynced before the answer; a load reads
+// weights.safetensors and then every rows file in the order of <n>, which
+// extend its tensors along their first dimension. A whole save replaces the
+// folder, rows files and all. docs/repository.md gives the layout and why a
+// kill at any instant leaves every acknowledged append and no partial one.
+//
 // Live model control (Triton's model_repository extension): LoadModel reads
 // a folder again (a new or changed model) and serves it; UnloadModel stops
 // serving one. Models are shared_ptrs: a call that found a model holds it
@@ -53,6 +61,7 @@
 #include "attn/tensor.h"
 #include "inference/model_config.pb.h"
 #include "server/repository/file_system.h"
+#include "server/repository/growing_tensor.h"
 #include "server/repository/safetensors.h"
 #include "server/repository/stored_tensor.h"
 
@@ -78,6 +87,11 @@ struct RepositoryModel {
   // read or saved, and gone with the last reference to this version, so a
   // replaced or unloaded version's device copy goes once its calls end.
   std::shared_ptr<const attn::HeldMemory> held_memory;
+  // The bytes of its files in the repository (weights.safetensors and its
+  // rows files), which --max_model_bytes bounds; 0 for a model not stored.
+  int64_t stored_bytes = 0;
+  // The rows files appended since its last whole save (AppendRows).
+  int64_t appended_files = 0;
 };
 
 class ModelRepository {
@@ -182,6 +196,44 @@ class ModelRepository {
   absl::Status SaveModel(const SaveNames& names, const std::string& name,
                          RepositoryModel model);
 
+  // The rows an append adds, by the name of the tensor each extends: [n, ...]
+  // with one n >= 1 for all, and the type (F32 or BF16) and dimensions after
+  // the first of the stored tensor it extends.
+  using Rows = std::map<std::string, StoredTensor>;
+  struct AppendRequest {
+    std::string name;
+    // Makes the rows from the model served now (its kind's check and
+    // conversion), under the repository's write lock, so no other change
+    // comes between: the rows, or the status the append answers.
+    std::function<absl::StatusOr<Rows>(const RepositoryModel&)> prepare;
+    // Makes the model when none is served under `name` and the repository
+    // has no folder of that name, of the append's rows alone (every tensor
+    // [n, ...]): the append then saves it whole, as SaveModel does. Empty:
+    // such an append is NOT_FOUND.
+    std::function<absl::StatusOr<RepositoryModel>()> create;
+  };
+  struct Appended {
+    int64_t first_row = 0;  // the index of the first row added
+    int64_t rows = 0;       // the rows held after it
+    int64_t files = 0;      // files the model is in: 1 + rows files
+  };
+  // Appends rows to model `name` durably and serves the grown model: every
+  // lookup that starts after the answer finds it, and a call holding the
+  // version before keeps exactly its rows. Appends, saves, loads and
+  // unloads run one at a time, in the order they take the write lock. On any
+  // failure nothing on disk or served changes, and the message names the
+  // step, never a server path:
+  // - what `prepare` or `create` answers (INVALID_ARGUMENT for rows its kind
+  //   refuses);
+  // - NOT_FOUND: no model `name` and no `create`; FAILED_PRECONDITION: a
+  //   folder `name` that is not served (unloaded, or failed to load), or no
+  //   repository folder;
+  // - RESOURCE_EXHAUSTED: the model's files would hold more than
+  //   max_model_bytes, or the file system is full;
+  // - SaveModel's codes for the file system's other failures.
+  // Blocks on file I/O (two fsyncs) and on other writers.
+  absl::StatusOr<Appended> AppendRows(const AppendRequest& request);
+
   // Options::max_model_bytes.
   int64_t max_model_bytes() const { return max_model_bytes_; }
 
@@ -199,17 +251,42 @@ class ModelRepository {
   // Puts back or removes what interrupted saves left (Load).
   void CleanUpLeftovers(absl::Duration older_than) const;
   void Log(const std::string& note) const;
-  // Writes `model` as folder `name`, durably, replacing any (SaveModel);
-  // failures name `field`.
+  // Writes `model` as folder `name`, durably, replacing any (SaveModel),
+  // and sets its stored_bytes; failures name `field`.
   absl::Status WriteModelFolder(absl::string_view field,
                                 const std::string& name,
-                                const RepositoryModel& model)
+                                RepositoryModel* model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // After a save: `model`'s tensors become views of the file just written,
   // where it maps and holds exactly what was written (else it keeps its
   // own copy). The config is left as it is.
   void ServeFromWrittenFile(const std::string& name, RepositoryModel* model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
+  // Serves `model` as `name` (a save or an append just wrote it), with a
+  // fresh held-memory identity.
+  void Serve(const std::string& name, RepositoryModel model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes `rows` as the next rows file of folder `name`, durably; nothing
+  // is left on failure. Its size in *bytes.
+  absl::Status WriteRowsFile(const std::string& name, const Rows& rows,
+                             int64_t* bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
+  // What appends grow in place: the served version they last made (or
+  // read), and its tensors' buffers. Used while that version is the one
+  // served; else the next append starts afresh from the served tensors.
+  struct Growth {
+    std::weak_ptr<const RepositoryModel> version;
+    std::map<std::string, GrowingTensor> tensors;
+  };
+
+  // Keeps what ReadModel grew for `model`, the version about to serve as
+  // `name`, for the next append (nothing when it grew nothing).
+  void KeepGrowth(const std::string& name,
+                  const std::shared_ptr<const RepositoryModel>& model,
+                  std::map<std::string, GrowingTensor> grown)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // A model no longer (or never successfully) served, for Index.
@@ -230,6 +307,7 @@ class ModelRepository {
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Numbers this process's saves, for unique hidden folder names.
   uint64_t saves_ ABSL_GUARDED_BY(write_mu_) = 0;
+  std::map<std::string, Growth> growth_ ABSL_GUARDED_BY(write_mu_);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const RepositoryModel>> models_

@@ -99,10 +99,13 @@ absl::StatusOr<std::vector<TokenStore::Entry>> TokenStore::Parse() const {
         entry.grant.may_save = true;
       } else if (words[i] == "model_control") {
         entry.grant.may_control_models = true;
+        entry.grant.may_append = true;
+      } else if (words[i] == "append") {
+        entry.grant.may_append = true;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(where(), "unknown permission \"", words[i],
-                         "\" (known: save_as, model_control)"));
+                         "\" (known: save_as, model_control, append)"));
       }
     }
     entries.push_back(std::move(entry));
@@ -204,6 +207,7 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
   if (grant->may_control_models) {
     context->AddProperty(kModelControlProperty, "true");
   }
+  if (grant->may_append) context->AddProperty(kAppendProperty, "true");
   return grpc::Status::OK;
 }
 

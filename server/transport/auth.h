@@ -5,9 +5,11 @@
 //
 // The token file: one token per line, optionally followed by whitespace and
 // permissions; `#` starts a comment; blank lines are ignored. Permissions:
-// `save_as` (FitBandwidth may write into the model repository) and
-// `model_control` (RepositoryModelLoad and RepositoryModelUnload). Tokens are at least 16 characters of printable ASCII without
-// spaces (e.g. `openssl rand -hex 32`).
+// `save_as` (FitBandwidth may write into the model repository),
+// `model_control` (RepositoryModelLoad and RepositoryModelUnload, and
+// appends) and `append` (AppendMemory alone: rows added to stored models,
+// and memories made by them). Tokens are at least 16 characters of
+// printable ASCII without spaces (e.g. `openssl rand -hex 32`).
 //
 //   # ci runner
 //   3f6c1b0d9e2a47c58b1f0e6d2c9a7b44
@@ -41,6 +43,7 @@ namespace attnserve {
 struct TokenGrant {
   bool may_save = false;            // permission `save_as`
   bool may_control_models = false;  // permission `model_control`
+  bool may_append = false;  // permission `append` (or `model_control`)
 };
 
 // Thread-safe: Check may run on many threads while Reload runs.
@@ -110,6 +113,8 @@ inline constexpr char kSaveAsProperty[] = "attnserve.permission.save_as";
 // The same for `model_control`.
 inline constexpr char kModelControlProperty[] =
     "attnserve.permission.model_control";
+// The same for `append` (which `model_control` grants too).
+inline constexpr char kAppendProperty[] = "attnserve.permission.append";
 
 // Requires `authorization: Bearer <token>` on every call except the health
 // service's (probes carry no token). UNAUTHENTICATED otherwise, reported to

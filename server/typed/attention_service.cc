@@ -1,7 +1,9 @@
 #include "server/typed/attention_service.h"
 
 #include <chrono>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -11,6 +13,7 @@
 #include "absl/time/time.h"
 #include "attn/status_macros.h"
 #include "server/transport/auth.h"
+#include "server/transport/status.h"
 #include "server/transport/unary_call.h"
 #include "server/models/model_kinds.h"
 
@@ -537,6 +540,55 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
           return std::string("reference");
         });
       });
+}
+
+grpc::ServerUnaryReactor* AttentionService::AppendMemory(
+    grpc::CallbackServerContext* context,
+    const v1::AppendMemoryRequest* request,
+    v1::AppendMemoryResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status status = [&]() -> absl::Status {
+    const bool may_append =
+        context->auth_context() != nullptr &&
+        !context->auth_context()->FindPropertyValues(kAppendProperty).empty();
+    RETURN_IF_ERROR(catalogue_->CheckAppendAllowed(may_append, request->name()));
+    // The message size limit bounds the rows; the model's, its total.
+    ElementBudget budget(std::numeric_limits<int64_t>::max());
+    DecodeStorage storage;
+    ASSIGN_OR_RETURN(const attn::TensorView keys,
+                     DecodeTensor("keys", request->keys(), &budget, &storage));
+    ASSIGN_OR_RETURN(const attn::TensorView values,
+                     DecodeTensor("values", request->values(), &budget,
+                                  &storage));
+    std::optional<MemorySettings> create;
+    if (request->has_create()) {
+      const v1::MemoryCreation& given = request->create();
+      RETURN_IF_ERROR(CheckEnum("create.score", given.score(),
+                                v1::Score_IsValid(given.score())));
+      RETURN_IF_ERROR(CheckEnum("create.precision", given.precision(),
+                                v1::Precision_IsValid(given.precision())));
+      if (given.precision() == v1::PRECISION_FLOAT16) {
+        return absl::InvalidArgumentError(
+            "create.precision: a memory stores float32 or bfloat16 rows, "
+            "not float16");
+      }
+      create.emplace();
+      create->score = given.score() == v1::SCORE_GAUSSIAN
+                          ? attn::ScoreKind::kGaussian
+                          : attn::ScoreKind::kDotProduct;
+      if (given.has_scale()) create->scale = given.scale();
+      create->bfloat16 = given.precision() == v1::PRECISION_BFLOAT16;
+    }
+    ASSIGN_OR_RETURN(const ModelRepository::Appended appended,
+                     catalogue_->Append(may_append, request->name(), keys,
+                                        values, create));
+    response->set_first_row(appended.first_row);
+    response->set_rows(appended.rows);
+    response->set_files(appended.files);
+    return absl::OkStatus();
+  }();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace attnserve

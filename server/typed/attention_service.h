@@ -13,7 +13,8 @@
 // through the catalogue (server/models/model_catalogue.h), whose kind builds
 // the library's request, as for a KServe call on the same model; the call
 // counts in that model's statistics. Whether a caller may save a fit
-// (FitBandwidth's save_as) is the catalogue's to say.
+// (FitBandwidth's save_as) or append rows (AppendMemory) is the catalogue's
+// to say.
 //
 // Thread-safe; borrows the core and the catalogue, which must outlive it and
 // the gRPC server it is registered with.
@@ -64,6 +65,12 @@ class AttentionService final
       grpc::CallbackServerContext* context,
       const attention::v1::FitBandwidthRequest* request,
       attention::v1::FitBandwidthResponse* response) override;
+  // Runs on the gRPC thread, as a KServe load does: it blocks on file I/O
+  // (two fsyncs) and never takes a worker from the kernels.
+  grpc::ServerUnaryReactor* AppendMemory(
+      grpc::CallbackServerContext* context,
+      const attention::v1::AppendMemoryRequest* request,
+      attention::v1::AppendMemoryResponse* response) override;
 
 
  private:
