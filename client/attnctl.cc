@@ -131,6 +131,10 @@ ABSL_FLAG(std::string, save_as, "",
           "fit-bandwidth: saves the fitted model, with its training set, "
           "into the server's model repository under this name (the server "
           "needs --model_repository).");
+ABSL_FLAG(bool, create, false,
+          "append: make the memory --memory_name from these rows if the "
+          "server has none, with --score, --scale and --precision (bf16 "
+          "stores the rows rounded).");
 ABSL_FLAG(std::string, score, "",
           "dot | gaussian: q.k or -||q - k||^2 / 2 (default dot).");
 ABSL_FLAG(bool, return_weights, false,
@@ -390,6 +394,10 @@ int RunFitBandwidth(const Invocation& invocation) {
   return CallAndPrint(invocation, &AttentionService::Stub::FitBandwidth);
 }
 
+int RunAppend(const Invocation& invocation) {
+  return CallAndPrint(invocation, &AttentionService::Stub::AppendMemory);
+}
+
 int RunLoad(const Invocation& invocation);
 
 // --- The subcommand table.
@@ -466,6 +474,11 @@ const std::vector<Subcommand>& Subcommands() {
       {"fit-bandwidth", "FitBandwidth; x_train 50, y_train 50 (textbook data)",
        RpcFlags({"initial_bandwidth", "learning_rate", "epochs", "save_as"}),
        RunFitBandwidth},
+      {"append",
+       "AppendMemory; keys 10x2, values 10x4 appended to the\n"
+       "stored model --memory_name (durable before the answer)",
+       RpcFlags({"memory_name", "create", "score", "scale", "precision"}),
+       RunAppend},
       {"load",
        "drives --rpc at a loopback server and reports throughput and\n"
        "latency; takes that RPC's request flags too (see Load below)",
@@ -753,6 +766,7 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
     options.model_name = absl::GetFlag(FLAGS_model_name);
   }
   if (given.count("save_as")) options.save_as = absl::GetFlag(FLAGS_save_as);
+  options.create = absl::GetFlag(FLAGS_create);
   options.bandwidth = absl::GetFlag(FLAGS_bandwidth);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.learning_rate = absl::GetFlag(FLAGS_learning_rate);

@@ -17,6 +17,7 @@ namespace attnctl {
 namespace {
 
 using attention::v1::AdditiveAttentionRequest;
+using attention::v1::AppendMemoryRequest;
 using attention::v1::AttentionRequest;
 using attention::v1::BatchMatmulRequest;
 using attention::v1::FitBandwidthRequest;
@@ -535,6 +536,33 @@ absl::Status ApplyOptions(const RequestOptions& options,
   if (options.learning_rate) request->set_learning_rate(*options.learning_rate);
   if (options.epochs) request->set_epochs(*options.epochs);
   if (options.save_as) request->set_save_as(*options.save_as);
+  return ApplyEncoding(options, request);
+}
+
+absl::Status ApplyOptions(const RequestOptions& options,
+                          AppendMemoryRequest* request) {
+  if (absl::Status status = CheckShapeNames(options, {"keys", "values"});
+      !status.ok()) {
+    return status;
+  }
+  std::mt19937 rng(options.seed);
+  if (std::optional<Dims> dims = DimsToGenerate(options, "keys", {10, 2})) {
+    FillNormal(*dims, rng, request->mutable_keys());
+  }
+  if (std::optional<Dims> dims = DimsToGenerate(options, "values", {10, 4})) {
+    FillNormal(*dims, rng, request->mutable_values());
+  }
+  if (options.memory_name) request->set_name(*options.memory_name);
+  if (options.create) {
+    attention::v1::MemoryCreation* create = request->mutable_create();
+    if (options.score) create->set_score(*options.score);
+    if (options.scale) create->set_scale(*options.scale);
+    if (options.precision) create->set_precision(*options.precision);
+  } else if (options.score || options.scale || options.precision) {
+    return absl::InvalidArgumentError(
+        "--score, --scale and --precision make a new memory: give --create "
+        "with them");
+  }
   return ApplyEncoding(options, request);
 }
 

@@ -19,6 +19,7 @@
 //     nadaraya-watson     x_train 50, y_train (x_train's rows,),
 //                         x_query 50 (50xdx when x_train is (n, dx))
 //     fit-bandwidth       x_train 50, y_train (x_train's rows,)
+//     append              keys 10x2, values 10x4 (the chapter's memory)
 //
 // Thread-compatible: pure functions over the caller's objects. Every error is
 // INVALID_ARGUMENT (a usage error; not retryable) and says what is wrong.
@@ -79,6 +80,9 @@ struct RequestOptions {
   std::optional<std::string> model_name;
   // fit-bandwidth: saves the fitted model into the server's repository.
   std::optional<std::string> save_as;
+  // append: the model to append to (from --memory_name), and whether the
+  // append may make the memory, with `score`, `scale` and `precision`.
+  bool create = false;
   // Re-encodes every request tensor and sets output_encoding (where the
   // request has one).
   std::optional<attention::v1::TensorEncoding> encoding;
@@ -126,6 +130,9 @@ absl::Status ApplyOptions(const RequestOptions& options,
                           attention::v1::NadarayaWatsonRequest* request);
 absl::Status ApplyOptions(const RequestOptions& options,
                           attention::v1::FitBandwidthRequest* request);
+// Also INVALID_ARGUMENT for score, scale or precision without `create`.
+absl::Status ApplyOptions(const RequestOptions& options,
+                          attention::v1::AppendMemoryRequest* request);
 
 }  // namespace attnctl
 

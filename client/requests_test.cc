@@ -259,5 +259,28 @@ TEST(ApplyOptionsTest, FitBandwidthTakesItsHyperparameters) {
   EXPECT_EQ(request.save_as(), "net");
 }
 
+TEST(ApplyOptionsTest, AppendGetsTheChaptersMemoryAndMayCreate) {
+  RequestOptions options;
+  options.generate_missing = true;
+  options.memory_name = "m";
+  attention::v1::AppendMemoryRequest request;
+  ASSERT_TRUE(ApplyOptions(options, &request).ok());
+  EXPECT_EQ(request.name(), "m");
+  EXPECT_THAT(request.keys().shape(), ElementsAre(10, 2));
+  EXPECT_THAT(request.values().shape(), ElementsAre(10, 4));
+  EXPECT_FALSE(request.has_create());
+  // Settings make a new memory, so they need create.
+  options.precision = attention::v1::PRECISION_BFLOAT16;
+  options.scale = 0.5f;
+  const absl::Status refused = ApplyOptions(options, &request);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("--create"));
+  options.create = true;
+  ASSERT_TRUE(ApplyOptions(options, &request).ok());
+  EXPECT_EQ(request.create().precision(), attention::v1::PRECISION_BFLOAT16);
+  EXPECT_FLOAT_EQ(request.create().scale(), 0.5f);
+  EXPECT_EQ(request.create().score(), attention::v1::SCORE_DOT_PRODUCT);
+}
+
 }  // namespace
 }  // namespace attnctl

@@ -636,6 +636,108 @@ TEST_P(ServiceTest, QueriesAgainstAStoredMemory) {
   EXPECT_EQ(core_->calls().statistics().Get("memory").success_count, 1u);
 }
 
+// AppendMemory (issue #47): the first append makes the memory, later ones
+// grow it, and every query after an answer sees all the rows appended so
+// far, within the reference's bound over them, weights over every row
+// included. Bad appends are refused naming the field and change nothing.
+TEST_P(ServiceTest, AppendedRowsAreServedAtOnce) {
+  WithModels models(&core_->calls());
+  std::mt19937 rng(47);
+  const int64_t d = 4, dv = 2;
+  v1::AttentionService::Stub* stub = models.stub();
+  auto append = [&](const v1::AppendMemoryRequest& request,
+                    v1::AppendMemoryResponse* response) {
+    grpc::ClientContext context;
+    return stub->AppendMemory(&context, request, response);
+  };
+  std::vector<float> all_keys, all_values;
+  v1::AttentionRequest query;
+  query.set_memory_name("grown");
+  *query.mutable_queries() = RandomTensor(rng, {2, 3, d});
+  query.set_return_weights(true);
+  int64_t rows = 0;
+  for (const int64_t n : {5, 7, 1}) {
+    SCOPED_TRACE(n);
+    v1::AppendMemoryRequest request;
+    request.set_name("grown");
+    *request.mutable_keys() = RandomTensor(rng, {n, d});
+    *request.mutable_values() = RandomTensor(rng, {n, dv});
+    if (rows == 0) request.mutable_create()->set_scale(0.7f);
+    v1::AppendMemoryResponse response;
+    const grpc::Status status = append(request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.first_row(), rows);
+    rows += n;
+    EXPECT_EQ(response.rows(), rows);
+    const attn::Tensor keys = ToTensor(request.keys());
+    const attn::Tensor values = ToTensor(request.values());
+    all_keys.insert(all_keys.end(), keys.data.begin(), keys.data.end());
+    all_values.insert(all_values.end(), values.data.begin(), values.data.end());
+
+    v1::AttentionResponse answer;
+    grpc::ClientContext context;
+    const grpc::Status queried =
+        stub->ScaledDotProductAttention(&context, query, &answer);
+    ASSERT_TRUE(queried.ok()) << queried.error_message();
+    attn::Tensor memory_keys = attn::Tensor::Zeros({rows, d});
+    memory_keys.data.assign(all_keys.begin(), all_keys.end());
+    attn::Tensor memory_values = attn::Tensor::Zeros({rows, dv});
+    memory_values.data.assign(all_values.begin(), all_values.end());
+    const attn::Tensor repeated_keys =
+        attn::testing::RepeatAsBatch(memory_keys, 2);
+    const attn::Tensor repeated_values =
+        attn::testing::RepeatAsBatch(memory_values, 2);
+    const attn::Tensor queries = ToTensor(query.queries());
+    attn::AttentionRequest plain;
+    plain.queries = View(queries);
+    plain.keys = View(repeated_keys);
+    plain.values = View(repeated_values);
+    plain.scale = 0.7f;
+    plain.return_weights = true;
+    const attn::OpResult exact =
+        reference_->ScaledDotProductAttention(plain).value();
+    const attn::testing::ErrorBounds bounds =
+        attn::testing::AttentionBounds(plain, exact);
+    EXPECT_EQ(ToTensor(answer.weights()).shape, (attn::Shape{2, 3, rows}));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(answer.output()),
+                                            exact.output, bounds.output));
+    EXPECT_TRUE(attn::testing::WithinBounds(ToTensor(answer.weights()),
+                                            exact.weights, bounds.weights));
+  }
+
+  v1::AppendMemoryRequest good;
+  good.set_name("grown");
+  *good.mutable_keys() = RandomTensor(rng, {2, d});
+  *good.mutable_values() = RandomTensor(rng, {2, dv});
+  v1::AppendMemoryResponse response;
+  v1::AppendMemoryRequest nan = good;
+  nan.mutable_values()->set_values(3, std::nanf(""));
+  v1::AppendMemoryRequest wrong_d = good;
+  *wrong_d.mutable_keys() = RandomTensor(rng, {2, d + 1});
+  v1::AppendMemoryRequest half = good;
+  half.mutable_create()->set_precision(v1::PRECISION_FLOAT16);
+  v1::AppendMemoryRequest other_scale = good;
+  other_scale.mutable_create()->set_scale(0.5f);
+  v1::AppendMemoryRequest absent = good;
+  absent.set_name("absent");
+  for (const auto& [request, code, message] :
+       {std::tuple<const v1::AppendMemoryRequest&, grpc::StatusCode,
+                   const char*>{nan, grpc::StatusCode::INVALID_ARGUMENT,
+                                "values"},
+        {wrong_d, grpc::StatusCode::INVALID_ARGUMENT,
+         "keys: shape (2, 5) must be (n, 4): model 'grown' holds keys (13, 4)"},
+        {half, grpc::StatusCode::INVALID_ARGUMENT, "create.precision"},
+        {other_scale, grpc::StatusCode::INVALID_ARGUMENT,
+         "create: memory 'grown' exists with score dot_product, scale 0.7"},
+        {absent, grpc::StatusCode::NOT_FOUND, "name: no model 'absent'"}}) {
+    const grpc::Status status = append(request, &response);
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+  }
+  EXPECT_EQ(models.repository().Find("grown")->tensors.at("keys").shape,
+            (attn::Shape{rows, d}));
+}
+
 // FitBandwidth's save_as stores the fit with its training set, and
 // NadarayaWatson naming it (model_name) answers x_query alone, as the
 // textbook's net(x_test, keys, values): within the reference's bound over

@@ -6,7 +6,9 @@
 #    is batched, a call sending its own keys and values is not; queries of
 #    another d are refused naming both shapes;
 #  - --batch_stored_memories=false: the memory's calls run alone;
-#  - --batching: every call is batched.
+#  - --batching: every call is batched;
+#  - attnctl append grows the memory (and --create makes one); the next call
+#    and the next server see the rows.
 #
 #   tests/e2e/stored_memory_test.sh ATTNSERVE ATTNCTL
 set -uo pipefail
@@ -92,6 +94,36 @@ ctl attention --shape=queries=1x2x8,keys=1x30x8,values=1x30x3 >/dev/null 2>&1
 check "--batching: a call sending its keys and values is answered" $?
 [[ $(batches) == 1 ]]
 check "--batching: ... and batched" $? "batches: $(batches)"
+
+# Appends (issue #47): attnctl append grows the memory at once and for good.
+ctl append --memory_name=memory --shape=keys=5x8,values=5x3 \
+  >"$workdir/append.json" 2>"$workdir/error.txt"
+check "appends: attnctl append is answered" $? "$(cat "$workdir/error.txt")"
+grep -q '"first_row":"300"' "$workdir/append.json" &&
+  grep -q '"rows":"305"' "$workdir/append.json"
+check "appends: ... rows 300-304 added, 305 held" $? "$(cat "$workdir/append.json")"
+weights_columns() {  # the memory's weights' last dimension in a call now
+  ctl attention --memory_name=memory --shape=queries=1x1x8 --return_weights \
+    --summary 2>&1 | "$py" -c 'import json, sys
+print(json.load(sys.stdin)["weights"]["shape"][-1])'
+}
+[[ $(weights_columns) == 305 ]]
+check "appends: the next call attends over 305 rows" $? "$(weights_columns)"
+ctl append --memory_name=memory --shape=keys=2x7,values=2x3 >/dev/null \
+  2>"$workdir/error.txt"
+[[ $? -ne 0 ]] && grep -q "INVALID_ARGUMENT" "$workdir/error.txt" &&
+  grep -q "keys: shape (2, 7) must be (n, 8)" "$workdir/error.txt"
+check "appends: rows of d = 7 are refused naming the field" $? \
+  "$(cat "$workdir/error.txt")"
+ctl append --memory_name=made --create --score=gaussian --precision=bf16 \
+  >/dev/null 2>"$workdir/error.txt"
+check "appends: attnctl append --create makes a memory" $? \
+  "$(cat "$workdir/error.txt")"
+
+serve restarted
+[[ $(weights_columns) == 305 ]]
+check "appends: after a restart the memory holds the 305 rows" $? \
+  "$(weights_columns)"
 
 if [[ $failures -ne 0 ]]; then
   echo "stored_memory: $failures check(s) failed"

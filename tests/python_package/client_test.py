@@ -501,6 +501,62 @@ class StoredMemoryTest(Case):
         out, _, ob, _ = attention_ref(queries, keys[None], values[None])
         self.assertWithin(got.output, out, ob, "aio stored memory output")
 
+    def test_appended_rows_are_served_at_once(self):
+        # The first append makes the memory; each later one grows it, and
+        # the next query attends over every row, weights included.
+        keys, values = self.randn(7, 3), self.randn(7, 2)
+        queries = self.randn(2, 4, 3)
+        made = CLIENT.append_memory("py_grown", keys[:3], values[:3], create=True,
+                                    scale=0.6)
+        self.assertEqual(made, attnserve.Appended(first_row=0, rows=3, files=1))
+        added = CLIENT.append_memory("py_grown", keys[3:], values[3:])
+        self.assertEqual(added, attnserve.Appended(first_row=3, rows=7, files=2))
+        got = CLIENT.scaled_dot_product_attention(queries, memory_name="py_grown",
+                                                  return_weights=True)
+        self.assertEqual(got.weights.shape, (2, 4, 7))
+        out, w, ob, wb = attention_ref(queries, np.broadcast_to(keys, (2, 7, 3)),
+                                       np.broadcast_to(values, (2, 7, 2)), scale=0.6)
+        self.assertWithin(got.output, out, ob, "grown memory output")
+        self.assertWithin(got.weights, w, wb, "grown memory weights")
+        # Refused, naming the field; the memory keeps its rows.
+        bad = values[:2].copy()
+        bad[1, 0] = np.inf
+        for call, code, words in (
+                (lambda: CLIENT.append_memory("py_grown", keys[:2], bad),
+                 grpc.StatusCode.INVALID_ARGUMENT, "values"),
+                (lambda: CLIENT.append_memory("py_grown", keys[:2, :2], values[:2]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "keys: shape (2, 2) must be (n, 3)"),
+                (lambda: CLIENT.append_memory("py_nobody", keys, values),
+                 grpc.StatusCode.NOT_FOUND, "no model 'py_nobody'"),
+                (lambda: CLIENT.append_memory("py_grown", keys, values, scale=2.0),
+                 grpc.StatusCode.INVALID_ARGUMENT, "create=True")):
+            with self.assertRaises(attnserve.Error) as caught:
+                call()
+            self.assertEqual(caught.exception.code, code)
+            self.assertIn(words, caught.exception.message)
+        again = CLIENT.scaled_dot_product_attention(queries, memory_name="py_grown")
+        self.assertEqual(again.output.shape, (2, 4, 2))
+        self.assertWithin(again.output, out, ob, "memory after refusals")
+
+    def test_a_training_set_grows_over_asyncio(self):
+        d = textbook.regression_data()
+        half = len(d.x_train) // 2
+
+        async def fit_append_query():
+            async with attnserve.aio.Client(TARGET, timeout=30) as client:
+                fit = await client.fit_bandwidth(d.x_train[:half], d.y_train[:half],
+                                                 save_as="py_grown_fit")
+                added = await client.append_memory("py_grown_fit", d.x_train[half:],
+                                                   d.y_train[half:])
+                net = await client.nadaraya_watson(x_query=d.x_query,
+                                                   model_name="py_grown_fit")
+                return fit, added, net
+        fit, added, net = asyncio.run(fit_append_query())
+        self.assertEqual((added.first_row, added.rows), (half, len(d.x_train)))
+        out, _, ob, _ = nadaraya_watson_ref(d.x_train, d.y_train, d.x_query,
+                                            bandwidth=fit.bandwidth)
+        self.assertWithin(net.output, out, ob, "grown training set output")
+
     def test_a_bad_memory_is_refused_and_the_stored_one_kept(self):
         keys, values = self.randn(8, 2), self.randn(8, 4)
         CLIENT.store_memory("kept_memory", keys, values)

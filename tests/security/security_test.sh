@@ -8,7 +8,8 @@
 #    one from the CA is served;
 #  - tokens (over TLS): no token and a wrong token get UNAUTHENTICATED and are
 #    counted by reason; a good token is served; health checks need none;
-#    save_as needs the save_as permission (PERMISSION_DENIED otherwise), and
+#    save_as needs the save_as permission (PERMISSION_DENIED otherwise),
+#    AppendMemory the append permission (or model_control), and
 #    KServe RepositoryModelLoad/Unload the model_control permission (checked
 #    with tritonclient's generated stubs from VENV); an
 #    edit of the token file takes effect within seconds, and so does SIGHUP;
@@ -75,8 +76,10 @@ token_plain=$(openssl rand -hex 24)
 token_saver=$(openssl rand -hex 24)
 token_new=$(openssl rand -hex 24)
 token_controller=$(openssl rand -hex 24)
-printf '# test tokens\n%s\n%s save_as\n%s model_control\n' "$token_plain" \
-  "$token_saver" "$token_controller" >"$workdir/tokens"
+token_appender=$(openssl rand -hex 24)
+printf '# test tokens\n%s\n%s save_as\n%s model_control\n%s append\n' \
+  "$token_plain" "$token_saver" "$token_controller" "$token_appender" \
+  >"$workdir/tokens"
 cp -r "$repo/deploy/models" "$workdir/models"
 
 ctl() { "$attnctl" --target="127.0.0.1:$GRPC_PORT" --deadline=10s "$@"; }
@@ -252,6 +255,17 @@ expect_ok "tokens: save_as with the permission" "${tls[@]}" --token="$token_save
 [[ -f "$workdir/models/fitted_by_test/config.pbtxt" ]] &&
   pass "the permitted save_as wrote the model" ||
   fail "the permitted save_as wrote nothing under $workdir/models"
+# append: AppendMemory needs the permission append (or model_control).
+expect_refused "tokens: an append by a plain token -> PERMISSION_DENIED" \
+  "PERMISSION_DENIED" "${tls[@]}" --token="$token_plain" append \
+  --memory_name=appended_by_test --create
+[[ ! -e "$workdir/models/appended_by_test" ]] &&
+  pass "the refused append wrote nothing" ||
+  fail "the refused append wrote $workdir/models/appended_by_test"
+expect_ok "tokens: an append by an append token" "${tls[@]}" \
+  --token="$token_appender" append --memory_name=appended_by_test --create
+expect_ok "tokens: an append by a model_control token" "${tls[@]}" \
+  --token="$token_controller" append --memory_name=appended_by_test
 # model_control: KServe RepositoryModelUnload / Load need the permission.
 # control TOKEN load|unload MODEL: prints the gRPC status code's name.
 control() {

@@ -22,14 +22,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._types import (AdditiveWeights, AttentionResult, Error, ExecutionInfo,
-                     FitResult, ModelInfo, Result)
+from ._types import (AdditiveWeights, Appended, AttentionResult, Error,
+                     ExecutionInfo, FitResult, ModelInfo, Result)
 from .client import DEFAULT_MAX_MESSAGE_BYTES, Client
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdditiveWeights", "AttentionResult", "Client", "DEFAULT_MAX_MESSAGE_BYTES",
+    "AdditiveWeights", "Appended", "AttentionResult", "Client", "DEFAULT_MAX_MESSAGE_BYTES",
     "Error", "ExecutionInfo", "FitResult", "ModelInfo", "Result", "aio", "plot",
     "textbook",
 ]

@@ -129,3 +129,15 @@ class ModelInfo:
     version: str
     state: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an append did (``Client.append_memory``): ``first_row``, the
+    index of the first row it added (its column in ``attention_weights``
+    from now on); ``rows``, the rows the model holds after it; ``files``, the
+    files they are stored in on the server."""
+
+    first_row: int
+    rows: int
+    files: int

@@ -13,8 +13,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import grpc
 import numpy as np
 
-from ._types import (AdditiveWeights, AttentionResult, Error, ExecutionInfo,
-                     FitResult, Result, invalid)
+from ._types import (AdditiveWeights, Appended, AttentionResult, Error,
+                     ExecutionInfo, FitResult, Result, invalid)
 
 try:
     from ._generated import attention_pb2 as pb
@@ -252,6 +252,23 @@ def fit_bandwidth(x_train: ArrayLike, y_train: ArrayLike,
     return request
 
 
+def append_memory(name: str, keys: ArrayLike, values: ArrayLike, create: bool,
+                  score: str, scale: Optional[float],
+                  bfloat16: bool) -> pb.AppendMemoryRequest:
+    request = pb.AppendMemoryRequest(name=name, keys=to_tensor("keys", keys),
+                                     values=to_tensor("values", values))
+    if create:
+        request.create.score = enum_value("score", score, _SCORES)
+        request.create.precision = (pb.PRECISION_BFLOAT16 if bfloat16
+                                    else pb.PRECISION_FLOAT32)
+        if scale is not None:
+            request.create.scale = float(scale)
+    elif score != "dot_product" or scale is not None or bfloat16:
+        raise invalid("append_memory: score, scale and bfloat16 make a new "
+                      "memory: pass create=True with them")
+    return request
+
+
 # --------------------------------------------------------------------------
 # Responses.
 
@@ -271,6 +288,10 @@ def fit_result(response: pb.FitBandwidthResponse) -> FitResult:
     return FitResult(float(response.bandwidth),
                      np.asarray(response.loss_per_epoch, dtype=np.float64),
                      float(response.final_loss), info(response))
+
+
+def appended(response: pb.AppendMemoryResponse) -> Appended:
+    return Appended(int(response.first_row), int(response.rows), int(response.files))
 
 
 def _bfloat16_bits(array: np.ndarray) -> np.ndarray:

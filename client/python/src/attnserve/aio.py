@@ -23,7 +23,7 @@ import grpc.aio
 
 from . import _services, _wire
 from ._generated import attention_pb2_grpc
-from ._types import AttentionResult, Error, FitResult, ModelInfo, Result
+from ._types import Appended, AttentionResult, Error, FitResult, ModelInfo, Result
 from ._wire import ArrayLike, LengthsLike, WeightsLike
 from .client import (DEFAULT_MAX_MESSAGE_BYTES, Metadata, Precision, Timeout,
                      channel_options)
@@ -202,6 +202,18 @@ class Client:
         request = _wire.memory_load(self._load_request, name, keys, values, score,
                                     scale, bfloat16)
         await self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
+
+    async def append_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
+                            create: bool = False, score: str = "dot_product",
+                            scale: Optional[float] = None, bfloat16: bool = False,
+                            timeout: Timeout = _UNSET,
+                            metadata: Metadata = ()) -> Appended:
+        """Appends rows to a stored model, durably (see
+        ``Client.append_memory``)."""
+        request = _wire.append_memory(name, keys, values, create, score, scale,
+                                      bfloat16)
+        return _wire.appended(await self._call(
+            "AppendMemory", self._stub.AppendMemory, request, timeout, metadata))
 
     async def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                      metadata: Metadata = ()) -> List[ModelInfo]:

@@ -9,7 +9,7 @@ import grpc
 
 from . import _services, _wire
 from ._generated import attention_pb2_grpc
-from ._types import (AttentionResult, Error, FitResult, ModelInfo, Result)
+from ._types import (Appended, AttentionResult, Error, FitResult, ModelInfo, Result)
 from ._wire import ArrayLike, LengthsLike, WeightsLike
 
 #: The server's default ``--max_message_bytes`` (two 4096 x 4096 float32
@@ -328,6 +328,34 @@ class Client:
         request = _wire.memory_load(self._load_request, name, keys, values, score,
                                     scale, bfloat16)
         self._call("RepositoryModelLoad", self._load, request, timeout, metadata)
+
+    def append_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
+                      create: bool = False, score: str = "dot_product",
+                      scale: Optional[float] = None, bfloat16: bool = False,
+                      timeout: Timeout = _UNSET, metadata: Metadata = ()) -> Appended:
+        """Appends rows to the stored model ``name`` while it serves: an
+        ``attention_memory``'s keys (n, d) and values (n, v), or a
+        ``nadaraya_watson`` model's training set (x rows as ``keys``, (n,)
+        or (n, dx); y rows as ``values``). The rows are on the server's
+        disk (fsynced) before this returns, and every call that starts after
+        it sees them; the memory's earlier rows keep their indices, the new
+        ones follow (``Appended.first_row``). No message carries the whole
+        memory, so it can grow past what one upload could hold.
+
+        Args:
+            create: make the memory from these rows when ``name`` does not
+                exist yet, with ``score``, ``scale`` (None: 1/sqrt(d) for
+                the dot product, 1 for the Gaussian) and ``bfloat16``
+                (store the rows rounded); a memory that exists must have
+                the same settings. Without it, an unknown name is NOT_FOUND.
+
+        Needs the token permission ``append`` (or ``model_control``) when
+        the server checks tokens.
+        """
+        request = _wire.append_memory(name, keys, values, create, score, scale,
+                                      bfloat16)
+        return _wire.appended(self._call("AppendMemory", self._stub.AppendMemory,
+                                         request, timeout, metadata))
 
     def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                metadata: Metadata = ()) -> List[ModelInfo]:

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""kill -9 during appends: is every acknowledged row still there after the
+restart, in its place, and never a part of an append?
+
+    tests/faults/append_crash.py [--rounds=50] [--attnserve=PATH]
+                                 [--attnctl=PATH] [--seed=1]
+
+One attnserve over an empty repository. Each round starts it, checks what
+it serves, then appends to the memory `crash` from one client (attnctl
+append, 1 to 512 rows a call, each answered before the next is sent) and
+kills the server with SIGKILL at a random moment 50-600 ms in, most often
+while an append is being written. Row i of the memory has key [i] and value
+[i], and the memory scores with a sharp Gaussian (scale 100), so a query
+[j] answers j exactly when row j holds its own values and nothing else
+does.
+
+After each restart the server must come up serving, and the memory must
+hold exactly the rows acknowledged so far, or those plus the whole append
+that was in flight when the server died (its answer was lost, not its
+rows): never fewer, never a part of one. A query of each of the last 600
+rows and of up to 1,400 others must answer its own index. The first append
+of the first round makes the memory. Exit 0 when every round passed;
+standard library only; build first.
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+NAME = "crash"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary, repository, log):
+        self.grpc, self.http, self.metrics = free_port(), free_port(), free_port()
+        self.process = subprocess.Popen(
+            [binary, "--host=127.0.0.1", "--grpc_port=%d" % self.grpc,
+             "--http_port=%d" % self.http, "--metrics_port=%d" % self.metrics,
+             "--model_repository=" + repository, "--backend=cpu",
+             "--drain_notice_ms=0"],
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, seconds=20):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(
+                        "http://127.0.0.1:%d/v2/health/ready" % self.http,
+                        timeout=2) as reply:
+                    if reply.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def served_rows(self):
+        """The memory's rows as its metadata says (attention_weights'
+        last dimension); 0 when it is not served."""
+        try:
+            with urllib.request.urlopen(
+                    "http://127.0.0.1:%d/v2/models/%s" % (self.http, NAME),
+                    timeout=10) as reply:
+                metadata = json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return 0
+            raise
+        for output in metadata["outputs"]:
+            if output["name"] == "attention_weights":
+                return int(output["shape"][-1])
+        raise RuntimeError("no attention_weights in %r" % metadata)
+
+
+def attnctl(tool, port, subcommand, request, workdir, deadline="30s"):
+    """Runs `attnctl SUBCOMMAND --input` with `request` (a dict); returns
+    (exit status, parsed stdout or None, stderr)."""
+    path = os.path.join(workdir, subcommand + ".json")
+    with open(path, "w") as out:
+        json.dump(request, out)
+    done = subprocess.run(
+        [tool, "--target=127.0.0.1:%d" % port, "--deadline=" + deadline,
+         "--input=" + path, subcommand],
+        capture_output=True, text=True)
+    body = None
+    if done.returncode == 0:
+        body = json.loads(done.stdout)
+    return done.returncode, body, done.stderr
+
+
+def check_rows(tool, server, rows, rng, workdir):
+    """Queries the last 600 rows and up to 1,400 others; the rows whose
+    answer is not their own index."""
+    wanted = set(range(max(0, rows - 600), rows))
+    wanted.update(rng.sample(range(rows), min(rows, 1400)))
+    wanted = sorted(wanted)
+    status, body, error = attnctl(tool, server.grpc, "attention", {
+        "memory_name": NAME,
+        "queries": {"shape": [1, len(wanted), 1], "values": wanted},
+    }, workdir)
+    if status != 0:
+        raise RuntimeError("query failed: " + error.strip())
+    got = body["output"]["values"]
+    return [j for j, value in zip(wanted, got) if abs(value - j) > 1e-3 * max(1, j)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--attnserve",
+                        default=os.path.join(REPO, "build/server/attnserve"))
+    parser.add_argument("--attnctl",
+                        default=os.path.join(REPO, "build/client/attnctl"))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    workdir = tempfile.mkdtemp(prefix="attnserve-append-crash.")
+    repository = os.path.join(workdir, "models")
+    os.mkdir(repository)
+    log = open(os.path.join(workdir, "server.log"), "ab")
+
+    acknowledged = 0   # rows the server answered OK for, in all
+    in_flight = 0      # rows of the append the kill interrupted, if any
+    failures = []
+    appends = 0
+    for round_number in range(1, args.rounds + 1):
+        server = Server(args.attnserve, repository, log)
+        if not server.wait_ready():
+            failures.append("round %d: the server did not come up (%s)" % (
+                round_number, os.path.join(workdir, "server.log")))
+            break
+        rows = server.served_rows()
+        if rows not in (acknowledged, acknowledged + in_flight):
+            failures.append("round %d: %d rows served; %d acknowledged%s" % (
+                round_number, rows, acknowledged,
+                " (+%d in flight)" % in_flight if in_flight else ""))
+        elif rows:
+            wrong = check_rows(args.attnctl, server, rows, rng, workdir)
+            if wrong:
+                failures.append("round %d: rows %s do not hold their values" % (
+                    round_number, wrong[:10]))
+        survived = rows - acknowledged
+        acknowledged = rows  # an append whose answer died with the server
+        in_flight = 0
+
+        # The kill, at a random moment.
+        killer = threading.Timer(rng.uniform(0.05, 0.6),
+                                 lambda: server.process.send_signal(signal.SIGKILL))
+        killer.start()
+        while server.process.poll() is None:
+            n = rng.randint(1, 512)
+            values = [float(i) for i in range(acknowledged, acknowledged + n)]
+            request = {"name": NAME,
+                       "keys": {"shape": [n, 1], "values": values},
+                       "values": {"shape": [n, 1], "values": values}}
+            if acknowledged == 0:
+                request["create"] = {"score": "SCORE_GAUSSIAN", "scale": 100}
+            status, body, error = attnctl(args.attnctl, server.grpc, "append",
+                                          request, workdir)
+            if status == 0:
+                appends += 1
+                first, total = int(body.get("first_row", 0)), int(body["rows"])
+                if first != acknowledged or total != acknowledged + n:
+                    failures.append("round %d: append answered rows %d-%d, "
+                                    "expected %d-%d" % (
+                                        round_number, first, total,
+                                        acknowledged, acknowledged + n))
+                acknowledged = total
+            elif server.process.poll() is not None or "UNAVAILABLE" in error:
+                in_flight = n
+                break
+            else:
+                failures.append("round %d: append failed: %s" % (
+                    round_number, error.strip()))
+                break
+        killer.join()
+        server.process.wait()
+        print("round %2d: served %6d rows at the restart (%d of an unanswered "
+              "append), then %6d acknowledged%s" % (
+                  round_number, rows, max(0, survived), acknowledged,
+                  ", killed during an append of %d" % in_flight if in_flight else ""),
+              flush=True)
+        if failures:
+            break
+
+    # The last restart: everything acknowledged is served.
+    if not failures:
+        server = Server(args.attnserve, repository, log)
+        if not server.wait_ready():
+            failures.append("the last restart did not come up")
+        else:
+            rows = server.served_rows()
+            if rows not in (acknowledged, acknowledged + in_flight):
+                failures.append("last restart: %d rows served; %d acknowledged" % (
+                    rows, acknowledged))
+            elif rows and check_rows(args.attnctl, server, rows, rng, workdir):
+                failures.append("last restart: rows do not hold their values")
+            server.process.send_signal(signal.SIGTERM)
+            if server.process.wait(timeout=30) != 0:
+                failures.append("the server did not exit 0 on SIGTERM")
+    log.close()
+    print("append_crash: %d rounds, %d appends answered OK, %d rows "
+          "acknowledged" % (args.rounds, appends, acknowledged))
+    if failures:
+        for failure in failures:
+            print("FAIL " + failure)
+        print("append_crash: failed; the server's log: %s" % (
+            os.path.join(workdir, "server.log")))
+        return 1
+    print("append_crash: passed: 0 acknowledged rows lost, 0 partial appends")
+    subprocess.run(["rm", "-rf", workdir])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
