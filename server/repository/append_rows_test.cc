@@ -135,7 +135,7 @@ TEST(AppendRowsTest, FirstAppendMakesTheMemoryAndLaterOnesGrowIt) {
   ASSERT_NE(first, nullptr);
   EXPECT_EQ(first->config.backend(), "attention_memory");
 
-  // Many small appends: the buffers double several times underneath.
+  // Many small appends: the buffers grow several times underneath.
   int64_t rows = 3;
   for (int64_t n : {1, 2, 5, 16, 1, 40, 100, 7}) {
     absl::StatusOr<ModelRepository::Appended> appended =
@@ -160,6 +160,42 @@ TEST(AppendRowsTest, FirstAppendMakesTheMemoryAndLaterOnesGrowIt) {
   EXPECT_EQ(appended->first_row, rows);
   EXPECT_EQ(appended->files, 10);
   EXPECT_EQ(RowsAfterRestart(dir), rows + 2);
+}
+
+// The buffers appends grow in are freed with the last version that uses
+// them: an unload, a reload and a whole save each let them go.
+TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
+  const std::string dir = TempDir();
+  auto repository = LoadModelRepository(OptionsFor(dir)).value();
+  ModelCatalogue catalogue(repository.get());
+  ASSERT_TRUE(Append(catalogue, 0, 3).ok());
+  for (const char* how : {"unload", "reload", "save"}) {
+    SCOPED_TRACE(how);
+    const int64_t rows = CheckedRows(*repository->Find("m"));
+    ASSERT_TRUE(Append(catalogue, rows, 2, /*create=*/false).ok());
+    std::weak_ptr<const void> keys =
+        repository->Find("m")->tensors.at("keys").storage;
+    ASSERT_FALSE(keys.expired());
+    if (std::string(how) == "unload") {
+      ASSERT_TRUE(repository->UnloadModel("m").ok());
+      EXPECT_TRUE(keys.expired());
+      ASSERT_TRUE(repository->LoadModel("m").ok());
+    } else if (std::string(how) == "reload") {
+      ASSERT_TRUE(repository->LoadModel("m").ok());
+      // The reloaded version has grown buffers of its own.
+      EXPECT_TRUE(keys.expired());
+    } else {
+      const Rows whole = MakeRows(0, rows + 2);
+      ASSERT_TRUE(repository
+                      ->SaveModel({"load", "memory"}, "m",
+                                  NewAttentionMemory("m", {}, whole.key_view(),
+                                                     whole.value_view())
+                                      .value())
+                      .ok());
+      EXPECT_TRUE(keys.expired());
+    }
+    EXPECT_EQ(CheckedRows(*repository->Find("m")), rows + 2);
+  }
 }
 
 TEST(AppendRowsTest, AWholeUploadReplacesTheAppendedRows) {

@@ -12,7 +12,7 @@ GrowingTensor::GrowingTensor(const StoredTensor& tensor)
   for (int64_t dim : row_shape_) row_elements *= dim;
   row_bytes_ = static_cast<size_t>(row_elements) *
                (bfloat16_ ? sizeof(uint16_t) : sizeof(float));
-  Reserve(std::max<int64_t>(2 * tensor.shape[0], 16));
+  Reserve(tensor.shape[0] + tensor.shape[0] / 4 + 16);
   Append(tensor);
 }
 
@@ -32,7 +32,8 @@ void GrowingTensor::Reserve(int64_t rows) {
 void GrowingTensor::Append(const StoredTensor& rows) {
   const int64_t added = rows.shape[0];
   if (rows_ + added > capacity_) {
-    Reserve(std::max(2 * capacity_, rows_ + added));
+    // 1.5x: amortized O(rows appended), at most half the rows spare.
+    Reserve(std::max(capacity_ + capacity_ / 2, rows_ + added));
   }
   const absl::string_view bytes = rows.bytes();
   std::memcpy(buffer_.get() + static_cast<size_t>(rows_) * row_bytes_,

@@ -1,8 +1,8 @@
 // A stored tensor that grows by rows (an attention memory's keys and
 // values, a regression's training set, as appends arrive): its values live
 // in a buffer with room for more, so an append copies only its own rows,
-// and the buffer doubles when full, copying what it holds once (amortized
-// O(rows appended)).
+// and a full buffer is replaced by one half as large again, copying what it
+// holds once (amortized O(rows appended); at most half the rows spare).
 //
 // The views it hands out (View) cover the rows held when each was made and
 // share ownership of the buffer they point into. Appends write only past
@@ -27,7 +27,7 @@ namespace attnserve {
 class GrowingTensor {
  public:
   // Starts with a copy of `tensor` (rank >= 1; its rows are the first
-  // dimension), with room for as many rows again.
+  // dimension), with room for a quarter as many rows again.
   explicit GrowingTensor(const StoredTensor& tensor);
 
   // Appends the rows of `rows`: the same type (F32 or BF16) and the same

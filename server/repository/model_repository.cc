@@ -460,6 +460,7 @@ absl::Status ModelRepository::UnloadModel(const std::string& name) {
   }
   unloaded_[name] = Unloaded{it->second, "unloaded"};
   models_.erase(it);
+  growth_.erase(name);
   reload_failures_.erase(name);
   return absl::OkStatus();
 }
@@ -665,6 +666,7 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
     }
   }
   RETURN_IF_ERROR(WriteModelFolder(field, name, &model));
+  growth_.erase(name);
   Serve(name, std::move(model));
   return absl::OkStatus();
 }
@@ -685,8 +687,11 @@ void ModelRepository::KeepGrowth(
     const std::string& name,
     const std::shared_ptr<const RepositoryModel>& model,
     std::map<std::string, GrowingTensor> grown) {
-  if (grown.empty()) return;
-  growth_[name] = Growth{model, std::move(grown)};
+  if (grown.empty()) {
+    growth_.erase(name);  // its buffers must not outlive what they served
+  } else {
+    growth_[name] = Growth{model, std::move(grown)};
+  }
 }
 
 absl::Status ModelRepository::WriteRowsFile(const std::string& name,
@@ -755,6 +760,7 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
     ASSIGN_OR_RETURN(RepositoryModel model, request.create());
     if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
     RETURN_IF_ERROR(WriteModelFolder("append", name, &model));
+    growth_.erase(name);
     Appended appended;
     appended.rows = model.tensors.begin()->second.shape[0];
     appended.files = 1;
