@@ -156,7 +156,8 @@ ABSL_FLAG(std::optional<float>, initial_bandwidth, std::nullopt,
 // --- load.
 ABSL_FLAG(std::string, rpc, "attention",
           "load: the RPC to drive: attention | masked-softmax | batch-matmul | "
-          "additive-attention | nadaraya-watson | fit-bandwidth | health.");
+          "additive-attention | nadaraya-watson | fit-bandwidth | append | "
+          "health.");
 ABSL_FLAG(int32_t, concurrency, 1,
           "load, closed loop: requests in flight at all times.");
 ABSL_FLAG(double, rate, 0,
@@ -436,7 +437,7 @@ std::vector<absl::string_view> LoadFlags() {
   for (absl::string_view flag :
        {"input", "shape", "encoding", "valid_lens", "valid_lens_shape",
         "causal", "scale", "score", "return_weights", "precision", "memory_name",
-        "model_name", "kernel",
+        "model_name", "kernel", "create",
         "bandwidth", "initial_bandwidth", "learning_rate", "epochs",
         "service"}) {
     flags.push_back(flag);

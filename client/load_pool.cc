@@ -329,6 +329,9 @@ absl::StatusOr<RequestPool> BuildRequestPool(const PoolOptions& options) {
     case LoadRpc::kFitBandwidth:
       status = BuildEntries<attention::v1::FitBandwidthRequest>(options, &pool);
       break;
+    case LoadRpc::kAppendMemory:
+      status = BuildEntries<attention::v1::AppendMemoryRequest>(options, &pool);
+      break;
     case LoadRpc::kHealth: {
       if (!options.mix.empty()) {
         return absl::InvalidArgumentError(

@@ -27,6 +27,7 @@ constexpr RpcName kRpcNames[] = {
     {LoadRpc::kAdditiveAttention, "additive-attention", "AdditiveAttention"},
     {LoadRpc::kNadarayaWatson, "nadaraya-watson", "NadarayaWatson"},
     {LoadRpc::kFitBandwidth, "fit-bandwidth", "FitBandwidth"},
+    {LoadRpc::kAppendMemory, "append", "AppendMemory"},
     {LoadRpc::kHealth, "health", "Check"},
 };
 

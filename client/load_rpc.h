@@ -19,11 +19,13 @@ enum class LoadRpc {
   kAdditiveAttention,
   kNadarayaWatson,
   kFitBandwidth,
+  kAppendMemory,  // a stored memory grows: one append per call
   kHealth,  // grpc.health.v1.Health/Check: the per-call overhead baseline
 };
 
 // "attention" | "masked-softmax" | "batch-matmul" | "additive-attention" |
-// "nadaraya-watson" | "fit-bandwidth" | "health" (the attnctl subcommand
+// "nadaraya-watson" | "fit-bandwidth" | "append" | "health" (the attnctl
+// subcommand
 // names). INVALID_ARGUMENT otherwise.
 absl::StatusOr<LoadRpc> ParseLoadRpc(absl::string_view text);
 absl::string_view LoadRpcName(LoadRpc rpc);

@@ -21,7 +21,8 @@ TEST(LoadRpcMethodTest, EveryRpcHasOne) {
   for (LoadRpc rpc :
        {LoadRpc::kScaledDotProductAttention, LoadRpc::kMaskedSoftmax,
         LoadRpc::kBatchMatmul, LoadRpc::kAdditiveAttention,
-        LoadRpc::kNadarayaWatson, LoadRpc::kFitBandwidth, LoadRpc::kHealth}) {
+        LoadRpc::kNadarayaWatson, LoadRpc::kFitBandwidth,
+        LoadRpc::kAppendMemory, LoadRpc::kHealth}) {
     EXPECT_FALSE(LoadRpcMethod(rpc).empty()) << LoadRpcName(rpc);
   }
 }

@@ -135,7 +135,7 @@ TEST(ParseRangeTest, ParsesAndChecksBounds) {
 TEST(ParseLoadRpcTest, NamesRoundTrip) {
   for (const char* name :
        {"attention", "masked-softmax", "batch-matmul", "additive-attention",
-        "nadaraya-watson", "fit-bandwidth", "health"}) {
+        "nadaraya-watson", "fit-bandwidth", "append", "health"}) {
     absl::StatusOr<LoadRpc> rpc = ParseLoadRpc(name);
     ASSERT_TRUE(rpc.ok()) << name;
     EXPECT_EQ(LoadRpcName(*rpc), name);

@@ -789,9 +789,11 @@ absl::StatusOr<RepositoryModel> NewAttentionMemory(
   model.config.set_name(name);
   model.config.set_platform("attnserve");
   model.config.set_backend(AttentionMemoryKind().backend);
+  // Only what differs from the defaults, as a config written by hand.
   auto& parameters = *model.config.mutable_parameters();
-  parameters["score"].set_string_value(
-      settings.score == attn::ScoreKind::kGaussian ? "gaussian" : "dot_product");
+  if (settings.score == attn::ScoreKind::kGaussian) {
+    parameters["score"].set_string_value("gaussian");
+  }
   if (settings.scale.has_value()) {
     // Shortest text that reads back as the same float.
     parameters["scale"].set_string_value(absl::StrCat(*settings.scale));

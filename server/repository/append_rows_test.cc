@@ -1,17 +1,17 @@
 // Appends to stored models (issue #47, slice 1): rows added to a memory or
 // a training set are served at once and after a restart, every version a
-// call holds keeps exactly its rows, bad appends change nothing, and under
+// call holds keeps exactly its rows, bad appends change nothing (their races
+// with reads, reloads and unloads are in tests/sanitizers/
+// concurrency_test.cc, for ThreadSanitizer), and under
 // injected faults and crashes at every step an append answered OK is never
 // lost and a partial one never appears.
 #include <dirent.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <limits>
 #include <set>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -389,60 +389,6 @@ TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
   ModelCatalogue no_repository(nullptr);
   EXPECT_EQ(Append(no_repository, 0, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
-}
-
-// Appends race with calls reading the memory, with reloads, whole saves
-// and unloads (run under TSan in make sanitize): every version a reader
-// finds holds a whole prefix of the rows, and appends answered OK are all
-// there at the end, in order.
-TEST(AppendRowsTest, AppendsRaceSafelyWithReadsReloadsSavesAndUnloads) {
-  const std::string dir = TempDir();
-  auto repository = LoadModelRepository(OptionsFor(dir)).value();
-  ModelCatalogue catalogue(repository.get());
-  ASSERT_TRUE(Append(catalogue, 0, 1).ok());
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> bad_versions{0}, versions_read{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 2; ++r) {
-    readers.emplace_back([&] {
-      while (!done.load()) {
-        std::shared_ptr<const RepositoryModel> model = repository->Find("m");
-        if (model == nullptr) continue;
-        if (CheckedRows(*model) < 1) ++bad_versions;
-        ++versions_read;
-      }
-    });
-  }
-  std::thread control([&] {
-    for (int i = 0; i < 20 && !done.load(); ++i) {
-      repository->LoadModel("m").IgnoreError();
-      if (i % 5 == 4) {
-        repository->UnloadModel("m").IgnoreError();
-        repository->LoadModel("m").IgnoreError();
-      }
-    }
-  });
-  int64_t rows = 1;
-  for (int i = 0; i < 60; ++i) {
-    absl::StatusOr<ModelRepository::Appended> appended =
-        Append(catalogue, rows, 1 + i % 3, /*create=*/false);
-    if (!appended.ok()) {
-      // Only while unloaded between a control thread's unload and load.
-      EXPECT_EQ(appended.status().code(), absl::StatusCode::kFailedPrecondition)
-          << appended.status();
-      continue;
-    }
-    EXPECT_EQ(appended->first_row, rows);
-    rows = appended->rows;
-  }
-  control.join();
-  done = true;
-  for (std::thread& reader : readers) reader.join();
-  EXPECT_EQ(bad_versions.load(), 0);
-  EXPECT_GT(versions_read.load(), 0);
-  repository->LoadModel("m").IgnoreError();
-  EXPECT_EQ(CheckedRows(*repository->Find("m")), rows);
-  EXPECT_EQ(RowsAfterRestart(dir), rows);
 }
 
 // A memory of 3 rows in `dir`, served through `fs`.

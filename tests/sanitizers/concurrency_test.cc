@@ -5,7 +5,8 @@
 //    hits, misses and evictions from several threads, every result checked;
 //  - the model repository (server/repository/model_repository.h): Find and Names while
 //    SaveFittedModel replaces models; uploads, reloads and unloads of one
-//    model while it is read;
+//    model while it is read; appends while it is read, reloaded and
+//    unloaded;
 //  - the service metrics (server/execution/metrics.h): the hot path from several
 //    threads while a scrape collects.
 // The batcher and the worker pool have theirs beside them
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <string>
@@ -249,6 +251,89 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
   EXPECT_EQ(catalogue.Resolve("mem", "").status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(indexed(), "UNAVAILABLE");
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// Appends to one memory while it is read, reloaded from disk and unloaded
+// (issue #47): the grown buffers are written past the end of every version
+// a reader holds, so every version read is a whole prefix of the rows (row
+// i holds keys i and value -i), and the appends answered OK are all there
+// at the end, in order, in memory and on disk.
+TEST(ModelRepositoryConcurrencyTest, AppendsWhileReadReloadedAndUnloaded) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(dir).value();
+  ModelCatalogue catalogue(repository.get());
+  // Rows [first, first + n).
+  auto append = [&](int64_t first, int64_t n, bool create) {
+    std::vector<float> keys, values;
+    for (int64_t i = first; i < first + n; ++i) {
+      keys.insert(keys.end(), 2, static_cast<float>(i));
+      values.push_back(-static_cast<float>(i));
+    }
+    return catalogue.Append(
+        /*may_append=*/true, "mem", attn::TensorView{keys.data(), {n, 2}},
+        attn::TensorView{values.data(), {n, 1}},
+        create ? std::optional<MemorySettings>(MemorySettings{}) : std::nullopt);
+  };
+  // The rows of `model`, or -1 if one does not hold its index.
+  auto checked_rows = [](const RepositoryModel& model) -> int64_t {
+    const StoredTensor& keys = model.tensors.at("keys");
+    const StoredTensor& values = model.tensors.at("values");
+    if (values.shape[0] != keys.shape[0]) return -1;
+    for (int64_t i = 0; i < keys.shape[0]; ++i) {
+      if (keys.data[2 * i] != i || keys.data[2 * i + 1] != i ||
+          values.data[i] != -i) {
+        return -1;
+      }
+    }
+    return keys.shape[0];
+  };
+  ASSERT_TRUE(append(0, 1, /*create=*/true).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> bad_versions{0}, versions_read{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&] {
+      while (!done.load()) {
+        std::shared_ptr<const RepositoryModel> model = repository->Find("mem");
+        if (model == nullptr) continue;
+        if (checked_rows(*model) < 1) ++bad_versions;
+        ++versions_read;
+      }
+    });
+  }
+  std::thread control([&] {
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_TRUE(repository->LoadModel("mem").ok());
+      if (i % 5 == 4) {
+        repository->UnloadModel("mem").IgnoreError();
+        EXPECT_TRUE(repository->LoadModel("mem").ok());
+      }
+    }
+  });
+  int64_t rows = 1;
+  for (int i = 0; i < 60; ++i) {
+    absl::StatusOr<ModelRepository::Appended> appended =
+        append(rows, 1 + i % 3, /*create=*/false);
+    if (!appended.ok()) {
+      // Only between the control thread's unload and its load.
+      EXPECT_EQ(appended.status().code(), absl::StatusCode::kFailedPrecondition)
+          << appended.status();
+      continue;
+    }
+    EXPECT_EQ(appended->first_row, rows);
+    rows = appended->rows;
+  }
+  control.join();
+  done.store(true);
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(bad_versions.load(), 0);
+  EXPECT_GT(versions_read.load(), 0);
+  EXPECT_EQ(checked_rows(*repository->Find("mem")), rows);
+  std::unique_ptr<ModelRepository> reread = LoadModelRepository(dir).value();
+  EXPECT_EQ(checked_rows(*reread->Find("mem")), rows);
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 

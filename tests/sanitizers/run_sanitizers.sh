@@ -323,7 +323,7 @@ run_tsan() {
   absl_libs+=" -labsl_time -labsl_time_zone -labsl_int128"
   local targets=(batcher_test worker_pool_test admission_test
     call_runner_test mapped_file_test sanitizer_concurrency_test
-    residency_test append_rows_test)
+    residency_test)
   # The archive is not a dependency CMake knows of: relink after it changed.
   local target
   for target in "${targets[@]}"; do

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Appends under load (issue #47's goal): a memory of N key-value pairs
+# (default 1,048,576, d = v = 64, float32) written into a fresh repository,
+# attnserve over it with its defaults, and single-query calls (queries
+# 1x1x64, memory_name) at 64 in flight with `attnctl load`, first with the
+# memory left alone, then while a second `attnctl load --rpc append` appends
+# ROWS rows (default 1,024) RATE times a second (default 20, open loop).
+# Prints the query throughput and p99 both ways, their ratio, and the
+# appends' latency (each acknowledged durable: fsynced before its answer).
+# Not part of the test suite (a minute).
+#
+# Usage: bench/append_bench.sh [DURATION] [N]   (default 20s, 1048576)
+#   ROWS=1024 RATE=20: the appends' size and rate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+server=${ATTNSERVE:-build/server/attnserve}
+ctl=${ATTNCTL:-build/client/attnctl}
+duration="${1:-20s}"
+n="${2:-1048576}"
+rows=${ROWS:-1024}
+rate=${RATE:-20}
+[[ -x "$server" && -x "$ctl" ]] || { echo "build first: make build" >&2; exit 1; }
+out=$(mktemp -d -t attnserve-append.XXXXXX)
+pid=""
+cleanup() { [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; [[ -n "${KEEP:-}" ]] || rm -rf "$out"; }
+trap cleanup EXIT
+
+python3 bench/write_memories.py "$out/models" memory "$n"
+# shellcheck source=bench/serve.sh
+source bench/serve.sh
+START_TRIES=600 start_server --http_port=0 --model_repository="$out/models"
+
+queries() {  # queries LABEL: 64 in flight for $duration
+  "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load --rpc=attention \
+    --memory_name="memory_$n" --shape=queries=1x1x64 --concurrency=64 \
+    --duration="$duration" --warmup=2s --output_format=json >"$out/$1.json"
+}
+echo "queries, the memory alone" >&2
+queries alone
+echo "queries while $rate appends/s of $rows rows run" >&2
+"$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load --rpc=append \
+  --memory_name="memory_$n" --shape="keys=${rows}x64,values=${rows}x64" \
+  --rate="$rate" --duration="$duration" --warmup=2s --pool_size=4 \
+  --output_format=json >"$out/appends.json" &
+appender=$!
+queries appending
+wait "$appender"
+stop_server
+
+python3 - "$out" "$n" "$rows" "$rate" <<'PY'
+import json, os, sys
+out, n, rows, rate = sys.argv[1:]
+def load(name):
+    with open(os.path.join(out, name + ".json")) as f:
+        return json.load(f)
+alone, busy, appends = load("alone"), load("appending"), load("appends")
+print("memory %s rows, d = v = 64, F32; appends of %s rows at %s/s" % (n, rows, rate))
+print("| queries | req/s | p99 ms |")
+print("|---|---:|---:|")
+for label, r in (("memory alone", alone), ("while appending", busy)):
+    print("| %s | %.0f | %.1f |" % (label, r["throughput_rps"], r["latency_ms"]["p99"]))
+print("throughput while appending / alone: %.2fx" % (
+    busy["throughput_rps"] / alone["throughput_rps"]))
+lat = appends["latency_ms"]
+print("appends: %d OK of %d sent, %.1f/s; latency p50 %.1f ms, p99 %.1f ms, max %.1f ms" % (
+    appends["ok"], appends["requests"], appends.get("achieved_rate_rps", 0),
+    lat["p50"], lat["p99"], lat["max"]))
+PY
