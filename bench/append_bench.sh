@@ -39,7 +39,7 @@ echo "queries, the memory alone" >&2
 queries alone
 echo "queries while $rate appends/s of $rows rows run" >&2
 "$ctl" --target="127.0.0.1:$grpc_port" --deadline=30s load --rpc=append \
-  --memory_name="memory_$n" --shape="keys=${rows}x64,values=${rows}x64" \
+  --memory_name="memory_$n" --shape="keys=${rows}x64,values=${rows}x64" --encoding=raw \
   --rate="$rate" --duration="$duration" --warmup=2s --pool_size=4 \
   --output_format=json >"$out/appends.json" &
 appender=$!

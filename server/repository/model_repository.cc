@@ -197,7 +197,8 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
       auto it = grown->find(tensor_name);
       if (it == grown->end()) {
         grown->emplace(tensor_name,
-                       GrowingTensor(model->tensors.at(tensor_name)));
+                       GrowingTensor(model->tensors.at(tensor_name),
+                                     max_model_bytes));
       }
       grown->at(tensor_name).Append(added);
     }
@@ -796,7 +797,8 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
     if (it == growth.tensors.end()) {
       it = growth.tensors
                .emplace(tensor_name,
-                        GrowingTensor(current->tensors.at(tensor_name)))
+                        GrowingTensor(current->tensors.at(tensor_name),
+                                      max_model_bytes_))
                .first;
     }
     it->second.Append(tensor);
