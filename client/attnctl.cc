@@ -131,6 +131,8 @@ ABSL_FLAG(std::string, save_as, "",
           "fit-bandwidth: saves the fitted model, with its training set, "
           "into the server's model repository under this name (the server "
           "needs --model_repository).");
+ABSL_FLAG(int64_t, oldest, 0,
+          "evict: how many of the oldest rows of --memory_name to drop.");
 ABSL_FLAG(bool, create, false,
           "append: make the memory --memory_name from these rows if the "
           "server has none, with --score, --scale and --precision (bf16 "
@@ -399,6 +401,10 @@ int RunAppend(const Invocation& invocation) {
   return CallAndPrint(invocation, &AttentionService::Stub::AppendMemory);
 }
 
+int RunEvict(const Invocation& invocation) {
+  return CallAndPrint(invocation, &AttentionService::Stub::EvictMemory);
+}
+
 int RunLoad(const Invocation& invocation);
 
 // --- The subcommand table.
@@ -480,6 +486,10 @@ const std::vector<Subcommand>& Subcommands() {
        "stored model --memory_name (durable before the answer)",
        RpcFlags({"memory_name", "create", "score", "scale", "precision"}),
        RunAppend},
+      {"evict",
+       "EvictMemory; drops the --oldest rows of the stored model\n"
+       "--memory_name (durable before the answer)",
+       RpcFlags({"memory_name", "oldest"}), RunEvict},
       {"load",
        "drives --rpc at a loopback server and reports throughput and\n"
        "latency; takes that RPC's request flags too (see Load below)",
@@ -768,6 +778,7 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
   }
   if (given.count("save_as")) options.save_as = absl::GetFlag(FLAGS_save_as);
   options.create = absl::GetFlag(FLAGS_create);
+  if (given.count("oldest")) options.oldest = absl::GetFlag(FLAGS_oldest);
   options.bandwidth = absl::GetFlag(FLAGS_bandwidth);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.learning_rate = absl::GetFlag(FLAGS_learning_rate);

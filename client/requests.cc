@@ -566,4 +566,14 @@ absl::Status ApplyOptions(const RequestOptions& options,
   return ApplyEncoding(options, request);
 }
 
+absl::Status ApplyOptions(const RequestOptions& options,
+                          attention::v1::EvictMemoryRequest* request) {
+  if (absl::Status status = CheckShapeNames(options, {}); !status.ok()) {
+    return status;
+  }
+  if (options.memory_name) request->set_name(*options.memory_name);
+  if (options.oldest) request->set_oldest(*options.oldest);
+  return absl::OkStatus();
+}
+
 }  // namespace attnctl

@@ -83,6 +83,8 @@ struct RequestOptions {
   // append: the model to append to (from --memory_name), and whether the
   // append may make the memory, with `score`, `scale` and `precision`.
   bool create = false;
+  // evict: the rows to drop (with memory_name).
+  std::optional<int64_t> oldest;
   // Re-encodes every request tensor and sets output_encoding (where the
   // request has one).
   std::optional<attention::v1::TensorEncoding> encoding;
@@ -133,6 +135,8 @@ absl::Status ApplyOptions(const RequestOptions& options,
 // Also INVALID_ARGUMENT for score, scale or precision without `create`.
 absl::Status ApplyOptions(const RequestOptions& options,
                           attention::v1::AppendMemoryRequest* request);
+absl::Status ApplyOptions(const RequestOptions& options,
+                          attention::v1::EvictMemoryRequest* request);
 
 }  // namespace attnctl
 

@@ -138,8 +138,10 @@ int main(int argc, char** argv) {
   control.needs_permission = tokens != nullptr;
   control.on_event = [metrics = &(*core)->metrics()](
                          const attnserve::ModelEvent& event) {
-    // Appends may come many a second: counted, and logged when refused.
-    if (event.event != "append" || !event.status.ok()) {
+    // Appends and evictions may come many a second: counted, and logged
+    // when refused.
+    if ((event.event != "append" && event.event != "evict") ||
+        !event.status.ok()) {
       absl::FPrintF(stderr, "attnserve: %s\n", event.Describe());
     }
     metrics->ModelEvent(event.event, !event.status.ok());

@@ -253,8 +253,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
             .Name("attnserve_model_events_total")
             .Help("Changes to the served models (load, replace: a load, "
                   "upload or save over a served model, unload, save, "
-                  "append: rows added to a stored model), and refused "
-                  "attempts at one, by outcome.")
+                  "append: rows added to a stored model, evict: its oldest "
+                  "rows dropped), and refused attempts at one, by outcome.")
             .Register(registry);
     for (size_t e = 0; e < kModelEvents.size(); ++e) {
       metrics->model_events_[e][0] =

@@ -112,8 +112,8 @@ class ServiceMetrics {
   void Unauthenticated(bool token_missing);
   // A change to the served models, or a refused attempt at one: `event` is
   // one of kModelEvents (another is not counted).
-  static constexpr std::array<const char*, 5> kModelEvents = {
-      "load", "replace", "unload", "save", "append"};
+  static constexpr std::array<const char*, 6> kModelEvents = {
+      "load", "replace", "unload", "save", "append", "evict"};
   void ModelEvent(const std::string& event, bool refused);
   // One computed call of the model named `model` (a stored memory's, or a
   // built-in model's), counted by the backend of the implementation that

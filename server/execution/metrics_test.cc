@@ -38,20 +38,25 @@ TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
       ServiceMetrics::Create({{"reference", "reference"}}).value();
   // Every label set is there from the start, at 0.
   std::map<std::string, double> values = ModelEvents(*metrics);
-  ASSERT_EQ(values.size(), 8u);
+  // load, replace, unload, save, append, evict; ok and refused.
+  ASSERT_EQ(values.size(), 12u);
   for (const auto& [labels, value] : values) EXPECT_EQ(value, 0) << labels;
   metrics->ModelEvent("load", /*refused=*/false);
   metrics->ModelEvent("replace", /*refused=*/true);
   metrics->ModelEvent("replace", /*refused=*/true);
+  metrics->ModelEvent("append", /*refused=*/false);
+  metrics->ModelEvent("evict", /*refused=*/true);
   metrics->ModelEvent("no such event", /*refused=*/false);
   values = ModelEvents(*metrics);
-  EXPECT_EQ(values.size(), 8u);
+  EXPECT_EQ(values.size(), 12u);
   EXPECT_EQ(values["load/ok"], 1);
+  EXPECT_EQ(values["append/ok"], 1);
+  EXPECT_EQ(values["evict/refused"], 1);
   EXPECT_EQ(values["replace/refused"], 2);
   EXPECT_EQ(values["replace/ok"], 0);
   double total = 0;
   for (const auto& [labels, value] : values) total += value;
-  EXPECT_EQ(total, 3);
+  EXPECT_EQ(total, 5);
 }
 
 // The value of every sample of family `name`, by its labels joined as

@@ -277,20 +277,25 @@ absl::Status ModelCatalogue::SaveUpload(const std::string& model_name,
 
 absl::Status ModelCatalogue::CheckAppendAllowed(
     bool may_append, const std::string& name) const {
+  return CheckRowsChangeAllowed("append", may_append, name);
+}
+
+absl::Status ModelCatalogue::CheckRowsChangeAllowed(
+    const std::string& event, bool may_append, const std::string& name) const {
   absl::Status refused;
   if (repository_ == nullptr) {
-    refused = absl::FailedPreconditionError(
-        "append: the server runs without --model_repository");
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        event, ": the server runs without --model_repository"));
   } else if (control_.needs_permission && !may_append) {
-    refused = absl::PermissionDeniedError(
-        "append: this token may not append to models; give it the "
-        "permission append (or model_control) in --auth_tokens_file");
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        event, ": this token may not append to or evict from models; give "
+        "it the permission append (or model_control) in --auth_tokens_file"));
   } else if (IsBuiltIn(name)) {
     refused = absl::InvalidArgumentError(absl::StrCat(
         "name: '", name, "' is a built-in model, which holds no rows"));
   }
   if (refused.ok()) return refused;
-  return Report("append", name, "rows", std::move(refused));
+  return Report(event, name, "rows", std::move(refused));
 }
 
 absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
@@ -328,6 +333,31 @@ absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
              created ? "by append" : "rows", appended.status());
   if (!reported.ok()) return reported;
   return appended;
+}
+
+absl::StatusOr<ModelRepository::Evicted> ModelCatalogue::Evict(
+    bool may_append, const std::string& name, int64_t oldest) {
+  absl::Status allowed = CheckRowsChangeAllowed("evict", may_append, name);
+  if (!allowed.ok()) return allowed;
+  ModelRepository::EvictRequest request;
+  request.name = name;
+  request.oldest = oldest;
+  request.row_tensors = [&](const RepositoryModel& model)
+      -> absl::StatusOr<std::vector<std::string>> {
+    const ModelKind* kind = KindOfStored(model);
+    if (kind == nullptr || kind->row_tensors.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: model '", name, "' (backend ", model.config.backend(),
+          ") holds no rows to evict; attention_memory models and "
+          "nadaraya_watson models holding a training set do"));
+    }
+    return kind->row_tensors;
+  };
+  absl::StatusOr<ModelRepository::Evicted> evicted =
+      repository_->EvictRows(request);
+  absl::Status reported = Report("evict", name, "rows", evicted.status());
+  if (!reported.ok()) return reported;
+  return evicted;
 }
 
 std::string ModelEvent::Describe() const {

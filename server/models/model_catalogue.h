@@ -65,7 +65,8 @@ struct ModelEvent {
   // "load" (a new model, from the repository or uploaded), "replace" (a
   // load, upload or save over a served model), "unload", "save" (a new
   // model by FitBandwidth's save_as, or a memory made by an append),
-  // "append" (rows added to a stored model).
+  // "append" (rows added to a stored model), "evict" (its oldest rows
+  // dropped).
   std::string event;
   std::string model;
   // "from the repository", "uploaded", "by save_as", "by append", "rows"
@@ -192,8 +193,16 @@ class ModelCatalogue {
   // Each is reported (ModelControl::on_event) as an "append" event, or a
   // "save" when it made the memory. Blocks on file I/O and on other
   // writers.
-  // Append's checks of who may append to what, before a front end decodes
-  // the rows: a caller without permission hears that first.
+  // Drops the `oldest` rows of the stored model `name`
+  // (ModelRepository::EvictRows: durable before the answer): row i is then
+  // row i - oldest. Who may is Append's permission, and the statuses are
+  // Append's, with INVALID_ARGUMENT for `oldest` < 1 or one that would
+  // leave no row. Reported as an "evict" event.
+  absl::StatusOr<ModelRepository::Evicted> Evict(bool may_append,
+                                                 const std::string& name,
+                                                 int64_t oldest);
+  // Append's (and Evict's) checks of who may change rows, before a front
+  // end decodes them: a caller without permission hears that first.
   absl::Status CheckAppendAllowed(bool may_append,
                                   const std::string& name) const;
   absl::StatusOr<ModelRepository::Appended> Append(
@@ -212,6 +221,10 @@ class ModelCatalogue {
                                    const std::string& model_name,
                                    const std::vector<std::string>& parameters,
                                    bool uploads) const;
+  // Append's and Evict's checks, refusals reported as `event`.
+  absl::Status CheckRowsChangeAllowed(const std::string& event,
+                                      bool may_append,
+                                      const std::string& name) const;
   // Writes and serves an uploaded model (Load).
   absl::Status SaveUpload(const std::string& model_name, ModelUpload upload);
   // Load and SaveFittedModel without their report.

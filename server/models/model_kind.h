@@ -129,6 +129,9 @@ struct ModelKind {
   CheckStored check_stored = nullptr;
   StoredDimensions stored_dimensions = nullptr;  // null: the kind's stand
   PrepareAppend prepare_append = nullptr;  // null: its models never grow
+  // The tensors whose rows appends add and evictions drop, all [N, ...]
+  // with one N; empty when prepare_append is null.
+  std::vector<std::string> row_tensors;
   BuildRequest build_request = nullptr;
   // The outputs the result's `output` and `weights` are returned as; every
   // output of the signature is one of them. `weights_output` is empty when

@@ -700,6 +700,7 @@ const ModelKind& TrainedNadarayaWatsonKind() {
     kind->check_stored = CheckNadarayaWatsonModel;
     kind->stored_dimensions = TrainingSetDimensions;
     kind->prepare_append = PrepareTrainingSetAppend;
+    kind->row_tensors = {"x_train", "y_train"};
     // Not by default: one query over a stored set costs an exponential per
     // point, which stacking does not share. Measured single-query calls
     // over 1-D sets at 64 in flight, batching on / off: 0.85x at 65,536
@@ -725,6 +726,7 @@ const ModelKind& AttentionMemoryKind() {
     kind->check_stored = CheckAttentionMemory;
     kind->stored_dimensions = AttentionMemoryDimensions;
     kind->prepare_append = PrepareMemoryAppend;
+    kind->row_tensors = {"keys", "values"};
     kind->argument_inputs = {{"queries:", "queries"}};
     kind->gains_from_batching = true;
     return kind;

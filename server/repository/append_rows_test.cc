@@ -70,10 +70,10 @@ Rows MakeRows(int64_t first, int64_t n) {
   return rows;
 }
 
-// The number of rows of the memory `model` holds, checking each holds its
-// index (MakeRows) exactly: -1 when one does not, or keys and values
-// disagree.
-int64_t CheckedRows(const RepositoryModel& model) {
+// The number of rows of the memory `model` holds, checking row i holds
+// index first + i (MakeRows; first: the rows evicted) exactly: -1 when one
+// does not, or keys and values disagree.
+int64_t CheckedRows(const RepositoryModel& model, int64_t first = 0) {
   const StoredTensor& keys = model.tensors.at("keys");
   const StoredTensor& values = model.tensors.at("values");
   if (keys.shape != attn::Shape{keys.shape[0], kD} ||
@@ -82,10 +82,10 @@ int64_t CheckedRows(const RepositoryModel& model) {
   }
   for (int64_t i = 0; i < keys.shape[0]; ++i) {
     for (int64_t j = 0; j < kD; ++j) {
-      if (keys.data[i * kD + j] != static_cast<float>(i)) return -1;
+      if (keys.data[i * kD + j] != static_cast<float>(first + i)) return -1;
     }
     for (int64_t j = 0; j < kV; ++j) {
-      if (values.data[i * kV + j] != -static_cast<float>(i)) return -1;
+      if (values.data[i * kV + j] != -static_cast<float>(first + i)) return -1;
     }
   }
   return keys.shape[0];
@@ -102,14 +102,14 @@ ModelRepository::Options OptionsFor(const std::string& dir,
 }
 
 // Rows of memory m after a restart (0 without one, -1 if it fails to load
-// or holds a wrong row).
-int64_t RowsAfterRestart(const std::string& dir) {
+// or holds a wrong row), its first `first` rows evicted.
+int64_t RowsAfterRestart(const std::string& dir, int64_t first = 0) {
   absl::StatusOr<std::unique_ptr<ModelRepository>> repository =
       LoadModelRepository(OptionsFor(dir));
   EXPECT_TRUE(repository.ok()) << repository.status();
   if (!repository.ok()) return -1;
   auto model = (*repository)->Find("m");
-  return model == nullptr ? 0 : CheckedRows(*model);
+  return model == nullptr ? 0 : CheckedRows(*model, first);
 }
 
 absl::StatusOr<ModelRepository::Appended> Append(
@@ -391,6 +391,108 @@ TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Evictions (issue #47): the oldest rows go, durably; rows keep their order
+// and appends go on after them, numbered from what is left; a version held
+// before keeps its rows; a whole save starts afresh.
+TEST(EvictRowsTest, TheOldestRowsGoAndStayGone) {
+  const std::string dir = TempDir();
+  auto repository = LoadModelRepository(OptionsFor(dir)).value();
+  ModelCatalogue catalogue(repository.get());
+  ASSERT_TRUE(Append(catalogue, 0, 10).ok());
+  std::shared_ptr<const RepositoryModel> before = repository->Find("m");
+  absl::StatusOr<ModelRepository::Evicted> evicted =
+      catalogue.Evict(true, "m", 3);
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(evicted->evicted, 3);
+  EXPECT_EQ(evicted->rows, 7);
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 3), 7);
+  EXPECT_EQ(CheckedRows(*before), 10);
+  EXPECT_EQ(RowsAfterRestart(dir, 3), 7);
+  // Appends number from what is left: rows 10 and 11 are now 7 and 8.
+  absl::StatusOr<ModelRepository::Appended> appended =
+      Append(catalogue, 10, 2, /*create=*/false);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->first_row, 7);
+  EXPECT_EQ(appended->rows, 9);
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 3), 9);
+  ASSERT_TRUE(catalogue.Evict(true, "m", 4).ok());
+  ASSERT_TRUE(Append(catalogue, 12, 1, /*create=*/false).ok());
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 7), 6);
+  EXPECT_EQ(RowsAfterRestart(dir, 7), 6);
+  // One record on disk: the newest says it all.
+  int records = 0;
+  for (const std::string& file : Entries(dir + "/m")) {
+    records += file.rfind("evicted-", 0) == 0;
+  }
+  EXPECT_EQ(records, 1);
+  // Reloaded, it evicts and appends on from the same rows.
+  ASSERT_TRUE(repository->LoadModel("m").ok());
+  ASSERT_TRUE(catalogue.Evict(true, "m", 1).ok());
+  ASSERT_TRUE(Append(catalogue, 13, 1, /*create=*/false).ok());
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 8), 6);
+  EXPECT_EQ(RowsAfterRestart(dir, 8), 6);
+  // Refused, naming the field: the memory keeps its rows.
+  for (const auto& [oldest, name, code, message] :
+       {std::tuple<int64_t, const char*, absl::StatusCode, const char*>{
+            0, "m", absl::StatusCode::kInvalidArgument,
+            "oldest: 0 must be in [1, 5]"},
+        {6, "m", absl::StatusCode::kInvalidArgument,
+         "keeps at least one"},
+        {1, "nobody", absl::StatusCode::kNotFound, "no model 'nobody'"},
+        {1, "masked_softmax", absl::StatusCode::kInvalidArgument,
+         "built-in"}}) {
+    absl::StatusOr<ModelRepository::Evicted> refused =
+        catalogue.Evict(true, name, oldest);
+    EXPECT_EQ(refused.status().code(), code) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(message));
+  }
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 8), 6);
+  // A whole save replaces the rows and the eviction with them.
+  const Rows whole = MakeRows(0, 4);
+  ASSERT_TRUE(repository
+                  ->SaveModel({"load", "memory"}, "m",
+                              NewAttentionMemory("m", {}, whole.key_view(),
+                                                 whole.value_view())
+                                  .value())
+                  .ok());
+  EXPECT_EQ(RowsAfterRestart(dir), 4);
+  EXPECT_EQ(Entries(dir + "/m"),
+            (std::set<std::string>{"config.pbtxt", "weights.safetensors"}));
+}
+
+TEST(EvictRowsTest, ATrainingSetLosesItsOldestPointsAndWeightsOnlyModelsNone) {
+  const std::string dir = TempDir();
+  auto repository = LoadModelRepository(OptionsFor(dir)).value();
+  ModelCatalogue catalogue(repository.get(),
+                           ModelControl{false, /*needs_permission=*/true, {}});
+  const float x[] = {0.5f, 1.5f, 2.5f}, y[] = {1.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(catalogue
+                  .SaveFittedModel("nw", 2.0f, attn::TensorView{x, {3}},
+                                   attn::TensorView{y, {3}})
+                  .ok());
+  ASSERT_TRUE(catalogue.Evict(true, "nw", 2).ok());
+  auto reloaded = LoadModelRepository(OptionsFor(dir)).value();
+  for (auto* repo : {repository.get(), reloaded.get()}) {
+    const auto values = repo->Find("nw")->tensors.at("x_train").values();
+    EXPECT_EQ(std::vector<float>(values.begin(), values.end()),
+              std::vector<float>{2.5f});
+    EXPECT_EQ(repo->Find("nw")->tensors.at("y_train").values()[0], 3.0f);
+  }
+  ASSERT_TRUE(repository
+                  ->SaveModel({"test", "a fit"}, "bandwidth_only",
+                              FittedNadarayaWatsonModel("bandwidth_only", 1.0f))
+                  .ok());
+  absl::StatusOr<ModelRepository::Evicted> refused =
+      catalogue.Evict(true, "bandwidth_only", 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("holds no rows to evict"));
+  refused = catalogue.Evict(false, "nw", 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("evict: this token may not"));
+}
+
 // A memory of 3 rows in `dir`, served through `fs`.
 std::unique_ptr<ModelRepository> Seeded(const std::string& dir,
                                         FileSystem* fs) {
@@ -456,6 +558,75 @@ TEST(AppendFaultTest, AnyStepFailingChangesNothing) {
       appended = Append(catalogue, 3, 1, /*create=*/false);
       ASSERT_TRUE(appended.ok()) << appended.status();
       EXPECT_EQ(RowsAfterRestart(dir), 4);
+    }
+  }
+}
+
+// The same for an eviction of a memory of 5 rows (3 evicted before): each
+// step failing leaves the 4 rows; OK means 2, for good.
+TEST(AppendFaultTest, AnyStepOfAnEvictionFailingChangesNothing) {
+  auto seeded = [](const std::string& dir, FileSystem* fs) {
+    auto repository = Seeded(dir, fs);
+    ModelCatalogue catalogue(repository.get());
+    EXPECT_TRUE(Append(catalogue, 3, 2, /*create=*/false).ok());
+    EXPECT_TRUE(catalogue.Evict(true, "m", 1).ok());
+    return repository;
+  };
+  int steps = 0;
+  {
+    const std::string dir = TempDir();
+    FaultInjectionFileSystem fs(DefaultFileSystem());
+    auto repository = seeded(dir, &fs);
+    const int before = fs.steps();
+    ASSERT_TRUE(ModelCatalogue(repository.get()).Evict(true, "m", 2).ok());
+    steps = fs.steps() - before;
+  }
+  ASSERT_GE(steps, 6);
+  for (int failing = 0; failing < steps; ++failing) {
+    SCOPED_TRACE(::testing::Message() << "step " << failing << " of " << steps);
+    const std::string dir = TempDir();
+    FaultInjectionFileSystem fs(DefaultFileSystem());
+    auto repository = seeded(dir, &fs);
+    ModelCatalogue catalogue(repository.get());
+    const int first = fs.steps();
+    fs.SetFault([&](const FaultInjectionFileSystem::Step& step) {
+      return step.index == first + failing ? EIO : 0;
+    });
+    absl::StatusOr<ModelRepository::Evicted> evicted =
+        catalogue.Evict(true, "m", 2);
+    fs.SetFault(nullptr);
+    if (evicted.ok()) {  // only the removal of the record before
+      EXPECT_EQ(CheckedRows(*repository->Find("m"), 3), 2);
+      EXPECT_EQ(RowsAfterRestart(dir, 3), 2);
+      continue;
+    }
+    EXPECT_EQ(evicted.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(evicted.status().message()),
+                HasSubstr("evict 'm'"));
+    EXPECT_EQ(CheckedRows(*repository->Find("m"), 1), 4);
+    EXPECT_EQ(RowsAfterRestart(dir, 1), 4);
+  }
+  // Crashes before each step: 4 rows or 2, never anything else.
+  for (bool power_cut : {false, true}) {
+    for (int crash = 0; crash <= steps; ++crash) {
+      SCOPED_TRACE(::testing::Message() << "crash before step " << crash
+                                        << (power_cut ? ", power cut" : ""));
+      const std::string dir = TempDir();
+      FaultInjectionFileSystem fs(DefaultFileSystem());
+      auto repository = seeded(dir, &fs);
+      if (power_cut) ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      fs.CrashAfter(fs.steps() + crash);
+      absl::StatusOr<ModelRepository::Evicted> evicted =
+          ModelCatalogue(repository.get()).Evict(true, "m", 2);
+      const bool completed = !fs.crashed();
+      if (power_cut) ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      const int64_t after = RowsAfterRestart(dir, 3);
+      if (completed) {
+        ASSERT_TRUE(evicted.ok()) << evicted.status();
+        EXPECT_EQ(after, 2);
+      } else {
+        EXPECT_TRUE(after == 2 || RowsAfterRestart(dir, 1) == 4);
+      }
     }
   }
 }

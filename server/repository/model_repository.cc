@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "attn/status_macros.h"
 #include "google/protobuf/text_format.h"
 #include "server/repository/safetensors.h"
@@ -31,14 +32,20 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
-// The number <n> of a rows file's name, rows-<n>.safetensors; nullopt for
-// any other name.
-std::optional<uint64_t> RowsFileNumber(const std::string& file) {
-  static constexpr absl::string_view kPrefix = "rows-";
-  static constexpr absl::string_view kSuffix = ".safetensors";
+// A model folder's numbered files: rows-<n>.safetensors, each an append's
+// rows, and evicted-<n>, each an eviction's record (the highest counts).
+constexpr absl::string_view kRowsPrefix = "rows-";
+constexpr absl::string_view kRowsSuffix = ".safetensors";
+constexpr absl::string_view kEvictedPrefix = "evicted-";
+
+// The number <n> of a file named <prefix><n><suffix>; nullopt for any
+// other name.
+std::optional<uint64_t> FileNumber(const std::string& file,
+                                   absl::string_view prefix,
+                                   absl::string_view suffix) {
   absl::string_view digits = file;
-  if (!absl::ConsumePrefix(&digits, kPrefix) ||
-      !absl::ConsumeSuffix(&digits, kSuffix) || digits.empty() ||
+  if (!absl::ConsumePrefix(&digits, prefix) ||
+      !absl::ConsumeSuffix(&digits, suffix) || digits.empty() ||
       digits.size() > 18 ||
       digits.find_first_not_of("0123456789") != absl::string_view::npos) {
     return std::nullopt;
@@ -48,18 +55,20 @@ std::optional<uint64_t> RowsFileNumber(const std::string& file) {
   return number;
 }
 
-std::string RowsFileName(uint64_t number) {
-  return absl::StrFormat("rows-%08d.safetensors", number);
+std::string NumberedFileName(absl::string_view prefix, uint64_t number,
+                             absl::string_view suffix) {
+  return absl::StrFormat("%s%08d%s", prefix, number, suffix);
 }
 
-// The rows files of folder `folder`, by number.
-absl::StatusOr<std::map<uint64_t, std::string>> RowsFiles(
-    FileSystem& fs, const std::string& folder) {
+// The files of folder `folder` named <prefix><n><suffix>, by number.
+absl::StatusOr<std::map<uint64_t, std::string>> NumberedFiles(
+    FileSystem& fs, const std::string& folder, absl::string_view prefix,
+    absl::string_view suffix) {
   ASSIGN_OR_RETURN(std::vector<FileSystem::Entry> entries, fs.ListDir(folder));
   std::map<uint64_t, std::string> files;
   for (const FileSystem::Entry& entry : entries) {
     if (entry.is_dir) continue;
-    if (std::optional<uint64_t> number = RowsFileNumber(entry.name)) {
+    if (std::optional<uint64_t> number = FileNumber(entry.name, prefix, suffix)) {
       files[*number] = entry.name;
     }
   }
@@ -100,6 +109,77 @@ absl::StatusOr<int64_t> CheckRowsExtend(
     n = added.shape[0];
   }
   return n;
+}
+
+// `tensor` without its first `rows` rows: a view of the same values.
+StoredTensor DropRows(const StoredTensor& tensor, int64_t rows) {
+  if (rows == 0) return tensor;
+  int64_t row_elements = 1;
+  for (size_t i = 1; i < tensor.shape.size(); ++i) row_elements *= tensor.shape[i];
+  attn::Shape shape = tensor.shape;
+  shape[0] -= rows;
+  const size_t skipped = static_cast<size_t>(rows * row_elements);
+  if (tensor.is_bfloat16()) {
+    return StoredTensor(std::move(shape), tensor.bfloat16 + skipped,
+                        tensor.storage);
+  }
+  return StoredTensor(std::move(shape), tensor.data + skipped, tensor.storage);
+}
+
+// An eviction record (the highest-numbered evicted-<n> of a folder): the
+// rows evicted since the last whole save, and the tensors they are
+// dropped from.
+struct Eviction {
+  int64_t rows = 0;
+  std::vector<std::string> tensors;
+};
+std::string SerializeEviction(const Eviction& eviction) {
+  std::string text = absl::StrCat("rows ", eviction.rows, "\n");
+  for (const std::string& tensor : eviction.tensors) {
+    absl::StrAppend(&text, "tensor ", tensor, "\n");
+  }
+  return text;
+}
+absl::StatusOr<Eviction> ParseEviction(absl::string_view text) {
+  Eviction eviction;
+  bool counted = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (absl::ConsumePrefix(&line, "rows ") && !counted &&
+        absl::SimpleAtoi(line, &eviction.rows) && eviction.rows >= 0) {
+      counted = true;
+    } else if (absl::ConsumePrefix(&line, "tensor ") && !line.empty()) {
+      eviction.tensors.emplace_back(line);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line '", line, "' is not 'rows <n>' or 'tensor <name>'"));
+    }
+  }
+  if (!counted || eviction.tensors.empty()) {
+    return absl::InvalidArgumentError(
+        "needs a line 'rows <n>' and at least one 'tensor <name>'");
+  }
+  return eviction;
+}
+
+// Drops `eviction`'s rows from `model`'s tensors: INVALID_ARGUMENT starting
+// with `where` for a tensor it does not have or one it would leave empty.
+absl::Status ApplyEviction(const std::string& where, const Eviction& eviction,
+                           RepositoryModel* model) {
+  for (const std::string& name : eviction.tensors) {
+    auto it = model->tensors.find(name);
+    if (it == model->tensors.end() || it->second.shape.empty() ||
+        it->second.shape[0] <= eviction.rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": evicts ", eviction.rows, " rows of tensor '", name,
+          "', which ",
+          it == model->tensors.end()
+              ? std::string("the model does not have")
+              : absl::StrCat("holds ", attn::ShapeToString(it->second.shape))));
+    }
+    it->second = DropRows(it->second, eviction.rows);
+  }
+  model->evicted_rows = eviction.rows;
+  return absl::OkStatus();
 }
 
 // Reads and checks the model in folder `dir`/`name`, its weights mapped
@@ -167,7 +247,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   }
   model->tensors = *std::move(tensors);
   absl::StatusOr<std::map<uint64_t, std::string>> rows_files =
-      RowsFiles(fs, folder);
+      NumberedFiles(fs, folder, kRowsPrefix, kRowsSuffix);
   if (!rows_files.ok()) return failed("(the folder)", rows_files.status());
   grown->clear();
   for (const auto& [number, file] : *rows_files) {
@@ -207,6 +287,21 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   for (const auto& [tensor_name, tensor] : *grown) {
     model->tensors[tensor_name] = tensor.View();
     model->weights_mapped = false;  // some rows are the process's own copy
+  }
+  absl::StatusOr<std::map<uint64_t, std::string>> evictions =
+      NumberedFiles(fs, folder, kEvictedPrefix, "");
+  if (!evictions.ok()) return failed("(the folder)", evictions.status());
+  if (!evictions->empty()) {
+    const std::string& file = evictions->rbegin()->second;
+    absl::StatusOr<std::string> evicted = fs.ReadFile(folder + file, 1 << 16);
+    if (!evicted.ok()) return failed(file, evicted.status());
+    const std::string where = absl::StrCat(name, "/", file);
+    absl::StatusOr<Eviction> eviction = ParseEviction(*evicted);
+    if (!eviction.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", eviction.status().message()));
+    }
+    RETURN_IF_ERROR(ApplyEviction(where, *eviction, model.get()));
   }
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
@@ -338,14 +433,17 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
                        removed.message()));
     }
   }
-  // Rows files an interrupted append left under their hidden names
-  // (.rows-<n>.safetensors.tmp-<id>): never read, removed once old enough.
+  // Files an interrupted append or eviction left under their hidden names
+  // (.rows-<n>.safetensors.tmp-<id>, .evicted-<n>.tmp-<id>): never read,
+  // removed once old enough.
   for (const std::string& model : Folders()) {
     absl::StatusOr<std::vector<FileSystem::Entry>> files =
         fs_->ListDir(dir_ + "/" + model);
     if (!files.ok()) continue;
     for (const FileSystem::Entry& file : *files) {
-      if (file.is_dir || !absl::StartsWith(file.name, ".rows-") ||
+      if (file.is_dir ||
+          !(absl::StartsWith(file.name, ".rows-") ||
+            absl::StartsWith(file.name, ".evicted-")) ||
           now - file.modified < older_than) {
         continue;
       }
@@ -353,9 +451,11 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
       const absl::Status removed =
           fs_->RemoveFile(absl::StrCat(dir_, "/", where));
       Log(removed.ok()
-              ? absl::StrCat("removed ", where, ", left by an interrupted append")
+              ? absl::StrCat("removed ", where,
+                             ", left by an interrupted append or eviction")
               : absl::StrCat("cannot remove ", where,
-                             " (left by an interrupted append; ignored): ",
+                             " (left by an interrupted append or eviction; "
+                             "ignored): ",
                              removed.message()));
     }
   }
@@ -392,7 +492,7 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     absl::MutexLock write(&repository->write_mu_);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
-      repository->KeepGrowth(name, *model, std::move(grown));
+      repository->KeepGrowth(name, *model, std::move(grown), 0);
       repository->models_[name] = *std::move(model);
     } else if (options.fail_on_model_error) {
       return absl::Status(model.status().code(),
@@ -428,7 +528,7 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
                 map_weights_, [this](const std::string& note) { Log(note); },
                 &grown);
-  if (model.ok()) KeepGrowth(name, *model, std::move(grown));
+  if (model.ok()) KeepGrowth(name, *model, std::move(grown), 0);
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -673,7 +773,7 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
 }
 
 void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
-  if (map_weights_ && model.appended_files == 0) {
+  if (map_weights_ && model.appended_files == 0 && model.evicted_rows == 0) {
     ServeFromWrittenFile(name, &model);
   }
   model.held_memory = std::make_shared<const attn::HeldMemory>(name);
@@ -687,77 +787,102 @@ void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
 void ModelRepository::KeepGrowth(
     const std::string& name,
     const std::shared_ptr<const RepositoryModel>& model,
-    std::map<std::string, GrowingTensor> grown) {
+    std::map<std::string, GrowingTensor> grown, int64_t first_row) {
   if (grown.empty()) {
     growth_.erase(name);  // its buffers must not outlive what they served
   } else {
-    growth_[name] = Growth{model, std::move(grown)};
+    growth_[name] = Growth{model, std::move(grown), first_row};
   }
 }
 
-absl::Status ModelRepository::WriteRowsFile(const std::string& name,
-                                            const Rows& rows, int64_t* bytes) {
+absl::Status ModelRepository::WriteIntoFolder(absl::string_view field,
+                                              const std::string& name,
+                                              const std::string& file,
+                                              absl::string_view bytes) {
   const std::string folder = dir_ + "/" + name;
-  absl::StatusOr<std::map<uint64_t, std::string>> files =
-      RowsFiles(*fs_, folder);
-  if (!files.ok()) {
-    return SaveError("append", name, "listing its folder", files.status());
-  }
-  const uint64_t number = files->empty() ? 1 : files->rbegin()->first + 1;
-  const std::string file = RowsFileName(number);
   const std::string path = folder + "/" + file;
-  // Written under a hidden name, so a file with that name is whole: a kill
-  // before the rename leaves a leftover that loads never read (and Load
-  // removes), never a partial rows file.
+  // Written under a hidden name, so a file with its own name is whole: a
+  // kill before the rename leaves a leftover that loads never read (and
+  // Load removes), never a partial file.
   const std::string temporary =
       absl::StrCat(folder, "/.", file, ".tmp-", getpid(), "-", ++saves_);
-  const std::string serialized = SerializeSafetensors(rows);
-  *bytes = static_cast<int64_t>(serialized.size());
-  absl::Status status = WriteDurably(*fs_, temporary, serialized);
+  absl::Status status = WriteDurably(*fs_, temporary, bytes);
   if (!status.ok()) {
     fs_->RemoveFile(temporary).IgnoreError();
-    return SaveError("append", name, absl::StrCat("writing ", file), status);
+    return SaveError(field, name, absl::StrCat("writing ", file), status);
   }
   status = fs_->Rename(temporary, path);
   if (!status.ok()) {
     fs_->RemoveFile(temporary).IgnoreError();
-    return SaveError("append", name, absl::StrCat("naming ", file), status);
+    return SaveError(field, name, absl::StrCat("naming ", file), status);
   }
   status = fs_->SyncDir(folder);
   if (!status.ok()) {
-    // Answered as a failure, so the rows must not come back after a crash.
+    // Answered as a failure, so the file must not be found after a crash.
     fs_->RemoveFile(path).IgnoreError();
     fs_->SyncDir(folder).IgnoreError();
-    return SaveError("append", name, "syncing its folder", status);
+    return SaveError(field, name, "syncing its folder", status);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
-    const AppendRequest& request) {
-  const std::string& name = request.name;
+absl::StatusOr<std::string> ModelRepository::NextNumberedFile(
+    absl::string_view field, const std::string& name,
+    absl::string_view prefix, absl::string_view suffix,
+    std::map<uint64_t, std::string>* older) {
+  absl::StatusOr<std::map<uint64_t, std::string>> files =
+      NumberedFiles(*fs_, dir_ + "/" + name, prefix, suffix);
+  if (!files.ok()) {
+    return SaveError(field, name, "listing its folder", files.status());
+  }
+  const uint64_t number = files->empty() ? 1 : files->rbegin()->first + 1;
+  if (older != nullptr) *older = *std::move(files);
+  return NumberedFileName(prefix, number, suffix);
+}
+
+absl::Status ModelRepository::WriteRowsFile(const std::string& name,
+                                            const Rows& rows, int64_t* bytes) {
+  ASSIGN_OR_RETURN(const std::string file,
+                   NextNumberedFile("append", name, kRowsPrefix, kRowsSuffix,
+                                    nullptr));
+  const std::string serialized = SerializeSafetensors(rows);
+  *bytes = static_cast<int64_t>(serialized.size());
+  return WriteIntoFolder("append", name, file, serialized);
+}
+
+absl::StatusOr<std::shared_ptr<const RepositoryModel>>
+ModelRepository::ServedForChange(absl::string_view field,
+                                 const std::string& name, bool may_be_new) {
   if (dir_.empty()) {
     return absl::FailedPreconditionError(
-        "append: the server runs without --model_repository");
+        absl::StrCat(field, ": the server runs without --model_repository"));
   }
   if (!ValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "name: '", name, "' must be 1-128 letters, digits, '_' or '-'"));
   }
-  absl::MutexLock write(&write_mu_);
   std::shared_ptr<const RepositoryModel> current = Find(name);
+  if (current != nullptr) return current;
+  if (fs_->Stat(dir_ + "/" + name).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: model '", name,
+        "' has a folder in the repository but is not served (unloaded, "
+        "or it failed to load: the repository index says which); load it "
+        "first"));
+  }
+  if (may_be_new) return current;
+  return absl::NotFoundError(
+      absl::StrCat("name: no model '", name, "' in the model repository"));
+}
+
+absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
+    const AppendRequest& request) {
+  const std::string& name = request.name;
+  absl::MutexLock write(&write_mu_);
+  ASSIGN_OR_RETURN(std::shared_ptr<const RepositoryModel> current,
+                   ServedForChange("append", name,
+                                   static_cast<bool>(request.create)));
   if (current == nullptr) {
-    if (fs_->Stat(dir_ + "/" + name).ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "name: model '", name,
-          "' has a folder in the repository but is not served (unloaded, "
-          "or it failed to load: the repository index says which); load it "
-          "before appending to it"));
-    }
-    if (!request.create) {
-      return absl::NotFoundError(absl::StrCat(
-          "name: no model '", name, "' in the model repository"));
-    }
     ASSIGN_OR_RETURN(RepositoryModel model, request.create());
     if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
     RETURN_IF_ERROR(WriteModelFolder("append", name, &model));
@@ -785,10 +910,14 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   RETURN_IF_ERROR(WriteRowsFile(name, rows, &file_bytes));
 
   // Committed on disk: the served version grows. Its rows are copied into
-  // buffers that append in place while the version served is the one the
-  // last append made; a version saved or loaded since starts them afresh.
+  // memory that grows in place while the version served is the one the
+  // last append made; a version saved or loaded since starts it afresh
+  // from what it serves (its rows after any evicted).
   Growth& growth = growth_[name];
-  if (growth.version.lock() != current) growth.tensors.clear();
+  if (growth.version.lock() != current) {
+    growth.tensors.clear();
+    growth.first_row = current->evicted_rows;
+  }
   RepositoryModel grown = *current;
   Appended appended;
   appended.first_row = current->tensors.at(rows.begin()->first).shape[0];
@@ -802,7 +931,8 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
                .first;
     }
     it->second.Append(tensor);
-    grown.tensors[tensor_name] = it->second.View();
+    grown.tensors[tensor_name] = DropRows(
+        it->second.View(), current->evicted_rows - growth.first_row);
   }
   appended.rows = appended.first_row + added;
   grown.weights_mapped = false;
@@ -813,6 +943,48 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   Serve(name, std::move(grown));
   growth.version = Find(name);
   return appended;
+}
+
+absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
+    const EvictRequest& request) {
+  const std::string& name = request.name;
+  absl::MutexLock write(&write_mu_);
+  ASSIGN_OR_RETURN(std::shared_ptr<const RepositoryModel> current,
+                   ServedForChange("evict", name, /*may_be_new=*/false));
+  ASSIGN_OR_RETURN(const std::vector<std::string> tensors,
+                   request.row_tensors(*current));
+  const int64_t rows = current->tensors.at(tensors.front()).shape[0];
+  if (request.oldest < 1 || request.oldest >= rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "oldest: ", request.oldest, " must be in [1, ", rows - 1,
+        "]: model '", name, "' holds ", rows,
+        " rows and keeps at least one (unload it to serve none)"));
+  }
+  Eviction eviction{current->evicted_rows + request.oldest, tensors};
+  std::map<uint64_t, std::string> older;
+  ASSIGN_OR_RETURN(const std::string file,
+                   NextNumberedFile("evict", name, kEvictedPrefix, "", &older));
+  RETURN_IF_ERROR(
+      WriteIntoFolder("evict", name, file, SerializeEviction(eviction)));
+  // The records before it say less; loads read the highest only.
+  for (const auto& [number, old_file] : older) {
+    fs_->RemoveFile(absl::StrCat(dir_, "/", name, "/", old_file)).IgnoreError();
+  }
+  RepositoryModel kept = *current;
+  eviction.rows = request.oldest;  // from what `current` serves
+  RETURN_IF_ERROR(ApplyEviction("evict", eviction, &kept));
+  kept.evicted_rows = current->evicted_rows + request.oldest;
+  kept.weights_file = nullptr;
+  // The growing memory, if any, stays the evicted version's: appends go on
+  // growing it, and the rows evicted are released with it.
+  Growth* growth = nullptr;
+  if (auto it = growth_.find(name);
+      it != growth_.end() && it->second.version.lock() == current) {
+    growth = &it->second;
+  }
+  Serve(name, std::move(kept));
+  if (growth != nullptr) growth->version = Find(name);
+  return Evicted{request.oldest, rows - request.oldest};
 }
 
 }  // namespace attnserve

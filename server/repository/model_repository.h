@@ -28,7 +28,11 @@
 // in its folder, rows-<n>.safetensors, written under a hidden name, fsynced,
 // renamed into place and the folder fsynced before the answer; a load reads
 // weights.safetensors and then every rows file in the order of <n>, which
-// extend its tensors along their first dimension. A whole save replaces the
+// extend its tensors along their first dimension. EvictRows drops a
+// model's oldest rows by writing a small file the same way, evicted-<n>:
+// the rows evicted since the last whole save and the tensors they are
+// dropped from, which a load applies (the highest <n>) after the rows
+// files. A whole save replaces the
 // folder, rows files and all. docs/repository.md gives the layout and why a
 // kill at any instant leaves every acknowledged append and no partial one.
 //
@@ -92,6 +96,9 @@ struct RepositoryModel {
   int64_t stored_bytes = 0;
   // The rows files appended since its last whole save (AppendRows).
   int64_t appended_files = 0;
+  // The oldest rows evicted since its last whole save (EvictRows): its
+  // growing tensors' row 0 is the row that many after the first saved.
+  int64_t evicted_rows = 0;
 };
 
 class ModelRepository {
@@ -234,6 +241,28 @@ class ModelRepository {
   // Blocks on file I/O (two fsyncs) and on other writers.
   absl::StatusOr<Appended> AppendRows(const AppendRequest& request);
 
+  struct EvictRequest {
+    std::string name;
+    // The oldest rows to drop, >= 1, leaving at least one.
+    int64_t oldest = 0;
+    // The tensors whose rows these are (the kind's), from the model served
+    // now, under the write lock; or the status the eviction answers.
+    std::function<absl::StatusOr<std::vector<std::string>>(
+        const RepositoryModel&)>
+        row_tensors;
+  };
+  struct Evicted {
+    int64_t evicted = 0;  // rows dropped by this call
+    int64_t rows = 0;     // rows held after it
+  };
+  // Drops the `oldest` rows of model `name` durably (an evicted-<n> file
+  // written, fsynced, renamed into place and the folder fsynced before the
+  // answer) and serves what is left: row i becomes row i - oldest. A call
+  // holding the version before keeps its rows. On failure nothing changes;
+  // INVALID_ARGUMENT when `oldest` is < 1 or would leave no row, and
+  // AppendRows' other statuses (no create: NOT_FOUND for an unknown model).
+  absl::StatusOr<Evicted> EvictRows(const EvictRequest& request);
+
   // Options::max_model_bytes.
   int64_t max_model_bytes() const { return max_model_bytes_; }
 
@@ -268,6 +297,27 @@ class ModelRepository {
   // fresh held-memory identity.
   void Serve(const std::string& name, RepositoryModel model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes `bytes` as the new file `file` of folder `name` durably: under a
+  // hidden name, fsynced, renamed, the folder fsynced. Nothing is left on
+  // failure; failures name `field` and `file`.
+  absl::Status WriteIntoFolder(absl::string_view field, const std::string& name,
+                               const std::string& file,
+                               absl::string_view bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // The model served as `name`, for a change to it: FAILED_PRECONDITION
+  // naming `field` without a repository folder, INVALID_ARGUMENT for a bad
+  // name, FAILED_PRECONDITION for a folder that is not served, NOT_FOUND
+  // (null with OK when `may_be_new` and there is no folder either).
+  absl::StatusOr<std::shared_ptr<const RepositoryModel>> ServedForChange(
+      absl::string_view field, const std::string& name, bool may_be_new)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // The name of the next file <prefix><n><suffix> of folder `name` (n one
+  // past the highest there), and the ones there in *older when not null.
+  absl::StatusOr<std::string> NextNumberedFile(
+      absl::string_view field, const std::string& name,
+      absl::string_view prefix, absl::string_view suffix,
+      std::map<uint64_t, std::string>* older)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Writes `rows` as the next rows file of folder `name`, durably; nothing
   // is left on failure. Its size in *bytes.
   absl::Status WriteRowsFile(const std::string& name, const Rows& rows,
@@ -280,13 +330,16 @@ class ModelRepository {
   struct Growth {
     std::weak_ptr<const RepositoryModel> version;
     std::map<std::string, GrowingTensor> tensors;
+    // The evicted_rows of the version they started from: their row 0.
+    int64_t first_row = 0;
   };
 
   // Keeps what ReadModel grew for `model`, the version about to serve as
   // `name`, for the next append (nothing when it grew nothing).
   void KeepGrowth(const std::string& name,
                   const std::shared_ptr<const RepositoryModel>& model,
-                  std::map<std::string, GrowingTensor> grown)
+                  std::map<std::string, GrowingTensor> grown,
+                  int64_t first_row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // A model no longer (or never successfully) served, for Index.

@@ -591,4 +591,22 @@ grpc::ServerUnaryReactor* AttentionService::AppendMemory(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AttentionService::EvictMemory(
+    grpc::CallbackServerContext* context,
+    const v1::EvictMemoryRequest* request,
+    v1::EvictMemoryResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool may_append =
+      context->auth_context() != nullptr &&
+      !context->auth_context()->FindPropertyValues(kAppendProperty).empty();
+  absl::StatusOr<ModelRepository::Evicted> evicted =
+      catalogue_->Evict(may_append, request->name(), request->oldest());
+  if (evicted.ok()) {
+    response->set_evicted(evicted->evicted);
+    response->set_rows(evicted->rows);
+  }
+  reactor->Finish(ToGrpcStatus(evicted.status()));
+  return reactor;
+}
+
 }  // namespace attnserve

@@ -71,6 +71,11 @@ class AttentionService final
       grpc::CallbackServerContext* context,
       const attention::v1::AppendMemoryRequest* request,
       attention::v1::AppendMemoryResponse* response) override;
+  // On the gRPC thread, as AppendMemory.
+  grpc::ServerUnaryReactor* EvictMemory(
+      grpc::CallbackServerContext* context,
+      const attention::v1::EvictMemoryRequest* request,
+      attention::v1::EvictMemoryResponse* response) override;
 
 
  private:

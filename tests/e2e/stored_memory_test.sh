@@ -7,8 +7,9 @@
 #    another d are refused naming both shapes;
 #  - --batch_stored_memories=false: the memory's calls run alone;
 #  - --batching: every call is batched;
-#  - attnctl append grows the memory (and --create makes one); the next call
-#    and the next server see the rows.
+#  - attnctl append grows the memory (and --create makes one), attnctl
+#    evict drops its oldest rows; the next call and the next server see
+#    them.
 #
 #   tests/e2e/stored_memory_test.sh ATTNSERVE ATTNCTL
 set -uo pipefail
@@ -120,9 +121,16 @@ ctl append --memory_name=made --create --score=gaussian --precision=bf16 \
 check "appends: attnctl append --create makes a memory" $? \
   "$(cat "$workdir/error.txt")"
 
+ctl evict --memory_name=memory --oldest=5 >"$workdir/evict.json" \
+  2>"$workdir/error.txt"
+check "appends: attnctl evict is answered" $? "$(cat "$workdir/error.txt")"
+grep -q '"evicted":"5"' "$workdir/evict.json" &&
+  grep -q '"rows":"300"' "$workdir/evict.json"
+check "appends: ... 5 rows evicted, 300 held" $? "$(cat "$workdir/evict.json")"
+
 serve restarted
-[[ $(weights_columns) == 305 ]]
-check "appends: after a restart the memory holds the 305 rows" $? \
+[[ $(weights_columns) == 300 ]]
+check "appends: after a restart the memory holds the 300 rows" $? \
   "$(weights_columns)"
 
 if [[ $failures -ne 0 ]]; then

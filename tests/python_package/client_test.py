@@ -537,6 +537,20 @@ class StoredMemoryTest(Case):
         again = CLIENT.scaled_dot_product_attention(queries, memory_name="py_grown")
         self.assertEqual(again.output.shape, (2, 4, 2))
         self.assertWithin(again.output, out, ob, "memory after refusals")
+        # The oldest rows go: the memory is keys[2:] from the next call on.
+        self.assertEqual(CLIENT.evict_memory("py_grown", oldest=2),
+                         attnserve.Evicted(evicted=2, rows=5))
+        got = CLIENT.scaled_dot_product_attention(queries, memory_name="py_grown",
+                                                  return_weights=True)
+        self.assertEqual(got.weights.shape, (2, 4, 5))
+        out, w, ob, wb = attention_ref(queries, np.broadcast_to(keys[2:], (2, 5, 3)),
+                                       np.broadcast_to(values[2:], (2, 5, 2)), scale=0.6)
+        self.assertWithin(got.output, out, ob, "evicted memory output")
+        self.assertWithin(got.weights, w, wb, "evicted memory weights")
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.evict_memory("py_grown", oldest=5)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("oldest: 5 must be in [1, 4]", caught.exception.message)
 
     def test_a_training_set_grows_over_asyncio(self):
         d = textbook.regression_data()
@@ -548,12 +562,14 @@ class StoredMemoryTest(Case):
                                                  save_as="py_grown_fit")
                 added = await client.append_memory("py_grown_fit", d.x_train[half:],
                                                    d.y_train[half:])
+                evicted = await client.evict_memory("py_grown_fit", oldest=1)
+                self.assertEqual(evicted.rows, len(d.x_train) - 1)
                 net = await client.nadaraya_watson(x_query=d.x_query,
                                                    model_name="py_grown_fit")
                 return fit, added, net
         fit, added, net = asyncio.run(fit_append_query())
         self.assertEqual((added.first_row, added.rows), (half, len(d.x_train)))
-        out, _, ob, _ = nadaraya_watson_ref(d.x_train, d.y_train, d.x_query,
+        out, _, ob, _ = nadaraya_watson_ref(d.x_train[1:], d.y_train[1:], d.x_query,
                                             bandwidth=fit.bandwidth)
         self.assertWithin(net.output, out, ob, "grown training set output")
 

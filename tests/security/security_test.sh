@@ -9,7 +9,8 @@
 #  - tokens (over TLS): no token and a wrong token get UNAUTHENTICATED and are
 #    counted by reason; a good token is served; health checks need none;
 #    save_as needs the save_as permission (PERMISSION_DENIED otherwise),
-#    AppendMemory the append permission (or model_control), and
+#    AppendMemory and EvictMemory the append permission (or model_control),
+#    and
 #    KServe RepositoryModelLoad/Unload the model_control permission (checked
 #    with tritonclient's generated stubs from VENV); an
 #    edit of the token file takes effect within seconds, and so does SIGHUP;
@@ -266,6 +267,11 @@ expect_ok "tokens: an append by an append token" "${tls[@]}" \
   --token="$token_appender" append --memory_name=appended_by_test --create
 expect_ok "tokens: an append by a model_control token" "${tls[@]}" \
   --token="$token_controller" append --memory_name=appended_by_test
+expect_refused "tokens: an eviction by a plain token -> PERMISSION_DENIED" \
+  "PERMISSION_DENIED" "${tls[@]}" --token="$token_plain" evict \
+  --memory_name=appended_by_test --oldest=1
+expect_ok "tokens: an eviction by an append token" "${tls[@]}" \
+  --token="$token_appender" evict --memory_name=appended_by_test --oldest=1
 # model_control: KServe RepositoryModelUnload / Load need the permission.
 # control TOKEN load|unload MODEL: prints the gRPC status code's name.
 control() {

@@ -23,14 +23,14 @@ import importlib
 from typing import Any
 
 from ._types import (AdditiveWeights, Appended, AttentionResult, Error,
-                     ExecutionInfo, FitResult, ModelInfo, Result)
+                     Evicted, ExecutionInfo, FitResult, ModelInfo, Result)
 from .client import DEFAULT_MAX_MESSAGE_BYTES, Client
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdditiveWeights", "Appended", "AttentionResult", "Client", "DEFAULT_MAX_MESSAGE_BYTES",
-    "Error", "ExecutionInfo", "FitResult", "ModelInfo", "Result", "aio", "plot",
+    "Error", "Evicted", "ExecutionInfo", "FitResult", "ModelInfo", "Result", "aio", "plot",
     "textbook",
 ]
 

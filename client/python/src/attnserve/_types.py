@@ -141,3 +141,12 @@ class Appended:
     first_row: int
     rows: int
     files: int
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """What an eviction did (``Client.evict_memory``): ``evicted``, the rows
+    it dropped (the oldest); ``rows``, the rows the model holds after it."""
+
+    evicted: int
+    rows: int

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 
 from ._types import (AdditiveWeights, Appended, AttentionResult, Error,
-                     ExecutionInfo, FitResult, Result, invalid)
+                     Evicted, ExecutionInfo, FitResult, Result, invalid)
 
 try:
     from ._generated import attention_pb2 as pb
@@ -269,6 +269,12 @@ def append_memory(name: str, keys: ArrayLike, values: ArrayLike, create: bool,
     return request
 
 
+def evict_memory(name: str, oldest: int) -> pb.EvictMemoryRequest:
+    if isinstance(oldest, bool) or int(oldest) != oldest:
+        raise invalid(f"oldest: {oldest!r} is not an integer")
+    return pb.EvictMemoryRequest(name=name, oldest=int(oldest))
+
+
 # --------------------------------------------------------------------------
 # Responses.
 
@@ -292,6 +298,10 @@ def fit_result(response: pb.FitBandwidthResponse) -> FitResult:
 
 def appended(response: pb.AppendMemoryResponse) -> Appended:
     return Appended(int(response.first_row), int(response.rows), int(response.files))
+
+
+def evicted(response: pb.EvictMemoryResponse) -> Evicted:
+    return Evicted(int(response.evicted), int(response.rows))
 
 
 def _bfloat16_bits(array: np.ndarray) -> np.ndarray:

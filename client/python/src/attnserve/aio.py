@@ -23,7 +23,8 @@ import grpc.aio
 
 from . import _services, _wire
 from ._generated import attention_pb2_grpc
-from ._types import Appended, AttentionResult, Error, FitResult, ModelInfo, Result
+from ._types import (Appended, AttentionResult, Error, Evicted, FitResult, ModelInfo,
+                     Result)
 from ._wire import ArrayLike, LengthsLike, WeightsLike
 from .client import (DEFAULT_MAX_MESSAGE_BYTES, Metadata, Precision, Timeout,
                      channel_options)
@@ -214,6 +215,14 @@ class Client:
                                       bfloat16)
         return _wire.appended(await self._call(
             "AppendMemory", self._stub.AppendMemory, request, timeout, metadata))
+
+    async def evict_memory(self, name: str, *, oldest: int, timeout: Timeout = _UNSET,
+                           metadata: Metadata = ()) -> Evicted:
+        """Drops the oldest rows of a stored model, durably (see
+        ``Client.evict_memory``)."""
+        request = _wire.evict_memory(name, oldest)
+        return _wire.evicted(await self._call(
+            "EvictMemory", self._stub.EvictMemory, request, timeout, metadata))
 
     async def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                      metadata: Metadata = ()) -> List[ModelInfo]:

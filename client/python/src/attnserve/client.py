@@ -9,7 +9,8 @@ import grpc
 
 from . import _services, _wire
 from ._generated import attention_pb2_grpc
-from ._types import (Appended, AttentionResult, Error, FitResult, ModelInfo, Result)
+from ._types import (Appended, AttentionResult, Error, Evicted, FitResult, ModelInfo,
+                     Result)
 from ._wire import ArrayLike, LengthsLike, WeightsLike
 
 #: The server's default ``--max_message_bytes`` (two 4096 x 4096 float32
@@ -356,6 +357,18 @@ class Client:
                                       bfloat16)
         return _wire.appended(self._call("AppendMemory", self._stub.AppendMemory,
                                          request, timeout, metadata))
+
+    def evict_memory(self, name: str, *, oldest: int, timeout: Timeout = _UNSET,
+                     metadata: Metadata = ()) -> Evicted:
+        """Drops the ``oldest`` rows of the stored model ``name`` (an
+        ``attention_memory``'s or a training set's), durably, while it
+        serves: row i becomes row i - oldest, in ``attention_weights``'
+        columns too, for every call that starts after this returns. At
+        least 1, and fewer than the model holds. The permission is
+        ``append_memory``'s."""
+        request = _wire.evict_memory(name, oldest)
+        return _wire.evicted(self._call("EvictMemory", self._stub.EvictMemory,
+                                        request, timeout, metadata))
 
     def models(self, *, ready_only: bool = False, timeout: Timeout = _UNSET,
                metadata: Metadata = ()) -> List[ModelInfo]:
