@@ -133,6 +133,9 @@ ABSL_FLAG(std::string, save_as, "",
           "needs --model_repository).");
 ABSL_FLAG(int64_t, oldest, 0,
           "evict: how many of the oldest rows of --memory_name to drop.");
+ABSL_FLAG(int64_t, max_rows, 0,
+          "append --create: keep the newest this many rows, each append "
+          "dropping the oldest beyond them (0: keep all).");
 ABSL_FLAG(bool, create, false,
           "append: make the memory --memory_name from these rows if the "
           "server has none, with --score, --scale and --precision (bf16 "
@@ -484,7 +487,8 @@ const std::vector<Subcommand>& Subcommands() {
       {"append",
        "AppendMemory; keys 10x2, values 10x4 appended to the\n"
        "stored model --memory_name (durable before the answer)",
-       RpcFlags({"memory_name", "create", "score", "scale", "precision"}),
+       RpcFlags({"memory_name", "create", "score", "scale", "precision",
+                 "max_rows"}),
        RunAppend},
       {"evict",
        "EvictMemory; drops the --oldest rows of the stored model\n"
@@ -779,6 +783,7 @@ absl::StatusOr<Invocation> ReadFlags(const std::set<std::string>& given) {
   if (given.count("save_as")) options.save_as = absl::GetFlag(FLAGS_save_as);
   options.create = absl::GetFlag(FLAGS_create);
   if (given.count("oldest")) options.oldest = absl::GetFlag(FLAGS_oldest);
+  if (given.count("max_rows")) options.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.bandwidth = absl::GetFlag(FLAGS_bandwidth);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.learning_rate = absl::GetFlag(FLAGS_learning_rate);

@@ -558,10 +558,12 @@ absl::Status ApplyOptions(const RequestOptions& options,
     if (options.score) create->set_score(*options.score);
     if (options.scale) create->set_scale(*options.scale);
     if (options.precision) create->set_precision(*options.precision);
-  } else if (options.score || options.scale || options.precision) {
+    if (options.max_rows) create->set_max_rows(*options.max_rows);
+  } else if (options.score || options.scale || options.precision ||
+             options.max_rows) {
     return absl::InvalidArgumentError(
-        "--score, --scale and --precision make a new memory: give --create "
-        "with them");
+        "--score, --scale, --precision and --max_rows make a new memory: "
+        "give --create with them");
   }
   return ApplyEncoding(options, request);
 }

@@ -85,6 +85,8 @@ struct RequestOptions {
   bool create = false;
   // evict: the rows to drop (with memory_name).
   std::optional<int64_t> oldest;
+  // append with create: the memory's max_rows window.
+  std::optional<int64_t> max_rows;
   // Re-encodes every request tensor and sets output_encoding (where the
   // request has one).
   std::optional<attention::v1::TensorEncoding> encoding;

@@ -328,6 +328,9 @@ absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
   }
   absl::StatusOr<ModelRepository::Appended> appended =
       repository_->AppendRows(request);
+  if (appended.ok() && created) {
+    appended->evicted = keys.shape[0] - appended->rows;  // its window's
+  }
   absl::Status reported =
       Report(created ? "save" : "append", name,
              created ? "by append" : "rows", appended.status());

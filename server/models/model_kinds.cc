@@ -168,6 +168,22 @@ absl::Status CheckFinite(const std::string& where, const std::string& name,
   return absl::OkStatus();
 }
 
+// A model's rows (tensor `rows`) within its max_rows window, if it sets one
+// (the repository keeps it there as appends come; a model saved whole must
+// fit it).
+absl::Status CheckWithinMaxRows(const std::string& where,
+                                const RepositoryModel& model,
+                                const std::string& rows) {
+  ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(where, model));
+  const int64_t held = model.tensors.at(rows).shape[0];
+  if (max_rows > 0 && held > max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", held, " rows, over its parameter 'max_rows' (",
+        max_rows, ")"));
+  }
+  return absl::OkStatus();
+}
+
 bool HoldsTrainingSet(const RepositoryModel& model) {
   return model.tensors.count("x_train") > 0 ||
          model.tensors.count("y_train") > 0;
@@ -215,7 +231,8 @@ absl::Status CheckNadarayaWatsonModel(const std::string& where,
         " must hold the same N >= 1 points, each of at least one value"));
   }
   RETURN_IF_ERROR(CheckFinite(where, "x_train", *set[0], "a training set"));
-  return CheckFinite(where, "y_train", *set[1], "a training set");
+  RETURN_IF_ERROR(CheckFinite(where, "y_train", *set[1], "a training set"));
+  return CheckWithinMaxRows(where, model, "x_train");
 }
 
 absl::StatusOr<OperationRequest> BuildMaskedSoftmax(
@@ -395,6 +412,7 @@ absl::Status CheckAttentionMemory(const std::string& where,
   }
   RETURN_IF_ERROR(CheckFinite(where, "keys", *keys, "a memory"));
   RETURN_IF_ERROR(CheckFinite(where, "values", *values, "a memory"));
+  RETURN_IF_ERROR(CheckWithinMaxRows(where, model, "keys"));
   return ScoringOf(where, model).status();
 }
 
@@ -787,6 +805,11 @@ absl::StatusOr<RepositoryModel> NewAttentionMemory(
     return absl::InvalidArgumentError(absl::StrCat(
         "create.scale: ", *settings.scale, " is not a finite positive number"));
   }
+  if (settings.max_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "create.max_rows: ", settings.max_rows,
+        " is negative (0: no window)"));
+  }
   RepositoryModel model;
   model.config.set_name(name);
   model.config.set_platform("attnserve");
@@ -805,16 +828,25 @@ absl::StatusOr<RepositoryModel> NewAttentionMemory(
           absl::StrFormat("%.9g", *settings.scale));
     }
   }
+  // The window keeps the newest rows: the last max_rows of these.
+  int64_t skipped = 0;
+  if (settings.max_rows > 0) {
+    parameters["max_rows"].set_string_value(absl::StrCat(settings.max_rows));
+    skipped = std::max<int64_t>(0, keys.shape[0] - settings.max_rows);
+  }
   for (const auto& [field, given] :
        {std::pair<const char*, const attn::TensorView&>{"keys", keys},
         {"values", values}}) {
+    attn::TensorView kept = given;
+    kept.shape[0] -= skipped;
+    kept.data += skipped * given.shape[1];
     if (settings.bfloat16) {
       // Rounded as an append to a bfloat16 memory rounds.
       ASSIGN_OR_RETURN(model.tensors[field],
-                       RowsInTypeOf(field, given, /*bfloat16=*/true));
+                       RowsInTypeOf(field, kept, /*bfloat16=*/true));
     } else {
-      attn::Tensor copy = attn::Tensor::Zeros(given.shape);
-      std::copy(given.data, given.data + copy.data.size(), copy.data.begin());
+      attn::Tensor copy = attn::Tensor::Zeros(kept.shape);
+      std::copy(kept.data, kept.data + copy.data.size(), copy.data.begin());
       model.tensors[field] = std::move(copy);
     }
   }
@@ -831,23 +863,25 @@ absl::Status CheckMemorySettings(absl::string_view field,
         " model, not an attention memory"));
   }
   ASSIGN_OR_RETURN(const MemoryScoring scoring, ScoringOf(name, model));
-  const bool bfloat16 = model.tensors.at("keys").is_bfloat16();
-  if (scoring.score == settings.score && scoring.scale == settings.scale &&
-      bfloat16 == settings.bfloat16) {
+  ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(name, model));
+  const MemorySettings held{scoring.score, scoring.scale,
+                            model.tensors.at("keys").is_bfloat16(), max_rows};
+  if (held.score == settings.score && held.scale == settings.scale &&
+      held.bfloat16 == settings.bfloat16 && held.max_rows == settings.max_rows) {
     return absl::OkStatus();
   }
-  auto describe = [](attn::ScoreKind score, std::optional<float> scale,
-                     bool bf16) {
+  auto describe = [](const MemorySettings& memory) {
     return absl::StrCat(
-        "score ", score == attn::ScoreKind::kGaussian ? "gaussian" : "dot_product",
-        ", scale ", scale.has_value() ? absl::StrCat(*scale) : "default",
-        ", ", bf16 ? "bfloat16" : "float32");
+        "score ",
+        memory.score == attn::ScoreKind::kGaussian ? "gaussian" : "dot_product",
+        ", scale ",
+        memory.scale.has_value() ? absl::StrCat(*memory.scale) : "default",
+        ", ", memory.bfloat16 ? "bfloat16" : "float32", ", max_rows ",
+        memory.max_rows > 0 ? absl::StrCat(memory.max_rows) : "none");
   };
   return absl::InvalidArgumentError(absl::StrCat(
-      field, ": memory '", name, "' exists with ",
-      describe(scoring.score, scoring.scale, bfloat16), ", not ",
-      describe(settings.score, settings.scale, settings.bfloat16),
-      "; leave create unset to append to it"));
+      field, ": memory '", name, "' exists with ", describe(held), ", not ",
+      describe(settings), "; leave create unset to append to it"));
 }
 
 RepositoryModel FittedNadarayaWatsonModel(const std::string& name,

@@ -25,8 +25,10 @@
 // - attention memory: stored models of backend attention_memory, holding a
 //   memory of N key-value pairs, keys [N, d] and values [N, v] (finite), and
 //   in their config's parameters the `score` (dot_product, the default, or
-//   gaussian) and `scale` (default 1/sqrt(d) for the dot product, 1 for the
-//   Gaussian); a call sends queries [B, Lq, d] alone and gets output
+//   gaussian), `scale` (default 1/sqrt(d) for the dot product, 1 for the
+//   Gaussian) and `max_rows` when it keeps a window of its newest rows
+//   (ModelRepository's MaxRowsOf, which a trained Nadaraya-Watson model may
+//   set too); a call sends queries [B, Lq, d] alone and gets output
 //   [B, Lq, v] and, on request, attention_weights [B, Lq, N]. Calls on one
 //   stored version share its memory: the batcher stacks their queries into
 //   one pass over it (server/execution/operation.h, StoredRequest).
@@ -84,9 +86,13 @@ struct MemorySettings {
   attn::ScoreKind score = attn::ScoreKind::kDotProduct;
   std::optional<float> scale;
   bool bfloat16 = false;
+  // The most rows it keeps (its `max_rows` parameter, a first-in-first-out
+  // window: appends drop the oldest beyond it); 0: no window.
+  int64_t max_rows = 0;
 };
 // A new attention memory `name` of `keys` [n, d] and `values` [n, v]
-// (copied, rounded to bfloat16 when the settings say so) and `settings`,
+// (copied, rounded to bfloat16 when the settings say so; only the last
+// max_rows of them with a window) and `settings`,
 // to be stored (ModelRepository::AppendRows checks it). INVALID_ARGUMENT
 // naming the field for shapes that do not make a memory or a scale that is
 // not finite and positive.

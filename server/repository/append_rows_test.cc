@@ -460,6 +460,69 @@ TEST(EvictRowsTest, TheOldestRowsGoAndStayGone) {
             (std::set<std::string>{"config.pbtxt", "weights.safetensors"}));
 }
 
+// A max_rows window (issue #47): the newest rows stay, each append
+// dropping the oldest beyond them; a restart leaves out the same rows
+// without any record of them; explicit evictions go with it.
+TEST(EvictRowsTest, AMaxRowsWindowKeepsTheNewestRows) {
+  const std::string dir = TempDir();
+  auto repository = LoadModelRepository(OptionsFor(dir)).value();
+  ModelCatalogue catalogue(repository.get());
+  MemorySettings window;
+  window.max_rows = 5;
+  auto append = [&](int64_t first, int64_t n) {
+    const Rows rows = MakeRows(first, n);
+    return catalogue.Append(true, "m", rows.key_view(), rows.value_view(),
+                            window);
+  };
+  // Made with 8 rows: the last 5 kept.
+  absl::StatusOr<ModelRepository::Appended> appended = append(0, 8);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->rows, 5);
+  EXPECT_EQ(appended->evicted, 3);
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 3), 5);
+  EXPECT_EQ(repository->Find("m")->config.parameters().at("max_rows").string_value(),
+            "5");
+  for (const auto& [first, n, first_row, evicted, oldest] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{8, 2, 3, 2, 5},
+        {10, 7, 0, 7, 12},  // more than the window: its last 5
+        {17, 1, 4, 1, 13}}) {
+    SCOPED_TRACE(first);
+    appended = append(first, n);
+    ASSERT_TRUE(appended.ok()) << appended.status();
+    EXPECT_EQ(appended->first_row, first_row);
+    EXPECT_EQ(appended->rows, 5);
+    EXPECT_EQ(appended->evicted, evicted);
+    EXPECT_EQ(CheckedRows(*repository->Find("m"), oldest), 5);
+    EXPECT_EQ(RowsAfterRestart(dir, oldest), 5);
+  }
+  // An explicit eviction narrows it further; the window applies after it.
+  ASSERT_TRUE(catalogue.Evict(true, "m", 3).ok());
+  EXPECT_EQ(RowsAfterRestart(dir, 16), 2);
+  ASSERT_TRUE(append(18, 1).ok());
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 16), 3);
+  EXPECT_EQ(RowsAfterRestart(dir, 16), 3);
+  ASSERT_TRUE(append(19, 4).ok());
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 18), 5);
+  EXPECT_EQ(RowsAfterRestart(dir, 18), 5);
+  // Other settings than the memory's are refused, naming the window.
+  window.max_rows = 6;
+  absl::StatusOr<ModelRepository::Appended> refused = append(23, 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("max_rows 5, not"));
+  // A memory saved whole must fit its window, and name a number.
+  const Rows three = MakeRows(0, 3);
+  for (const char* max_rows : {"2", "many", "0"}) {
+    RepositoryModel model =
+        NewAttentionMemory("w", {}, three.key_view(), three.value_view()).value();
+    (*model.config.mutable_parameters())["max_rows"].set_string_value(max_rows);
+    const absl::Status status =
+        repository->SaveModel({"load", "memory"}, "w", std::move(model));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << max_rows;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("'max_rows'"));
+  }
+}
+
 TEST(EvictRowsTest, ATrainingSetLosesItsOldestPointsAndWeightsOnlyModelsNone) {
   const std::string dir = TempDir();
   auto repository = LoadModelRepository(OptionsFor(dir)).value();

@@ -182,6 +182,25 @@ absl::Status ApplyEviction(const std::string& where, const Eviction& eviction,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<int64_t> MaxRowsOf(const std::string& where,
+                                  const RepositoryModel& model) {
+  const auto& parameters = model.config.parameters();
+  auto it = parameters.find("max_rows");
+  if (it == parameters.end()) return 0;
+  int64_t max_rows = 0;
+  if (!absl::SimpleAtoi(it->second.string_value(), &max_rows) ||
+      max_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": parameter 'max_rows': '", it->second.string_value(),
+        "' is not a positive integer"));
+  }
+  return max_rows;
+}
+
+namespace {
+
 // Reads and checks the model in folder `dir`/`name`, its weights mapped
 // when `map_weights` and the file allows, then extended by its rows files
 // in order, in `grown` (the tensors they extend; left empty when there are
@@ -288,6 +307,10 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     model->tensors[tensor_name] = tensor.View();
     model->weights_mapped = false;  // some rows are the process's own copy
   }
+  // The rows evicted: the newest record's count, and at least what the
+  // model's max_rows window leaves out of the rows appended.
+  Eviction eviction;
+  std::string where = absl::StrCat(name, "/config.pbtxt");
   absl::StatusOr<std::map<uint64_t, std::string>> evictions =
       NumberedFiles(fs, folder, kEvictedPrefix, "");
   if (!evictions.ok()) return failed("(the folder)", evictions.status());
@@ -295,13 +318,28 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     const std::string& file = evictions->rbegin()->second;
     absl::StatusOr<std::string> evicted = fs.ReadFile(folder + file, 1 << 16);
     if (!evicted.ok()) return failed(file, evicted.status());
-    const std::string where = absl::StrCat(name, "/", file);
-    absl::StatusOr<Eviction> eviction = ParseEviction(*evicted);
-    if (!eviction.ok()) {
+    where = absl::StrCat(name, "/", file);
+    absl::StatusOr<Eviction> recorded = ParseEviction(*evicted);
+    if (!recorded.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", eviction.status().message()));
+          absl::StrCat(where, ": ", recorded.status().message()));
     }
-    RETURN_IF_ERROR(ApplyEviction(where, *eviction, model.get()));
+    eviction = *std::move(recorded);
+  }
+  ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(name, *model));
+  if (max_rows > 0 && !grown->empty()) {
+    const int64_t rows = grown->begin()->second.rows();
+    if (rows - max_rows > eviction.rows) {
+      eviction.rows = rows - max_rows;
+      if (eviction.tensors.empty()) {
+        for (const auto& [tensor_name, tensor] : *grown) {
+          eviction.tensors.push_back(tensor_name);
+        }
+      }
+    }
+  }
+  if (eviction.rows > 0) {
+    RETURN_IF_ERROR(ApplyEviction(where, eviction, model.get()));
   }
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
@@ -935,6 +973,20 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
         it->second.View(), current->evicted_rows - growth.first_row);
   }
   appended.rows = appended.first_row + added;
+  // The max_rows window: the oldest rows beyond it go with this append. A
+  // load leaves out the same rows (it applies the window to what the files
+  // hold), so no record is written for them.
+  ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(name, *current));
+  if (max_rows > 0 && appended.rows > max_rows) {
+    appended.evicted = appended.rows - max_rows;
+    for (const auto& [tensor_name, tensor] : rows) {
+      grown.tensors[tensor_name] =
+          DropRows(grown.tensors[tensor_name], appended.evicted);
+    }
+    grown.evicted_rows += appended.evicted;
+    appended.first_row = std::max<int64_t>(0, appended.first_row - appended.evicted);
+    appended.rows = max_rows;
+  }
   grown.weights_mapped = false;
   grown.weights_file = nullptr;
   grown.stored_bytes += file_bytes;

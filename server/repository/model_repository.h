@@ -32,7 +32,9 @@
 // model's oldest rows by writing a small file the same way, evicted-<n>:
 // the rows evicted since the last whole save and the tensors they are
 // dropped from, which a load applies (the highest <n>) after the rows
-// files. A whole save replaces the
+// files. A model whose config sets `max_rows` keeps only its newest rows
+// that many (MaxRowsOf): an append drops the oldest beyond it, and a load
+// leaves them out of what its files hold. A whole save replaces the
 // folder, rows files and all. docs/repository.md gives the layout and why a
 // kill at any instant leaves every acknowledged append and no partial one.
 //
@@ -100,6 +102,14 @@ struct RepositoryModel {
   // growing tensors' row 0 is the row that many after the first saved.
   int64_t evicted_rows = 0;
 };
+
+// A model's `max_rows` config parameter (a positive integer; 0 when it
+// sets none): the repository keeps at most that many of its rows, dropping
+// the oldest as appends come (ModelRepository::AppendRows) and leaving
+// them out at load. INVALID_ARGUMENT starting with `where` for any other
+// value.
+absl::StatusOr<int64_t> MaxRowsOf(const std::string& where,
+                                  const RepositoryModel& model);
 
 class ModelRepository {
  public:
@@ -220,9 +230,12 @@ class ModelRepository {
     std::function<absl::StatusOr<RepositoryModel>()> create;
   };
   struct Appended {
-    int64_t first_row = 0;  // the index of the first row added
-    int64_t rows = 0;       // the rows held after it
-    int64_t files = 0;      // files the model is in: 1 + rows files
+    // The index of the first row added (0 when the max_rows window left
+    // out some of them: the rows held are then the last of them).
+    int64_t first_row = 0;
+    int64_t rows = 0;     // the rows held after it
+    int64_t files = 0;    // files the model is in: 1 + rows files
+    int64_t evicted = 0;  // the oldest rows the max_rows window dropped
   };
   // Appends rows to model `name` durably and serves the grown model: every
   // lookup that starts after the answer finds it, and a call holding the

@@ -578,6 +578,7 @@ grpc::ServerUnaryReactor* AttentionService::AppendMemory(
                           : attn::ScoreKind::kDotProduct;
       if (given.has_scale()) create->scale = given.scale();
       create->bfloat16 = given.precision() == v1::PRECISION_BFLOAT16;
+      create->max_rows = given.max_rows();
     }
     ASSIGN_OR_RETURN(const ModelRepository::Appended appended,
                      catalogue_->Append(may_append, request->name(), keys,
@@ -585,6 +586,7 @@ grpc::ServerUnaryReactor* AttentionService::AppendMemory(
     response->set_first_row(appended.first_row);
     response->set_rows(appended.rows);
     response->set_files(appended.files);
+    response->set_evicted(appended.evicted);
     return absl::OkStatus();
   }();
   reactor->Finish(ToGrpcStatus(status));

@@ -552,6 +552,22 @@ class StoredMemoryTest(Case):
         self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("oldest: 5 must be in [1, 4]", caught.exception.message)
 
+    def test_a_max_rows_window_keeps_the_newest_rows(self):
+        keys, values = self.randn(9, 2), self.randn(9, 2)
+        made = CLIENT.append_memory("py_window", keys[:6], values[:6], create=True,
+                                    max_rows=4)
+        self.assertEqual((made.rows, made.evicted), (4, 2))
+        added = CLIENT.append_memory("py_window", keys[6:], values[6:])
+        self.assertEqual(added, attnserve.Appended(first_row=1, rows=4, files=2,
+                                                   evicted=3))
+        queries = self.randn(1, 3, 2)
+        got = CLIENT.scaled_dot_product_attention(queries, memory_name="py_window")
+        out, _, ob, _ = attention_ref(queries, keys[None, 5:], values[None, 5:])
+        self.assertWithin(got.output, out, ob, "windowed memory output")
+        with self.assertRaises(attnserve.Error) as caught:
+            CLIENT.append_memory("py_window", keys, values, max_rows=3)
+        self.assertIn("create=True", caught.exception.message)
+
     def test_a_training_set_grows_over_asyncio(self):
         d = textbook.regression_data()
         half = len(d.x_train) // 2

@@ -136,11 +136,14 @@ class Appended:
     """What an append did (``Client.append_memory``): ``first_row``, the
     index of the first row it added (its column in ``attention_weights``
     from now on); ``rows``, the rows the model holds after it; ``files``, the
-    files they are stored in on the server."""
+    files they are stored in on the server; ``evicted``, the oldest rows a
+    ``max_rows`` window dropped with it (every row's index moved down by
+    that many)."""
 
     first_row: int
     rows: int
     files: int
+    evicted: int = 0
 
 
 @dataclass(frozen=True)

@@ -253,8 +253,8 @@ def fit_bandwidth(x_train: ArrayLike, y_train: ArrayLike,
 
 
 def append_memory(name: str, keys: ArrayLike, values: ArrayLike, create: bool,
-                  score: str, scale: Optional[float],
-                  bfloat16: bool) -> pb.AppendMemoryRequest:
+                  score: str, scale: Optional[float], bfloat16: bool,
+                  max_rows: int) -> pb.AppendMemoryRequest:
     request = pb.AppendMemoryRequest(name=name, keys=to_tensor("keys", keys),
                                      values=to_tensor("values", values))
     if create:
@@ -263,9 +263,12 @@ def append_memory(name: str, keys: ArrayLike, values: ArrayLike, create: bool,
                                     else pb.PRECISION_FLOAT32)
         if scale is not None:
             request.create.scale = float(scale)
-    elif score != "dot_product" or scale is not None or bfloat16:
-        raise invalid("append_memory: score, scale and bfloat16 make a new "
-                      "memory: pass create=True with them")
+        if isinstance(max_rows, bool) or int(max_rows) != max_rows or max_rows < 0:
+            raise invalid(f"max_rows: {max_rows!r} is not a count (0: no window)")
+        request.create.max_rows = int(max_rows)
+    elif score != "dot_product" or scale is not None or bfloat16 or max_rows:
+        raise invalid("append_memory: score, scale, bfloat16 and max_rows make "
+                      "a new memory: pass create=True with them")
     return request
 
 
@@ -297,7 +300,8 @@ def fit_result(response: pb.FitBandwidthResponse) -> FitResult:
 
 
 def appended(response: pb.AppendMemoryResponse) -> Appended:
-    return Appended(int(response.first_row), int(response.rows), int(response.files))
+    return Appended(int(response.first_row), int(response.rows), int(response.files),
+                    int(response.evicted))
 
 
 def evicted(response: pb.EvictMemoryResponse) -> Evicted:

@@ -207,12 +207,12 @@ class Client:
     async def append_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
                             create: bool = False, score: str = "dot_product",
                             scale: Optional[float] = None, bfloat16: bool = False,
-                            timeout: Timeout = _UNSET,
+                            max_rows: int = 0, timeout: Timeout = _UNSET,
                             metadata: Metadata = ()) -> Appended:
         """Appends rows to a stored model, durably (see
         ``Client.append_memory``)."""
         request = _wire.append_memory(name, keys, values, create, score, scale,
-                                      bfloat16)
+                                      bfloat16, max_rows)
         return _wire.appended(await self._call(
             "AppendMemory", self._stub.AppendMemory, request, timeout, metadata))
 

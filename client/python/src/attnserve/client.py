@@ -333,28 +333,33 @@ class Client:
     def append_memory(self, name: str, keys: ArrayLike, values: ArrayLike, *,
                       create: bool = False, score: str = "dot_product",
                       scale: Optional[float] = None, bfloat16: bool = False,
-                      timeout: Timeout = _UNSET, metadata: Metadata = ()) -> Appended:
+                      max_rows: int = 0, timeout: Timeout = _UNSET,
+                      metadata: Metadata = ()) -> Appended:
         """Appends rows to the stored model ``name`` while it serves: an
         ``attention_memory``'s keys (n, d) and values (n, v), or a
         ``nadaraya_watson`` model's training set (x rows as ``keys``, (n,)
         or (n, dx); y rows as ``values``). The rows are on the server's
         disk (fsynced) before this returns, and every call that starts after
-        it sees them; the memory's earlier rows keep their indices, the new
-        ones follow (``Appended.first_row``). No message carries the whole
+        it sees them; the memory's earlier rows keep their indices (unless
+        its window drops some), the new ones follow
+        (``Appended.first_row``). No message carries the whole
         memory, so it can grow past what one upload could hold.
 
         Args:
             create: make the memory from these rows when ``name`` does not
                 exist yet, with ``score``, ``scale`` (None: 1/sqrt(d) for
-                the dot product, 1 for the Gaussian) and ``bfloat16``
-                (store the rows rounded); a memory that exists must have
-                the same settings. Without it, an unknown name is NOT_FOUND.
+                the dot product, 1 for the Gaussian), ``bfloat16`` (store
+                the rows rounded) and ``max_rows`` (keep the newest that
+                many, each append dropping the oldest beyond them:
+                ``Appended.evicted``; 0: keep all); a memory that exists
+                must have the same settings. Without it, an unknown name
+                is NOT_FOUND.
 
         Needs the token permission ``append`` (or ``model_control``) when
         the server checks tokens.
         """
         request = _wire.append_memory(name, keys, values, create, score, scale,
-                                      bfloat16)
+                                      bfloat16, max_rows)
         return _wire.appended(self._call("AppendMemory", self._stub.AppendMemory,
                                          request, timeout, metadata))
 
