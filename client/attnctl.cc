@@ -126,7 +126,9 @@ ABSL_FLAG(std::string, model_name, "",
           "nadaraya-watson: a model of the server's repository with backend "
           "nadaraya_watson (fit-bandwidth --save_as saves one); its fitted "
           "bandwidth, and training set when it holds one, answer the "
-          "queries, so no training set is sent unless named in --shape.");
+          "queries, so no training set is sent unless named in --shape. "
+          "fit-bandwidth: such a model holding its training set, refitted "
+          "on it; the bandwidth found replaces its own.");
 ABSL_FLAG(std::string, save_as, "",
           "fit-bandwidth: saves the fitted model, with its training set, "
           "into the server's model repository under this name (the server "
@@ -482,7 +484,8 @@ const std::vector<Subcommand>& Subcommands() {
        RpcFlags({"kernel", "bandwidth", "return_weights", "model_name"}),
        RunNadarayaWatson},
       {"fit-bandwidth", "FitBandwidth; x_train 50, y_train 50 (textbook data)",
-       RpcFlags({"initial_bandwidth", "learning_rate", "epochs", "save_as"}),
+       RpcFlags({"initial_bandwidth", "learning_rate", "epochs", "save_as",
+                 "model_name"}),
        RunFitBandwidth},
       {"append",
        "AppendMemory; keys 10x2, values 10x4 appended to the\n"

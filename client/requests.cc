@@ -526,7 +526,13 @@ absl::Status ApplyOptions(const RequestOptions& options,
     return status;
   }
   std::mt19937 rng(options.seed);
-  if (absl::Status status = MaybeFillTrainingData(options, rng, request);
+  // A stored model's own set is the fit's: none is generated unless named.
+  RequestOptions set_options = options;
+  if (options.model_name.has_value()) {
+    request->set_model_name(*options.model_name);
+    set_options.generate_missing = false;
+  }
+  if (absl::Status status = MaybeFillTrainingData(set_options, rng, request);
       !status.ok()) {
     return status;
   }

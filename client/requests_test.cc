@@ -259,6 +259,17 @@ TEST(ApplyOptionsTest, FitBandwidthTakesItsHyperparameters) {
   EXPECT_EQ(request.save_as(), "net");
 }
 
+TEST(ApplyOptionsTest, ARefitSendsNoTrainingSet) {
+  RequestOptions options;
+  options.generate_missing = true;
+  options.model_name = "net";
+  attention::v1::FitBandwidthRequest request;
+  ASSERT_TRUE(ApplyOptions(options, &request).ok());
+  EXPECT_EQ(request.model_name(), "net");
+  EXPECT_FALSE(request.has_x_train());
+  EXPECT_FALSE(request.has_y_train());
+}
+
 TEST(ApplyOptionsTest, AppendGetsTheChaptersMemoryAndMayCreate) {
   RequestOptions options;
   options.generate_missing = true;

@@ -137,6 +137,31 @@ absl::Status ModelCatalogue::SaveFittedModel(const std::string& name,
                                                y_train)));
 }
 
+absl::Status ModelCatalogue::SaveRefittedBandwidth(const std::string& name,
+                                                   float bandwidth) {
+  if (repository_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "model_name: the server runs without --model_repository");
+  }
+  return Report(
+      "replace", name, "by a refit",
+      repository_->ReplaceModel(
+          {"model_name", "fitted Nadaraya-Watson model"}, name,
+          [&](const RepositoryModel& current)
+              -> absl::StatusOr<RepositoryModel> {
+            if (current.config.backend() != FittedNadarayaWatsonKind().backend) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "model_name: '", name, "' is no longer a nadaraya_watson "
+                  "model; the fit itself finished"));
+            }
+            RepositoryModel refitted = current;
+            attn::Tensor w = attn::Tensor::Zeros({1});
+            w.data[0] = bandwidth;
+            refitted.tensors["bandwidth"] = std::move(w);
+            return refitted;
+          }));
+}
+
 std::vector<ModelRepository::ModelState> ModelCatalogue::Index(
     bool server_ready, bool ready_only) const {
   std::vector<ModelRepository::ModelState> index;

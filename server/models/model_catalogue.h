@@ -210,6 +210,12 @@ class ModelCatalogue {
       const attn::TensorView& values,
       const std::optional<MemorySettings>& create);
 
+  // Sets the fitted bandwidth of the stored Nadaraya-Watson model `name`
+  // (a refit on its own training set: FitBandwidth's model_name), written
+  // whole with the rows it holds now (ModelRepository::ReplaceModel), and
+  // serves it. Reported as a "replace" by a refit.
+  absl::Status SaveRefittedBandwidth(const std::string& name, float bandwidth);
+
   // Null without --model_repository.
   ModelRepository* repository() const { return repository_; }
   bool explicit_model_control() const { return control_.explicit_mode; }

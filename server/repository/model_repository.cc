@@ -741,6 +741,7 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
   written->stored_bytes = static_cast<int64_t>(weights.size());
   written->appended_files = 0;
+  written->evicted_rows = 0;
   return absl::OkStatus();
 }
 
@@ -805,6 +806,25 @@ absl::Status ModelRepository::SaveModel(const SaveNames& names,
     }
   }
   RETURN_IF_ERROR(WriteModelFolder(field, name, &model));
+  growth_.erase(name);
+  Serve(name, std::move(model));
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::ReplaceModel(
+    const SaveNames& names, const std::string& name,
+    const std::function<absl::StatusOr<RepositoryModel>(
+        const RepositoryModel&)>& change) {
+  absl::MutexLock write(&write_mu_);
+  std::shared_ptr<const RepositoryModel> current = Find(name);
+  if (current == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        names.field, ": no model '", name, "' is served"));
+  }
+  ASSIGN_OR_RETURN(RepositoryModel model, change(*current));
+  model.weights_file = nullptr;
+  if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
+  RETURN_IF_ERROR(WriteModelFolder(names.field, name, &model));
   growth_.erase(name);
   Serve(name, std::move(model));
   return absl::OkStatus();

@@ -276,6 +276,17 @@ class ModelRepository {
   // AppendRows' other statuses (no create: NOT_FOUND for an unknown model).
   absl::StatusOr<Evicted> EvictRows(const EvictRequest& request);
 
+  // Replaces the served model `name` by `change(current)` under the write
+  // lock, so that nothing (an append, a save) comes between reading the
+  // version and writing its successor; written whole as SaveModel writes
+  // (its rows files and eviction records folded into weights.safetensors)
+  // and served at once. NOT_FOUND when none is served (naming
+  // `names.field`); `change`'s status; SaveModel's statuses.
+  absl::Status ReplaceModel(
+      const SaveNames& names, const std::string& name,
+      const std::function<absl::StatusOr<RepositoryModel>(
+          const RepositoryModel&)>& change);
+
   // Options::max_model_bytes.
   int64_t max_model_bytes() const { return max_model_bytes_; }
 

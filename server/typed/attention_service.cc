@@ -496,10 +496,38 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
       [this, context, request, response](ElementBudget* budget,
                                 DecodeStorage* storage) -> absl::StatusOr<CallRunner::Work> {
         attn::FitBandwidthRequest op;
-        ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
-                                                  budget, storage));
-        ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
-                                                  budget, storage));
+        // A refit of a stored model runs on its training set as served now,
+        // held until the fit ends.
+        std::shared_ptr<const RepositoryModel> stored;
+        const std::string& refit = request->model_name();
+        if (!refit.empty()) {
+          for (const auto& [set, field] :
+               {std::pair<bool, const char*>{request->has_x_train(), "x_train"},
+                {request->has_y_train(), "y_train"},
+                {!request->save_as().empty(), "save_as"}}) {
+            if (set) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  field, ": leave it unset with model_name: the fit runs on "
+                  "model '", refit, "''s training set and saves into it"));
+            }
+          }
+          ASSIGN_OR_RETURN(ServedModel model,
+                           catalogue_->ResolveStored(
+                               "model_name", refit, FittedNadarayaWatsonKind()));
+          if (model.kind != &TrainedNadarayaWatsonKind()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "model_name: model '", refit, "' holds a bandwidth only, no "
+                "training set to fit on; send x_train and y_train"));
+          }
+          stored = std::move(model.stored);
+          op.x_train = stored->tensors.at("x_train").view();
+          op.y_train = stored->tensors.at("y_train").view();
+        } else {
+          ASSIGN_OR_RETURN(op.x_train, DecodeTensor("x_train", request->x_train(),
+                                                    budget, storage));
+          ASSIGN_OR_RETURN(op.y_train, DecodeTensor("y_train", request->y_train(),
+                                                    budget, storage));
+        }
         if (request->has_initial_bandwidth()) {
           op.initial_bandwidth = request->initial_bandwidth();
         }
@@ -510,28 +538,33 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
         // A cancelled call (client, deadline, shutdown) stops the fit at the
         // next epoch instead of holding a worker.
         op.stop_requested = [context] { return context->IsCancelled(); };
-        if (!request->save_as().empty()) {
+        const std::string& saved_as =
+            refit.empty() ? request->save_as() : refit;
+        if (!saved_as.empty()) {
           const bool may_save =
               context->auth_context() != nullptr &&
               !context->auth_context()->FindPropertyValues(kSaveAsProperty)
                    .empty();
-          RETURN_IF_ERROR(
-              catalogue_->CheckSaveAllowed(may_save, request->save_as()));
+          RETURN_IF_ERROR(catalogue_->CheckSaveAllowed(may_save, saved_as));
         }
-        return CallRunner::Work([this, op, request, response]() -> absl::StatusOr<std::string> {
+        return CallRunner::Work([this, op, request, response, stored,
+                                 refit]() -> absl::StatusOr<std::string> {
           ASSIGN_OR_RETURN(attn::FitBandwidthResult result,
                            calls_->engine()->FitBandwidth(op));
-          if (!request->save_as().empty()) {
-            // The repository's code stands (RESOURCE_EXHAUSTED: disk full;
-            // FAILED_PRECONDITION: read-only); the fit is not lost with it.
-            const absl::Status saved = catalogue_->SaveFittedModel(
+          // The repository's code stands (RESOURCE_EXHAUSTED: disk full;
+          // FAILED_PRECONDITION: read-only); the fit is not lost with it.
+          absl::Status saved;
+          if (!refit.empty()) {
+            saved = catalogue_->SaveRefittedBandwidth(refit, result.bandwidth);
+          } else if (!request->save_as().empty()) {
+            saved = catalogue_->SaveFittedModel(
                 request->save_as(), result.bandwidth, op.x_train, op.y_train);
-            if (!saved.ok()) {
-              return absl::Status(saved.code(),
-                                  absl::StrCat(saved.message(),
-                                               "; the fit itself finished: "
-                                               "bandwidth ", result.bandwidth));
-            }
+          }
+          if (!saved.ok()) {
+            return absl::Status(saved.code(),
+                                absl::StrCat(saved.message(),
+                                             "; the fit itself finished: "
+                                             "bandwidth ", result.bandwidth));
           }
           response->set_bandwidth(result.bandwidth);
           response->mutable_loss_per_epoch()->Assign(

@@ -744,6 +744,88 @@ TEST_P(ServiceTest, AppendedRowsAreServedAtOnce) {
 // the training set with the fitted bandwidth. What the model holds may not
 // be sent beside it; a model holding a bandwidth only takes the training
 // set (and kernel) from the call; an unknown model is NOT_FOUND.
+// FitBandwidth with model_name (issue #47): the fit runs on the stored
+// model's training set as it has grown, equals the fit of the same points
+// sent inline, and its bandwidth replaces the model's, written whole with
+// the rows it holds. What the model holds may not be sent beside it; a
+// bandwidth alone has no set to fit on; an unknown model is NOT_FOUND.
+TEST_P(ServiceTest, ARefitRunsOnTheStoredTrainingSet) {
+  WithModels models(&core_->calls());
+  v1::AttentionService::Stub* stub = models.stub();
+  std::mt19937 rng(47);
+  auto fit = [&](const v1::FitBandwidthRequest& request,
+                 v1::FitBandwidthResponse* response) {
+    grpc::ClientContext context;
+    return stub->FitBandwidth(&context, request, response);
+  };
+  const v1::Tensor first_x = RandomTensor(rng, {20});
+  const v1::Tensor first_y = RandomTensor(rng, {20});
+  v1::FitBandwidthRequest save;
+  *save.mutable_x_train() = first_x;
+  *save.mutable_y_train() = first_y;
+  save.set_save_as("grown_net");
+  v1::FitBandwidthResponse response;
+  ASSERT_TRUE(fit(save, &response).ok());
+  v1::AppendMemoryRequest more;
+  more.set_name("grown_net");
+  *more.mutable_keys() = RandomTensor(rng, {15});
+  *more.mutable_values() = RandomTensor(rng, {15});
+  v1::AppendMemoryResponse appended;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->AppendMemory(&context, more, &appended).ok());
+  }
+  v1::FitBandwidthRequest refit;
+  refit.set_model_name("grown_net");
+  refit.set_epochs(3);
+  v1::FitBandwidthResponse refitted;
+  const grpc::Status status = fit(refit, &refitted);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  v1::FitBandwidthRequest inline_fit;
+  inline_fit.set_epochs(3);
+  for (const auto& [whole, part1, part2] :
+       {std::tuple<v1::Tensor*, const v1::Tensor&, const v1::Tensor&>{
+            inline_fit.mutable_x_train(), first_x, more.keys()},
+        {inline_fit.mutable_y_train(), first_y, more.values()}}) {
+    whole->add_shape(35);
+    for (const v1::Tensor* part : {&part1, &part2}) {
+      const attn::Tensor values = ToTensor(*part);
+      for (float value : values.data) whole->add_values(value);
+    }
+  }
+  v1::FitBandwidthResponse inline_fitted;
+  ASSERT_TRUE(fit(inline_fit, &inline_fitted).ok());
+  EXPECT_FLOAT_EQ(refitted.bandwidth(), inline_fitted.bandwidth());
+  EXPECT_NE(refitted.bandwidth(), response.bandwidth());
+  std::shared_ptr<const RepositoryModel> stored =
+      models.repository().Find("grown_net");
+  EXPECT_EQ(stored->tensors.at("bandwidth").data[0], refitted.bandwidth());
+  EXPECT_EQ(stored->tensors.at("x_train").shape, attn::Shape{35});
+  EXPECT_EQ(stored->appended_files, 0);  // written whole
+
+  v1::FitBandwidthRequest with_set = refit;
+  *with_set.mutable_x_train() = first_x;
+  v1::FitBandwidthRequest unknown = refit;
+  unknown.set_model_name("absent");
+  ASSERT_TRUE(models.repository()
+                  .SaveModel({"test", "a fit"}, "bandwidth_only",
+                             FittedNadarayaWatsonModel("bandwidth_only", 1.0f))
+                  .ok());
+  v1::FitBandwidthRequest no_set = refit;
+  no_set.set_model_name("bandwidth_only");
+  for (const auto& [request, code, message] :
+       {std::tuple<const v1::FitBandwidthRequest&, grpc::StatusCode,
+                   const char*>{with_set, grpc::StatusCode::INVALID_ARGUMENT,
+                                "x_train: leave it unset with model_name"},
+        {unknown, grpc::StatusCode::NOT_FOUND, "model_name: no nadaraya_watson"},
+        {no_set, grpc::StatusCode::INVALID_ARGUMENT,
+         "holds a bandwidth only, no training set to fit on"}}) {
+    const grpc::Status refused = fit(request, &response);
+    EXPECT_EQ(refused.error_code(), code) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr(message));
+  }
+}
+
 TEST_P(ServiceTest, AFittedModelAnswersQueriesAlone) {
   WithModels models(&core_->calls());
   v1::AttentionService::Stub* stub = models.stub();

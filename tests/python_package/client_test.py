@@ -580,11 +580,16 @@ class StoredMemoryTest(Case):
                                                    d.y_train[half:])
                 evicted = await client.evict_memory("py_grown_fit", oldest=1)
                 self.assertEqual(evicted.rows, len(d.x_train) - 1)
+                fit = await client.fit_bandwidth(model_name="py_grown_fit")
                 net = await client.nadaraya_watson(x_query=d.x_query,
                                                    model_name="py_grown_fit")
                 return fit, added, net
         fit, added, net = asyncio.run(fit_append_query())
         self.assertEqual((added.first_row, added.rows), (half, len(d.x_train)))
+        # The refit ran on the stored set as it grew: the reference's fit.
+        want_w, _, _ = fit_ref(d.x_train[1:], d.y_train[1:])
+        self.assertLessEqual(abs(abs(fit.bandwidth) - abs(want_w)),
+                             (U + 1e-9) * abs(want_w))
         out, _, ob, _ = nadaraya_watson_ref(d.x_train[1:], d.y_train[1:], d.x_query,
                                             bandwidth=fit.bandwidth)
         self.assertWithin(net.output, out, ob, "grown training set output")

@@ -234,12 +234,21 @@ def nadaraya_watson(x_train: Optional[ArrayLike], y_train: Optional[ArrayLike],
     return request
 
 
-def fit_bandwidth(x_train: ArrayLike, y_train: ArrayLike,
+def fit_bandwidth(x_train: Optional[ArrayLike], y_train: Optional[ArrayLike],
                   initial_bandwidth: Optional[float], learning_rate: Optional[float],
-                  epochs: Optional[int], save_as: str) -> pb.FitBandwidthRequest:
-    request = pb.FitBandwidthRequest(x_train=to_tensor("x_train", x_train),
-                                     y_train=to_tensor("y_train", y_train),
-                                     save_as=save_as or "")
+                  epochs: Optional[int], save_as: str,
+                  model_name: str = "") -> pb.FitBandwidthRequest:
+    if model_name:
+        if x_train is not None or y_train is not None:
+            raise invalid("fit_bandwidth: model_name fits the model's own training "
+                          "set: leave x_train and y_train out")
+        request = pb.FitBandwidthRequest(model_name=model_name, save_as=save_as or "")
+    elif x_train is None or y_train is None:
+        raise invalid("fit_bandwidth: needs x_train and y_train, or `model_name`")
+    else:
+        request = pb.FitBandwidthRequest(x_train=to_tensor("x_train", x_train),
+                                         y_train=to_tensor("y_train", y_train),
+                                         save_as=save_as or "")
     if initial_bandwidth is not None:
         request.initial_bandwidth = float(initial_bandwidth)
     if learning_rate is not None:

@@ -153,15 +153,17 @@ class Client:
             "NadarayaWatson", self._stub.NadarayaWatson, request, timeout, metadata))
 
     async def fit_bandwidth(
-            self, x_train: ArrayLike, y_train: ArrayLike, *,
+            self, x_train: Optional[ArrayLike] = None,
+            y_train: Optional[ArrayLike] = None, *,
             initial_bandwidth: Optional[float] = None,
             learning_rate: Optional[float] = None, epochs: Optional[int] = None,
-            save_as: str = "",
+            save_as: str = "", model_name: str = "",
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> FitResult:
-        """x_train (n,) or (n, dx), y_train (n,) or (n, dy) -> bandwidth,
-        loss_per_epoch (epochs,), final_loss."""
+        """x_train (n,) or (n, dx), y_train (n,) or (n, dy), or model_name
+        (a refit on its stored set) -> bandwidth, loss_per_epoch (epochs,),
+        final_loss."""
         request = _wire.fit_bandwidth(x_train, y_train, initial_bandwidth,
-                                      learning_rate, epochs, save_as)
+                                      learning_rate, epochs, save_as, model_name)
         return _wire.fit_result(await self._call(
             "FitBandwidth", self._stub.FitBandwidth, request, timeout, metadata))
 

@@ -245,10 +245,11 @@ class Client:
             "NadarayaWatson", self._stub.NadarayaWatson, request, timeout, metadata))
 
     def fit_bandwidth(
-            self, x_train: ArrayLike, y_train: ArrayLike, *,
+            self, x_train: Optional[ArrayLike] = None,
+            y_train: Optional[ArrayLike] = None, *,
             initial_bandwidth: Optional[float] = None,
             learning_rate: Optional[float] = None, epochs: Optional[int] = None,
-            save_as: str = "",
+            save_as: str = "", model_name: str = "",
             timeout: Timeout = _UNSET, metadata: Metadata = ()) -> FitResult:
         """Fits the Gaussian Nadaraya-Watson bandwidth w on the server by
         full-batch gradient descent on sum_i (yhat_i - y_i)^2, each yhat_i
@@ -262,13 +263,17 @@ class Client:
                 training set, into its repository under this name and serves
                 it at once: ``nadaraya_watson(x_query=..., model_name=...)``
                 then answers queries alone.
+            model_name: instead of x_train and y_train, a stored model
+                holding its training set (saved by ``save_as``, grown by
+                ``append_memory``): the fit runs on that set and its
+                bandwidth replaces the model's (the save_as permission).
 
         Returns:
             ``FitResult``: ``bandwidth``, ``loss_per_epoch`` (epochs,),
             ``final_loss``.
         """
         request = _wire.fit_bandwidth(x_train, y_train, initial_bandwidth,
-                                      learning_rate, epochs, save_as)
+                                      learning_rate, epochs, save_as, model_name)
         return _wire.fit_result(self._call("FitBandwidth", self._stub.FitBandwidth,
                                            request, timeout, metadata))
 
