@@ -145,8 +145,19 @@ int main(int argc, char** argv) {
       absl::FPrintF(stderr, "attnserve: %s\n", event.Describe());
     }
     metrics->ModelEvent(event.event, !event.status.ok());
+    if ((event.event == "append" || event.event == "evict") &&
+        event.status.ok()) {
+      metrics->RowsChanged(event.model, event.event == "evict", event.took);
+    }
   };
   attnserve::ModelCatalogue catalogue(repository->get(), control);
+  (*core)->metrics().SetStoredRowsSource([&catalogue] {
+    std::vector<attnserve::ServiceMetrics::StoredRows> rows;
+    for (const auto& count : catalogue.RowCounts()) {
+      rows.push_back({count.model, count.rows, count.files, count.evicted_rows});
+    }
+    return rows;
+  });
   attnserve::AttentionService typed(&(*core)->calls(), &catalogue);
   attnserve::InferenceService kserve(core->get(), &catalogue,
                                      config->max_batch_size);

@@ -62,6 +62,10 @@ class SampledCollector : public prometheus::Collectable {
       std::function<std::optional<attn::HeldMemoryStats>()> source) {
     held_memory_ = std::move(source);
   }
+  void SetStoredRowsSource(
+      std::function<std::vector<ServiceMetrics::StoredRows>()> source) {
+    stored_rows_ = std::move(source);
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> families;
@@ -105,6 +109,37 @@ class SampledCollector : public prometheus::Collectable {
           "Calls on a stored memory that ran on the CPU because the GPU "
           "had no room for it.",
           counter, static_cast<double>(held->refusals)));
+    }
+    if (stored_rows_) {
+      const std::vector<ServiceMetrics::StoredRows> models = stored_rows_();
+      struct Gauge {
+        const char* name;
+        const char* help;
+        int64_t ServiceMetrics::StoredRows::*value;
+      };
+      for (const Gauge& gauge :
+           {Gauge{"attnserve_model_rows",
+                  "Rows (key-value pairs, training points) a stored model "
+                  "that grows holds now.",
+                  &ServiceMetrics::StoredRows::rows},
+            Gauge{"attnserve_model_files",
+                  "Files a stored model's rows are in: weights.safetensors "
+                  "and a rows file per append since its last whole save.",
+                  &ServiceMetrics::StoredRows::files},
+            Gauge{"attnserve_model_evicted_rows",
+                  "Rows evicted from a stored model since its last whole "
+                  "save (still in its files).",
+                  &ServiceMetrics::StoredRows::evicted_rows}}) {
+        prometheus::MetricFamily family{gauge.name, gauge.help,
+                                        prometheus::MetricType::Gauge, {}};
+        for (const ServiceMetrics::StoredRows& model : models) {
+          prometheus::ClientMetric metric;
+          metric.label.push_back({"model", model.model});
+          metric.gauge.value = static_cast<double>(model.*gauge.value);
+          family.metric.push_back(std::move(metric));
+        }
+        families.push_back(std::move(family));
+      }
     }
     const long ticks = sysconf(_SC_CLK_TCK);
     const long page = sysconf(_SC_PAGESIZE);
@@ -183,6 +218,7 @@ class SampledCollector : public prometheus::Collectable {
   std::function<int()> queue_depth_;
   std::function<int64_t()> inflight_bytes_;
   std::function<std::optional<attn::HeldMemoryStats>()> held_memory_;
+  std::function<std::vector<ServiceMetrics::StoredRows>()> stored_rows_;
 };
 
 }  // namespace
@@ -262,6 +298,25 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
       metrics->model_events_[e][1] = &model_events.Add(
           {{"event", kModelEvents[e]}, {"outcome", "refused"}});
     }
+    metrics->appends_ =
+        &prometheus::BuildCounter()
+             .Name("attnserve_model_appends_total")
+             .Help("Appends to each stored model that succeeded (rows "
+                   "durable and served).")
+             .Register(registry);
+    metrics->evictions_ =
+        &prometheus::BuildCounter()
+             .Name("attnserve_model_evictions_total")
+             .Help("Evictions of each stored model's oldest rows that "
+                   "succeeded (those of a max_rows window, which come with "
+                   "appends, are not counted).")
+             .Register(registry);
+    metrics->append_seconds_ =
+        &prometheus::BuildHistogram()
+             .Name("attnserve_model_append_seconds")
+             .Help("Time of each append that succeeded, from its rows "
+                   "checked to them durable and served, by stored model.")
+             .Register(registry);
     metrics->model_runs_ =
         &prometheus::BuildCounter()
              .Name("attnserve_model_kernel_runs_total")
@@ -365,6 +420,26 @@ void ServiceMetrics::SetHeldMemorySource(
     std::function<std::optional<attn::HeldMemoryStats>()> source) {
   static_cast<SampledCollector*>(sampled_.get())
       ->SetHeldMemorySource(std::move(source));
+}
+
+void ServiceMetrics::SetStoredRowsSource(
+    std::function<std::vector<StoredRows>()> source) {
+  static_cast<SampledCollector*>(sampled_.get())
+      ->SetStoredRowsSource(std::move(source));
+}
+
+void ServiceMetrics::RowsChanged(const std::string& model, bool evict,
+                                 absl::Duration took) {
+  if (evict) {
+    evictions_->Add({{"model", model}}).Increment();
+    return;
+  }
+  appends_->Add({{"model", model}}).Increment();
+  // 1 ms to 4 s: an append is two fsyncs and a copy of its rows.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4};
+  append_seconds_->Add({{"model", model}}, kBuckets)
+      .Observe(absl::ToDoubleSeconds(took));
 }
 
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {

@@ -84,6 +84,21 @@ class ServiceMetrics {
   // (server/execution/admission.h) on every scrape. Call before serving.
   void SetQueueDepthSource(std::function<int()> source);
   void SetInflightBytesSource(std::function<int64_t()> source);
+  // What a stored model that grows holds, sampled on every scrape: its
+  // rows, the files they are in, and the rows evicted since its last whole
+  // save.
+  struct StoredRows {
+    std::string model;
+    int64_t rows = 0;
+    int64_t files = 0;
+    int64_t evicted_rows = 0;
+  };
+  void SetStoredRowsSource(std::function<std::vector<StoredRows>()> source);
+  // An append (`evict` false) or an eviction of `model` that succeeded,
+  // and how long it took (an append: until its rows were durable and
+  // served).
+  void RowsChanged(const std::string& model, bool evict,
+                   absl::Duration took);
   // Samples what the GPU holds of stored memories on every scrape
   // (attn::Engine::held_memory_stats; no families when it has none).
   void SetHeldMemorySource(
@@ -158,6 +173,11 @@ class ServiceMetrics {
   std::array<std::array<prometheus::Counter*, 2>, kModelEvents.size()>
       model_events_{};
   std::shared_ptr<prometheus::Collectable> sampled_;  // queue depth, process
+  // Per stored model: appends, evictions, append latency (labels made as
+  // models first change).
+  prometheus::Family<prometheus::Counter>* appends_ = nullptr;
+  prometheus::Family<prometheus::Counter>* evictions_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* append_seconds_ = nullptr;
   // Implementation -> its backend, and the per-model counters made so far.
   absl::flat_hash_map<std::string, std::string> backend_of_;
   prometheus::Family<prometheus::Counter>* model_runs_ = nullptr;

@@ -2,7 +2,9 @@
 // counted under their event and outcome, bound at start-up, and an event
 // the metrics do not know is not counted; each stored model's computed
 // calls are counted by the backend that ran them; what the GPU holds of
-// stored memories is sampled at scrape time, and absent without a GPU.
+// stored memories is sampled at scrape time, and absent without a GPU; so
+// are the rows of stored models that grow, and their appends and
+// evictions are counted by model.
 #include "server/execution/metrics.h"
 
 #include <map>
@@ -123,6 +125,51 @@ TEST(ServiceMetricsTest, HeldMemoryFamiliesAreSampledOnlyWithADevice) {
   EXPECT_EQ(value("attnserve_device_memory_placements_total"), 3);
   EXPECT_EQ(value("attnserve_device_memory_evictions_total"), 1);
   EXPECT_EQ(value("attnserve_device_memory_refusals_total"), 4);
+}
+
+// Issue #47: rows, files and evicted rows per stored model at scrape time;
+// appends (with their latency) and evictions counted by model.
+TEST(ServiceMetricsTest, StoredModelsRowsAppendsAndEvictions) {
+  std::unique_ptr<ServiceMetrics> metrics =
+      ServiceMetrics::Create({{"reference", "reference"}}).value();
+  metrics->SetStoredRowsSource([] {
+    return std::vector<ServiceMetrics::StoredRows>{{"memory", 1024, 3, 16},
+                                                   {"net", 50, 1, 0}};
+  });
+  metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(4));
+  metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(30));
+  metrics->RowsChanged("memory", /*evict=*/true, absl::Milliseconds(3));
+  std::map<std::string, double> values;
+  for (const auto& collectable : {std::shared_ptr<prometheus::Collectable>(
+                                      metrics->registry()),
+                                  metrics->sampled()}) {
+    for (const prometheus::MetricFamily& family : collectable->Collect()) {
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        std::string model;
+        for (const auto& label : metric.label) {
+          if (label.name == "model") model = label.value;
+        }
+        if (model.empty()) continue;
+        const std::string key = family.name + "/" + model;
+        if (family.type == prometheus::MetricType::Gauge) {
+          values[key] = metric.gauge.value;
+        } else if (family.type == prometheus::MetricType::Counter) {
+          values[key] = metric.counter.value;
+        } else if (family.type == prometheus::MetricType::Histogram) {
+          values[key] = static_cast<double>(metric.histogram.sample_count);
+          values[key + "/sum"] = metric.histogram.sample_sum;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(values["attnserve_model_rows/memory"], 1024);
+  EXPECT_EQ(values["attnserve_model_files/memory"], 3);
+  EXPECT_EQ(values["attnserve_model_evicted_rows/memory"], 16);
+  EXPECT_EQ(values["attnserve_model_rows/net"], 50);
+  EXPECT_EQ(values["attnserve_model_appends_total/memory"], 2);
+  EXPECT_EQ(values["attnserve_model_evictions_total/memory"], 1);
+  EXPECT_EQ(values["attnserve_model_append_seconds/memory"], 2);
+  EXPECT_NEAR(values["attnserve_model_append_seconds/memory/sum"], 0.034, 1e-9);
 }
 
 }  // namespace

@@ -351,6 +351,7 @@ absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
       return NewAttentionMemory(name, *create, keys, values);
     };
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<ModelRepository::Appended> appended =
       repository_->AppendRows(request);
   if (appended.ok() && created) {
@@ -358,7 +359,8 @@ absl::StatusOr<ModelRepository::Appended> ModelCatalogue::Append(
   }
   absl::Status reported =
       Report(created ? "save" : "append", name,
-             created ? "by append" : "rows", appended.status());
+             created ? "by append" : "rows", appended.status(),
+             absl::Now() - start);
   if (!reported.ok()) return reported;
   return appended;
 }
@@ -381,9 +383,11 @@ absl::StatusOr<ModelRepository::Evicted> ModelCatalogue::Evict(
     }
     return kind->row_tensors;
   };
+  const absl::Time start = absl::Now();
   absl::StatusOr<ModelRepository::Evicted> evicted =
       repository_->EvictRows(request);
-  absl::Status reported = Report("evict", name, "rows", evicted.status());
+  absl::Status reported = Report("evict", name, "rows", evicted.status(),
+                                 absl::Now() - start);
   if (!reported.ok()) return reported;
   return evicted;
 }
@@ -400,13 +404,27 @@ bool ModelCatalogue::Stored(const std::string& model_name) const {
 
 absl::Status ModelCatalogue::Report(std::string event,
                                     const std::string& model_name,
-                                    std::string how,
-                                    absl::Status status) const {
+                                    std::string how, absl::Status status,
+                                    absl::Duration took) const {
   if (control_.on_event) {
-    control_.on_event(
-        ModelEvent{std::move(event), model_name, std::move(how), status});
+    control_.on_event(ModelEvent{std::move(event), model_name, std::move(how),
+                                 status, took});
   }
   return status;
+}
+
+std::vector<ModelCatalogue::RowCount> ModelCatalogue::RowCounts() const {
+  std::vector<RowCount> counts;
+  if (repository_ == nullptr) return counts;
+  for (const std::string& name : repository_->Names()) {
+    std::shared_ptr<const RepositoryModel> model = repository_->Find(name);
+    if (model == nullptr) continue;  // unloaded meanwhile
+    const ModelKind* kind = KindOfStored(*model);
+    if (kind == nullptr || kind->row_tensors.empty()) continue;
+    counts.push_back({name, model->tensors.at(kind->row_tensors.front()).shape[0],
+                      1 + model->appended_files, model->evicted_rows});
+  }
+  return counts;
 }
 
 absl::Status ModelCatalogue::Load(bool may_control_models,

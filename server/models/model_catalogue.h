@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "server/models/model_kind.h"
 #include "server/models/model_kinds.h"
 #include "server/repository/model_repository.h"
@@ -72,6 +73,8 @@ struct ModelEvent {
   // "from the repository", "uploaded", "by save_as", "by append", "rows"
   std::string how;
   absl::Status status;  // OK, or why it was refused (nothing changed)
+  // How long an append or eviction took; zero for other events.
+  absl::Duration took;
   // One log line, e.g. "model 'm': replace uploaded: OK".
   std::string Describe() const;
 };
@@ -216,6 +219,17 @@ class ModelCatalogue {
   // serves it. Reported as a "replace" by a refit.
   absl::Status SaveRefittedBandwidth(const std::string& name, float bandwidth);
 
+  // Every served model whose kind holds rows (memories, training sets):
+  // its rows, files and rows evicted since its last whole save, for the
+  // metrics.
+  struct RowCount {
+    std::string model;
+    int64_t rows = 0;
+    int64_t files = 0;
+    int64_t evicted_rows = 0;
+  };
+  std::vector<RowCount> RowCounts() const;
+
   // Null without --model_repository.
   ModelRepository* repository() const { return repository_; }
   bool explicit_model_control() const { return control_.explicit_mode; }
@@ -242,7 +256,8 @@ class ModelCatalogue {
   bool Stored(const std::string& model_name) const;
   // Tells control_.on_event; returns `status`.
   absl::Status Report(std::string event, const std::string& model_name,
-                      std::string how, absl::Status status) const;
+                      std::string how, absl::Status status,
+                      absl::Duration took = absl::ZeroDuration()) const;
 
   ModelRepository* const repository_;
   const ModelControl control_;

@@ -110,6 +110,16 @@ print(json.load(sys.stdin)["weights"]["shape"][-1])'
 }
 [[ $(weights_columns) == 305 ]]
 check "appends: the next call attends over 305 rows" $? "$(weights_columns)"
+model_metric() {  # model_metric NAME: the memory's sample of metric NAME
+  curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$workdir/metrics.txt"
+  "$py" "$here/metric.py" "$workdir/metrics.txt" "$1" model=memory
+}
+[[ $(model_metric attnserve_model_rows) == 305 &&
+   $(model_metric attnserve_model_files) == 2 &&
+   $(model_metric attnserve_model_appends_total) == 1 &&
+   $(model_metric attnserve_model_append_seconds_count) == 1 ]]
+check "appends: the metrics count 305 rows in 2 files, 1 append" $? \
+  "$(grep 'model="memory"' "$workdir/metrics.txt" | head -5)"
 ctl append --memory_name=memory --shape=keys=2x7,values=2x3 >/dev/null \
   2>"$workdir/error.txt"
 [[ $? -ne 0 ]] && grep -q "INVALID_ARGUMENT" "$workdir/error.txt" &&
