@@ -3,6 +3,9 @@
 // the server reads a flag (the library and the core take Options).
 #include "server/flags.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -190,6 +193,12 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30,
           "hold: a bigger one is refused (RESOURCE_EXHAUSTED naming the "
           "file) when loaded, saved or uploaded, before it is read. An "
           "upload is also one message, within --max_message_bytes.");
+ABSL_FLAG(int64_t, max_grown_model_bytes, 0,
+          "The most a model of --model_repository may grow to by appends "
+          "(AppendMemory): its weights.safetensors and rows files together. "
+          "An append past it is refused (RESOURCE_EXHAUSTED). Appends are "
+          "not one message, so this may be far above --max_model_bytes. "
+          "0: half the machine's memory.");
 ABSL_FLAG(bool, map_model_weights, true,
           "Serve each weights.safetensors of --model_repository mapped from "
           "the file under a read lease, not read into the server's memory: "
@@ -493,6 +502,22 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_model_bytes must be at least 1, got ",
         config.repository.max_model_bytes));
+  }
+  config.repository.max_grown_model_bytes =
+      absl::GetFlag(FLAGS_max_grown_model_bytes);
+  if (config.repository.max_grown_model_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_grown_model_bytes must be 0 (half the machine's memory) or "
+        "more, got ",
+        config.repository.max_grown_model_bytes));
+  }
+  if (config.repository.max_grown_model_bytes == 0) {
+    // A grown model lives in the server's memory; half leaves room for
+    // the rest of the process and the page cache of the mapped models.
+    config.repository.max_grown_model_bytes =
+        std::max<int64_t>(config.repository.max_model_bytes,
+                          static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+                              sysconf(_SC_PAGESIZE) / 2);
   }
   return config;
 }

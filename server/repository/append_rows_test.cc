@@ -198,6 +198,36 @@ TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
   }
 }
 
+// Appends are not one message: a memory grows past the largest file a save
+// or an upload may write (max_model_bytes) up to max_grown_model_bytes, and
+// a restart reads it back; a folder holding more fails to load, naming it.
+TEST(AppendRowsTest, AMemoryGrowsPastTheLargestUpload) {
+  const std::string dir = TempDir();
+  ModelRepository::Options options = OptionsFor(dir);
+  options.max_model_bytes = 1024;
+  options.max_grown_model_bytes = 16384;
+  auto repository = LoadModelRepository(options).value();
+  ModelCatalogue catalogue(repository.get());
+  ASSERT_TRUE(Append(catalogue, 0, 10).ok());  // 240 bytes of rows
+  int64_t rows = 10;
+  absl::StatusOr<ModelRepository::Appended> appended;
+  while ((appended = Append(catalogue, rows, 64, /*create=*/false)).ok()) {
+    rows = appended->rows;
+  }
+  EXPECT_EQ(appended.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_GT(repository->Find("m")->stored_bytes, 4 * options.max_model_bytes);
+  EXPECT_EQ(CheckedRows(*repository->Find("m")), rows);
+  absl::StatusOr<std::unique_ptr<ModelRepository>> reloaded =
+      LoadModelRepository(options);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ(CheckedRows(*(*reloaded)->Find("m")), rows);
+  options.max_grown_model_bytes = 4096;
+  reloaded = LoadModelRepository(options);
+  EXPECT_EQ(reloaded.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(reloaded.status().message()),
+              HasSubstr("--max_grown_model_bytes"));
+}
+
 TEST(AppendRowsTest, AWholeUploadReplacesTheAppendedRows) {
   const std::string dir = TempDir();
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
@@ -301,7 +331,7 @@ TEST(AppendRowsTest, ATrainingSetGrowsByItsXAndY) {
 TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
   const std::string dir = TempDir();
   ModelRepository::Options options = OptionsFor(dir);
-  options.max_model_bytes = 4096;
+  options.max_grown_model_bytes = 4096;
   auto repository = LoadModelRepository(options).value();
   ModelCatalogue catalogue(repository.get(),
                            ModelControl{false, /*needs_permission=*/true, {}});
@@ -360,7 +390,7 @@ TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
       {"bad name", "../m", one.key_view(), one.value_view(), true,
        absl::StatusCode::kInvalidArgument, "name: '../m' must be"},
       {"over the limit", "m", many.key_view(), many.value_view(), true,
-       absl::StatusCode::kResourceExhausted, "(--max_model_bytes)"},
+       absl::StatusCode::kResourceExhausted, "(--max_grown_model_bytes)"},
       {"no permission", "m", one.key_view(), one.value_view(), false,
        absl::StatusCode::kPermissionDenied, "permission append"},
   };

@@ -209,14 +209,15 @@ namespace {
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     FileSystem& fs, const std::string& dir, const std::string& name,
     const ModelRepository::CheckModel& check, int64_t max_model_bytes,
-    bool map_weights, const std::function<void(const std::string&)>& log,
+    int64_t max_grown_model_bytes, bool map_weights,
+    const std::function<void(const std::string&)>& log,
     std::map<std::string, GrowingTensor>* grown) {
   auto model = std::make_shared<RepositoryModel>();
-  auto failed = [&](const std::string& file, const absl::Status& status) {
+  auto failed = [&](const std::string& file, const absl::Status& status,
+                    absl::string_view limit = "--max_model_bytes") {
     if (absl::IsResourceExhausted(status)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(name, "/", file, ": ", status.message(),
-                       " (--max_model_bytes)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name, "/", file, ": ", status.message(), " (", limit, ")"));
     }
     return absl::Status(status.code(),
                         absl::StrCat(name, "/", file, ": cannot open (",
@@ -271,7 +272,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   grown->clear();
   for (const auto& [number, file] : *rows_files) {
     // The model's files together stay within the limit.
-    const int64_t room = max_model_bytes - model->stored_bytes;
+    const int64_t room = max_grown_model_bytes - model->stored_bytes;
     absl::StatusOr<std::shared_ptr<const FileBytes>> bytes;
     if (map_weights) {
       bytes = fs.MapFile(folder + file, room);
@@ -281,7 +282,10 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     } else {
       bytes = read.status();
     }
-    if (!bytes.ok()) return failed(file, bytes.status());
+    if (!bytes.ok()) {
+      return failed(file, bytes.status(),
+                    "the model's files together, --max_grown_model_bytes");
+    }
     model->stored_bytes += static_cast<int64_t>((*bytes)->bytes().size());
     absl::StatusOr<std::map<std::string, StoredTensor>> rows =
         ParseSafetensorsShared(*std::move(bytes));
@@ -297,7 +301,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
       if (it == grown->end()) {
         grown->emplace(tensor_name,
                        GrowingTensor(model->tensors.at(tensor_name),
-                                     max_model_bytes));
+                                     max_grown_model_bytes));
       }
       grown->at(tensor_name).Append(added);
     }
@@ -524,7 +528,8 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     std::map<std::string, GrowingTensor> grown;
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
         ReadModel(*fs, options.dir, name, options.check_model,
-                  options.max_model_bytes, options.map_weights,
+                  options.max_model_bytes, options.max_grown_model_bytes,
+                  options.map_weights,
                   [&](const std::string& note) { repository->Log(note); },
                   &grown);
     absl::MutexLock write(&repository->write_mu_);
@@ -564,7 +569,7 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
   std::map<std::string, GrowingTensor> grown;
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
-                map_weights_, [this](const std::string& note) { Log(note); },
+                max_grown_model_bytes_, map_weights_, [this](const std::string& note) { Log(note); },
                 &grown);
   if (model.ok()) KeepGrowth(name, *model, std::move(grown), 0);
   absl::MutexLock lock(&mu_);
@@ -958,11 +963,12 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   for (const auto& [tensor_name, tensor] : rows) {
     row_bytes += static_cast<int64_t>(tensor.bytes().size());
   }
-  if (current->stored_bytes + row_bytes > max_model_bytes_) {
+  if (current->stored_bytes + row_bytes > max_grown_model_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "append '", name, "': the model's files would hold over ",
         current->stored_bytes + row_bytes, " bytes, over the limit of ",
-        max_model_bytes_, " (--max_model_bytes); the model is unchanged"));
+        max_grown_model_bytes_,
+        " (--max_grown_model_bytes); the model is unchanged"));
   }
   int64_t file_bytes = 0;
   RETURN_IF_ERROR(WriteRowsFile(name, rows, &file_bytes));
@@ -985,7 +991,7 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
       it = growth.tensors
                .emplace(tensor_name,
                         GrowingTensor(current->tensors.at(tensor_name),
-                                      max_model_bytes_))
+                                      max_grown_model_bytes_))
                .first;
     }
     it->second.Append(tensor);

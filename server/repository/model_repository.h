@@ -143,6 +143,11 @@ class ModelRepository {
     // (RESOURCE_EXHAUSTED naming the file and --max_model_bytes) before it
     // is read; SaveModel refuses to write one.
     int64_t max_model_bytes = int64_t{2} << 30;
+    // The most a model's files may hold together, weights.safetensors and
+    // the rows appended to it (AppendRows): an append past it, or a folder
+    // holding more, is refused (RESOURCE_EXHAUSTED). Appends are not one
+    // message, so this is not bounded by max_model_bytes.
+    int64_t max_grown_model_bytes = int64_t{2} << 30;
     // Serve weights files mapped under a lease where the file system and
     // permissions allow (server/repository/mapped_file.h): no copy at
     // load, one copy in RAM for all the processes that map the file. Off,
@@ -249,7 +254,7 @@ class ModelRepository {
   //   folder `name` that is not served (unloaded, or failed to load), or no
   //   repository folder;
   // - RESOURCE_EXHAUSTED: the model's files would hold more than
-  //   max_model_bytes, or the file system is full;
+  //   max_grown_model_bytes, or the file system is full;
   // - SaveModel's codes for the file system's other failures.
   // Blocks on file I/O (two fsyncs) and on other writers.
   absl::StatusOr<Appended> AppendRows(const AppendRequest& request);
@@ -297,6 +302,7 @@ class ModelRepository {
         log_(options.log),
         check_model_(options.check_model),
         max_model_bytes_(options.max_model_bytes),
+        max_grown_model_bytes_(options.max_grown_model_bytes),
         map_weights_(options.map_weights) {}
 
   // The repository's model folders (not hidden ones), sorted.
@@ -377,6 +383,7 @@ class ModelRepository {
   const std::function<void(const std::string&)> log_;
   const CheckModel check_model_;
   const int64_t max_model_bytes_;
+  const int64_t max_grown_model_bytes_;
   const bool map_weights_;
 
   // Held by SaveModel, LoadModel and UnloadModel for all their work, so
