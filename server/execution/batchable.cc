@@ -291,13 +291,30 @@ struct RowsMember {
   attn::Shape weights_shape;
 };
 
+// The number of keys a member's rows attend to: a stored memory's rows
+// (versions of one lineage differ in it); 0 for a regression.
+int64_t KeyRows(const attn::AttentionRequest& r) {
+  return r.keys.rank() >= 2 ? r.keys.shape[r.keys.rank() - 2] : 0;
+}
+int64_t KeyRows(const attn::NadarayaWatsonRequest&) { return 0; }
+
 // The members' rows as one request to `like`'s operands; computed elements
-// are useful ones (nothing is padded).
+// are useful ones (nothing is padded). Attention over versions of one
+// lineage (server/execution/operation.h, StoredRequest) reads the newest
+// member's keys, each member's rows masked to its own version's keys by
+// per-row valid lengths, and each takes back its own weights' columns.
 template <typename LibraryRequest>
 Results StackRows(attn::Engine& engine,
                   const std::vector<RowsMember<LibraryRequest>>& members,
                   CombinedWork* work) {
-  const LibraryRequest& like = *members.front().request;
+  const RowsMember<LibraryRequest>* newest = &members.front();
+  bool key_rows_differ = false;
+  for (const auto& member : members) {
+    const int64_t keys = KeyRows(*member.request);
+    key_rows_differ |= keys != KeyRows(*newest->request);
+    if (keys > KeyRows(*newest->request)) newest = &member;
+  }
+  const LibraryRequest& like = *newest->request;
   const attn::TensorView& like_rows = QueryRows(like);
   int64_t total = 0;
   for (const auto& member : members) total += RowCount(QueryRows(*member.request));
@@ -313,6 +330,17 @@ Results StackRows(attn::Engine& engine,
   }
   LibraryRequest combined = like;
   QueryRows(combined) = rows.view();
+  std::vector<int32_t> key_limits;
+  if constexpr (std::is_same_v<LibraryRequest, attn::AttentionRequest>) {
+    if (key_rows_differ) {
+      for (const auto& member : members) {
+        key_limits.insert(key_limits.end(),
+                          RowCount(QueryRows(*member.request)),
+                          static_cast<int32_t>(KeyRows(*member.request)));
+      }
+      combined.valid_lens = attn::LengthsView{key_limits.data(), {1, total}};
+    }
+  }
   absl::StatusOr<attn::OpResult> all = RunLibrary(engine, combined);
   if (!all.ok()) return {};
   work->computed_elements = work->useful_elements =
@@ -329,7 +357,10 @@ Results StackRows(attn::Engine& engine,
     result.output = SlicePadded(all->output, offset, count, 1, output_width, 1,
                                 output_width, member.output_shape);
     if (!all->weights.empty()) {
-      result.weights = SlicePadded(all->weights, offset, count, 1, weights_width,
+      // A member of an older version takes its own keys' columns.
+      const int64_t own_width =
+          key_rows_differ ? KeyRows(*member.request) : weights_width;
+      result.weights = SlicePadded(all->weights, offset, count, 1, own_width,
                                    1, weights_width, member.weights_shape);
     }
     offset += count;
@@ -632,13 +663,23 @@ struct Rules<StoredRequest> : NothingHashed {
                                              const attn::Engine* wide_engine) {
     const std::string version =
         absl::StrCat("stored/", reinterpret_cast<uintptr_t>(r.version));
+    // Attention over a memory that grows is classed by its lineage, so the
+    // calls on its successive versions share a batch (StackRows masks
+    // each to its own rows); calls with masks of their own never are.
+    const std::string lineage =
+        r.lineage == nullptr
+            ? version
+            : absl::StrCat("lineage/", reinterpret_cast<uintptr_t>(r.lineage));
     struct Visitor {
       const std::string& version;
+      const std::string& lineage;
       const attn::Engine* wide_engine;
       absl::StatusOr<BatchClass> operator()(const attn::AttentionRequest& a) {
         ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(a));
+        const bool by_lineage = !a.valid_lens.present() && !a.causal;
         return BatchClass{
-            absl::StrCat(version, "/", AttentionKey(a, plan.params)),
+            absl::StrCat(by_lineage ? lineage : version, "/",
+                         AttentionKey(a, plan.params)),
             a.queries.num_elements(),
             wide_engine != nullptr && wide_engine->SpreadsKeysAcrossThreads(a)};
       }
@@ -649,7 +690,7 @@ struct Rules<StoredRequest> : NothingHashed {
         return BatchClass{RegressionKey(n, p, version), p.n_query * p.dx};
       }
     };
-    return std::visit(Visitor{version, wide_engine}, r.request);
+    return std::visit(Visitor{version, lineage, wide_engine}, r.request);
   }
   static int64_t WorkElements(const Request& r) {
     return std::visit(

@@ -230,6 +230,66 @@ TEST_F(BatchableTest, NadarayaWatsonConcatenatesQueriesOfOneTrainingSet) {
   }
 }
 
+// Issue #47: calls on successive versions of a memory that grew by appends
+// (one lineage: each version's rows a prefix of the next) share a class
+// and one pass over the newest version; each answer is its own version's,
+// within its bound, weights of its own width; versions of no lineage stay
+// apart.
+TEST_F(BatchableTest, StoredAttentionOverOneLineageMasksEachCallToItsRows) {
+  const int64_t n = 40, d = 8, dv = 5;
+  const attn::Tensor keys = RandomNormal(rng_, {1, n, d});
+  const attn::Tensor values = RandomNormal(rng_, {1, n, dv});
+  const int lineage = 0;
+  const int64_t version_rows[] = {25, 40, 33, 40};
+  for (bool weights : {false, true}) {
+    SCOPED_TRACE(weights);
+    std::vector<OperationRequest> requests;
+    std::vector<const OperationRequest*> pointers;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t rows = version_rows[i];
+      attn::AttentionRequest attention;
+      attention.queries = Normal({1, 3, d});
+      attention.keys = attn::TensorView{keys.data.data(), {1, rows, d}};
+      attention.values = attn::TensorView{values.data.data(), {1, rows, dv}};
+      attention.return_weights = weights;
+      // Each version its own identity, all of one lineage.
+      requests.push_back(StoredRequest{attention, &version_rows[i], &lineage,
+                                       {1, 3, dv}, {1, 3, rows}});
+      EXPECT_EQ(ClassifyForBatching(requests.back())->key,
+                ClassifyForBatching(requests.front())->key);
+      StoredRequest alone = std::get<StoredRequest>(requests.back());
+      alone.lineage = nullptr;
+      if (i > 0) {
+        EXPECT_NE(ClassifyForBatching(alone)->key,
+                  ClassifyForBatching(requests.front())->key);
+      }
+    }
+    for (const OperationRequest& r : requests) pointers.push_back(&r);
+    CombinedWork work;
+    std::vector<absl::StatusOr<attn::OpResult>> results =
+        RunTogether(*engine_, pointers, &work);
+    EXPECT_EQ(work.combined_requests, 4);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "version of " << version_rows[i]);
+      ASSERT_TRUE(results[i].ok()) << results[i].status();
+      attn::AttentionRequest plain = std::get<attn::AttentionRequest>(
+          std::get<StoredRequest>(requests[i]).request);
+      plain.return_weights = true;
+      const attn::OpResult exact =
+          attn::testing::ReferenceEngine().ScaledDotProductAttention(plain)
+              .value();
+      const attn::testing::ErrorBounds bounds =
+          attn::testing::AttentionBounds(plain, exact);
+      EXPECT_TRUE(WithinBounds(results[i]->output, exact.output, bounds.output));
+      if (weights) {
+        EXPECT_EQ(results[i]->weights.shape, (attn::Shape{1, 3, version_rows[i]}));
+        EXPECT_TRUE(
+            WithinBounds(results[i]->weights, exact.weights, bounds.weights));
+      }
+    }
+  }
+}
+
 // Queries against one stored memory stack into one pass over it; each
 // answer is, within its bound, the plain reference of the same queries
 // against the memory repeated for every batch entry (keys [B, N, d]), so the
@@ -255,7 +315,7 @@ TEST_F(BatchableTest, StoredAttentionStacksQueriesOfOneMemory) {
         attention.values = values.view();
         attention.score = score;
         attention.return_weights = weights;
-        requests.push_back(StoredRequest{attention, &keys,
+        requests.push_back(StoredRequest{attention, &keys, nullptr,
                                          {batch, queries, dv},
                                          {batch, queries, n}});
         EXPECT_EQ(ClassifyForBatching(requests.back())->key,
@@ -312,7 +372,7 @@ TEST_F(BatchableTest, StoredAttentionStacksQueriesOfOneMemory) {
   attention.queries = Normal({1, 2, d});
   attention.keys = keys.view();
   attention.values = values.view();
-  const StoredRequest other{attention, &values, {1, 2, dv}, {1, 2, n}};
+  const StoredRequest other{attention, &values, nullptr, {1, 2, dv}, {1, 2, n}};
   StoredRequest same = other;
   same.version = &keys;
   EXPECT_NE(ClassifyForBatching(other)->key, ClassifyForBatching(same)->key);
@@ -335,7 +395,7 @@ TEST_F(BatchableTest, StoredRegressionConcatenatesQueriesOfOneTrainingSet) {
     regression.x_query = Normal({m, dx});
     regression.bandwidth = 1.3f;
     requests.push_back(
-        StoredRequest{regression, &x_train, {m, dy}, {m, n}});
+        StoredRequest{regression, &x_train, nullptr, {m, dy}, {m, n}});
     EXPECT_EQ(ClassifyForBatching(requests.back())->key,
               ClassifyForBatching(requests.front())->key);
   }

@@ -572,7 +572,8 @@ std::unique_ptr<attn::Engine> ReferenceAsWideEngine() {
 StoredRequest OnStoredVersion(const attn::AttentionRequest& request,
                               const void* version) {
   const attn::ResultSize size = attn::SizeOfResult(request).value();
-  return StoredRequest{request, version, size.output_shape, size.weights_shape};
+  return StoredRequest{request, version, nullptr, size.output_shape,
+                       size.weights_shape};
 }
 
 // With a wide engine, the batches of a stored memory's classes (their work

@@ -58,6 +58,12 @@ const char* OperationName(Operation operation);
 struct StoredRequest {
   std::variant<attn::AttentionRequest, attn::NadarayaWatsonRequest> request;
   const void* version = nullptr;
+  // The version's lineage, when it has one: versions of a memory that grew
+  // by appends alone, each holding the rows of the one before in the same
+  // places and more after them. A batch of attention over one lineage
+  // reads its newest member's keys and masks each call's rows to its own
+  // version's keys, so appends do not split batches. Null: by version.
+  const void* lineage = nullptr;
   attn::Shape output_shape;
   attn::Shape weights_shape;
 };

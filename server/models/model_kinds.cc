@@ -353,7 +353,8 @@ absl::StatusOr<OperationRequest> BuildTrainedNadarayaWatson(
                                            : attn::Shape{m, y.back()};
   attn::Shape weights_shape = {m, regression.x_train.shape.front()};
   return StoredRequest{std::move(regression), arguments.stored,
-                       std::move(output_shape), std::move(weights_shape)};
+                       /*lineage=*/nullptr, std::move(output_shape),
+                       std::move(weights_shape)};
 }
 
 // An attention memory's score and scale, from its config's parameters:
@@ -607,6 +608,7 @@ absl::StatusOr<OperationRequest> BuildAttentionMemory(
   attention.held = memory.held_memory.get();
   return StoredRequest{std::move(attention),
                        &memory,
+                       memory.lineage.get(),
                        {batch, rows, values.shape[1]},
                        {batch, rows, keys.shape[0]}};
 }

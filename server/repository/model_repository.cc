@@ -347,6 +347,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   }
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
+  model->lineage = std::make_shared<const int>(0);
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }
 
@@ -828,6 +829,7 @@ absl::Status ModelRepository::ReplaceModel(
   }
   ASSIGN_OR_RETURN(RepositoryModel model, change(*current));
   model.weights_file = nullptr;
+  model.lineage = nullptr;
   if (check_model_) RETURN_IF_ERROR(check_model_(name, model));
   RETURN_IF_ERROR(WriteModelFolder(names.field, name, &model));
   growth_.erase(name);
@@ -840,6 +842,7 @@ void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
     ServeFromWrittenFile(name, &model);
   }
   model.held_memory = std::make_shared<const attn::HeldMemory>(name);
+  if (model.lineage == nullptr) model.lineage = std::make_shared<const int>(0);
   auto stored = std::make_shared<const RepositoryModel>(std::move(model));
   absl::MutexLock lock(&mu_);
   models_[name] = std::move(stored);
@@ -1010,6 +1013,7 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
           DropRows(grown.tensors[tensor_name], appended.evicted);
     }
     grown.evicted_rows += appended.evicted;
+    grown.lineage = nullptr;  // its rows moved: a new lineage
     appended.first_row = std::max<int64_t>(0, appended.first_row - appended.evicted);
     appended.rows = max_rows;
   }
@@ -1053,6 +1057,7 @@ absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
   RETURN_IF_ERROR(ApplyEviction("evict", eviction, &kept));
   kept.evicted_rows = current->evicted_rows + request.oldest;
   kept.weights_file = nullptr;
+  kept.lineage = nullptr;  // its rows moved: a new lineage
   // The growing memory, if any, stays the evicted version's: appends go on
   // growing it, and the rows evicted are released with it.
   Growth* growth = nullptr;

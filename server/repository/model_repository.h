@@ -98,6 +98,12 @@ struct RepositoryModel {
   int64_t stored_bytes = 0;
   // The rows files appended since its last whole save (AppendRows).
   int64_t appended_files = 0;
+  // Shared by the versions of a model that grew from this one by appends
+  // alone, each holding the rows of the one before in the same places: a
+  // batch may read the newest of them for calls on any
+  // (server/execution/operation.h, StoredRequest::lineage). A load, a save
+  // or an eviction starts a new one.
+  std::shared_ptr<const void> lineage;
   // The oldest rows evicted since its last whole save (EvictRows): its
   // growing tensors' row 0 is the row that many after the first saved.
   int64_t evicted_rows = 0;
