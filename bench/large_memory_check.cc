@@ -90,9 +90,9 @@ int main(int argc, char** argv) {
   }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
-  auto stub = v1::AttentionService::NewStub(grpc::CreateCustomChannel(
-      absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials(),
-      arguments));
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_target),
+                                grpc::InsecureChannelCredentials(), arguments));
 
   const absl::Time start = absl::Now();
   double worst_append_ms = 0;
@@ -114,9 +114,10 @@ int main(int argc, char** argv) {
     v1::AppendMemoryResponse response;
     grpc::ClientContext context;
     const absl::Time sent = absl::Now();
-    const grpc::Status status = stub->AppendMemory(&context, request, &response);
-    worst_append_ms = std::max(
-        worst_append_ms, absl::ToDoubleMilliseconds(absl::Now() - sent));
+    const grpc::Status status =
+        stub->AppendMemory(&context, request, &response);
+    worst_append_ms = std::max(worst_append_ms,
+                               absl::ToDoubleMilliseconds(absl::Now() - sent));
     if (!status.ok() || response.rows() != first + n) {
       std::fprintf(stderr, "append at row %ld: %s (rows %ld)\n",
                    static_cast<long>(first), status.error_message().c_str(),
@@ -125,12 +126,13 @@ int main(int argc, char** argv) {
     }
   }
   const double built_s = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf("built %ld rows (%.2f GiB of keys and values) by %ld appends "
-              "in %.1f s; slowest append %.1f ms; server anonymous memory "
-              "%.0f MiB\n",
-              static_cast<long>(rows), rows * 2.0 * kWidth * 4 / (1 << 30),
-              static_cast<long>((rows + chunk - 1) / chunk), built_s,
-              worst_append_ms, AnonMiB(pid));
+  std::printf(
+      "built %ld rows (%.2f GiB of keys and values) by %ld appends "
+      "in %.1f s; slowest append %.1f ms; server anonymous memory "
+      "%.0f MiB\n",
+      static_cast<long>(rows), rows * 2.0 * kWidth * 4 / (1 << 30),
+      static_cast<long>((rows + chunk - 1) / chunk), built_s, worst_append_ms,
+      AnonMiB(pid));
 
   // The rows to check: the ends, around 2 GiB into each tensor, spread.
   std::vector<int64_t> wanted = {0, 1, rows - 2, rows - 1};
@@ -139,14 +141,16 @@ int main(int argc, char** argv) {
     if (i >= 0 && i < rows) wanted.push_back(i);
   }
   const int64_t samples = absl::GetFlag(FLAGS_samples);
-  for (int64_t s = 0; s < samples; ++s) wanted.push_back(s * (rows - 1) / samples);
+  for (int64_t s = 0; s < samples; ++s)
+    wanted.push_back(s * (rows - 1) / samples);
   double worst = 0;
   int64_t wrong = 0;
   const absl::Time queried = absl::Now();
   for (size_t at = 0; at < wanted.size(); at += 256) {
     const size_t count = std::min<size_t>(256, wanted.size() - at);
     std::vector<float> queries(count * kWidth);
-    for (size_t q = 0; q < count; ++q) KeyOf(wanted[at + q], &queries[q * kWidth]);
+    for (size_t q = 0; q < count; ++q)
+      KeyOf(wanted[at + q], &queries[q * kWidth]);
     v1::AttentionRequest request;
     request.set_memory_name(absl::GetFlag(FLAGS_name));
     SetRaw(queries, {1, static_cast<int64_t>(count), kWidth},
@@ -160,19 +164,22 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "query: %s\n", status.error_message().c_str());
       return 1;
     }
-    const float* out = reinterpret_cast<const float*>(response.output().raw().data());
+    const float* out =
+        reinterpret_cast<const float*>(response.output().raw().data());
     for (size_t q = 0; q < count; ++q) {
       const double want = static_cast<double>(wanted[at + q]);
-      const double error = std::abs(out[q * kWidth] - want) / std::max(1.0, want);
+      const double error =
+          std::abs(out[q * kWidth] - want) / std::max(1.0, want);
       worst = std::max(worst, error);
       if (error > 1e-6) ++wrong;
     }
   }
-  std::printf("queried %zu rows (the ends, 128 around 2 GiB into each "
-              "tensor, %ld spread) in %.1f s: %ld wrong, worst relative "
-              "error %.3g; server anonymous memory %.0f MiB\n",
-              wanted.size(), static_cast<long>(samples),
-              absl::ToDoubleSeconds(absl::Now() - queried),
-              static_cast<long>(wrong), worst, AnonMiB(pid));
+  std::printf(
+      "queried %zu rows (the ends, 128 around 2 GiB into each "
+      "tensor, %ld spread) in %.1f s: %ld wrong, worst relative "
+      "error %.3g; server anonymous memory %.0f MiB\n",
+      wanted.size(), static_cast<long>(samples),
+      absl::ToDoubleSeconds(absl::Now() - queried), static_cast<long>(wrong),
+      worst, AnonMiB(pid));
   return wrong == 0 ? 0 : 1;
 }

@@ -476,17 +476,22 @@ absl::StatusOr<StoredTensor> RowsInTypeOf(absl::string_view field,
   return StoredTensor(rows.shape, data, std::move(bits));
 }
 
-// An append to a memory: keys (n, d) and values (n, v), as it holds them.
-absl::StatusOr<ModelRepository::Rows> PrepareMemoryAppend(
+// An append's rows, `keys` and `values` extending the stored tensors
+// `key_rows` and `value_rows` of `model` (`name`), each of the rank and
+// width it holds, in its type.
+absl::StatusOr<ModelRepository::Rows> PrepareRows(
     const std::string& name, const RepositoryModel& model,
-    const attn::TensorView& keys, const attn::TensorView& values) {
+    const attn::TensorView& keys, const attn::TensorView& values,
+    const char* key_rows, const char* value_rows) {
   ModelRepository::Rows rows;
-  for (const auto& [field, given] :
-       {std::pair<const char*, const attn::TensorView&>{"keys", keys},
-        {"values", values}}) {
-    const StoredTensor& stored = model.tensors.at(field);
-    RETURN_IF_ERROR(CheckRowsOf(field, given, name, field, stored));
-    ASSIGN_OR_RETURN(rows[field], RowsInTypeOf(field, given, stored.is_bfloat16()));
+  for (const auto& [field, stored_name, given] :
+       {std::tuple<const char*, const char*, const attn::TensorView&>{
+            "keys", key_rows, keys},
+        {"values", value_rows, values}}) {
+    const StoredTensor& stored = model.tensors.at(stored_name);
+    RETURN_IF_ERROR(CheckRowsOf(field, given, name, stored_name, stored));
+    ASSIGN_OR_RETURN(rows[stored_name],
+                     RowsInTypeOf(field, given, stored.is_bfloat16()));
   }
   if (keys.shape[0] != values.shape[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -496,27 +501,19 @@ absl::StatusOr<ModelRepository::Rows> PrepareMemoryAppend(
   return rows;
 }
 
+// An append to a memory: keys (n, d) and values (n, v).
+absl::StatusOr<ModelRepository::Rows> PrepareMemoryAppend(
+    const std::string& name, const RepositoryModel& model,
+    const attn::TensorView& keys, const attn::TensorView& values) {
+  return PrepareRows(name, model, keys, values, "keys", "values");
+}
+
 // An append to a trained Nadaraya-Watson model's set: x as keys, y as
-// values, each of the rank and width it holds.
+// values.
 absl::StatusOr<ModelRepository::Rows> PrepareTrainingSetAppend(
     const std::string& name, const RepositoryModel& model,
     const attn::TensorView& keys, const attn::TensorView& values) {
-  ModelRepository::Rows rows;
-  for (const auto& [field, stored_name, given] :
-       {std::tuple<const char*, const char*, const attn::TensorView&>{
-            "keys", "x_train", keys},
-        {"values", "y_train", values}}) {
-    const StoredTensor& stored = model.tensors.at(stored_name);
-    RETURN_IF_ERROR(CheckRowsOf(field, given, name, stored_name, stored));
-    ASSIGN_OR_RETURN(rows[stored_name], RowsInTypeOf(field, given, stored.is_bfloat16()));
-  }
-  if (keys.shape[0] != values.shape[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "values: shape ", attn::ShapeToString(values.shape), " must have ",
-        keys.shape[0], " rows (y_train), as keys ",
-        attn::ShapeToString(keys.shape), " (x_train)"));
-  }
-  return rows;
+  return PrepareRows(name, model, keys, values, "x_train", "y_train");
 }
 
 // The spec named `name` of `specs` (one the kind declares).

@@ -16,8 +16,9 @@ GrowingTensor::GrowingTensor(const StoredTensor& tensor, int64_t max_bytes)
                (bfloat16_ ? sizeof(uint16_t) : sizeof(float));
   const int64_t rows = tensor.shape[0];
   const int64_t room = rows + rows / 4 + 16;
-  Reallocate(room, std::max(static_cast<size_t>(std::max<int64_t>(max_bytes, 0)),
-                            static_cast<size_t>(room) * row_bytes_));
+  Reallocate(room,
+             std::max(static_cast<size_t>(std::max<int64_t>(max_bytes, 0)),
+                      static_cast<size_t>(room) * row_bytes_));
   Append(tensor);
 }
 
@@ -28,9 +29,8 @@ void GrowingTensor::Reallocate(int64_t rows, size_t reserve_bytes) {
   void* range = mmap(nullptr, reserve_bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (range != MAP_FAILED) {
-    memory.reset(static_cast<uint8_t*>(range), [reserve_bytes](uint8_t* at) {
-      munmap(at, reserve_bytes);
-    });
+    memory.reset(static_cast<uint8_t*>(range),
+                 [reserve_bytes](uint8_t* at) { munmap(at, reserve_bytes); });
     reserved_ = true;
     rows = std::max<int64_t>(rows, reserve_bytes / row_bytes_);
   } else {

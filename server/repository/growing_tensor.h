@@ -52,7 +52,7 @@ class GrowingTensor {
   // the kernel grants one, else a buffer of exactly `rows` rows.
   void Reallocate(int64_t rows, size_t reserve_bytes);
 
-  attn::Shape row_shape_;   // the dimensions after the first
+  attn::Shape row_shape_;  // the dimensions after the first
   bool bfloat16_ = false;
   size_t row_bytes_ = 0;
   int64_t rows_ = 0;

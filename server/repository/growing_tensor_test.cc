@@ -16,7 +16,8 @@ namespace {
 // Rows [first, first + n) of width 3, row i all i.
 attn::Tensor Rows(int64_t first, int64_t n) {
   attn::Tensor rows = attn::Tensor::Zeros({n, 3});
-  for (int64_t i = 0; i < n * 3; ++i) rows.data[i] = static_cast<float>(first + i / 3);
+  for (int64_t i = 0; i < n * 3; ++i)
+    rows.data[i] = static_cast<float>(first + i / 3);
   return rows;
 }
 
@@ -36,8 +37,8 @@ TEST(GrowingTensorTest, ViewsKeepTheirRowsWhileItGrows) {
     SCOPED_TRACE(max_bytes);
     std::vector<std::pair<StoredTensor, int64_t>> views;
     int64_t rows = 5;
-    auto tensor = std::make_unique<GrowingTensor>(StoredTensor(Rows(0, 5)),
-                                                  max_bytes);
+    auto tensor =
+        std::make_unique<GrowingTensor>(StoredTensor(Rows(0, 5)), max_bytes);
     EXPECT_EQ(tensor->reserved(), max_bytes == int64_t{1} << 20);
     views.emplace_back(tensor->View(), rows);
     for (int64_t n : {1, 7, 30, 100, 3, 500, 2000}) {
