@@ -508,7 +508,7 @@ grpc::ServerUnaryReactor* AttentionService::FitBandwidth(
             if (set) {
               return absl::InvalidArgumentError(absl::StrCat(
                   field, ": leave it unset with model_name: the fit runs on "
-                  "model '", refit, "''s training set and saves into it"));
+                  "the training set of model '", refit, "' and saves into it"));
             }
           }
           ASSIGN_OR_RETURN(ServedModel model,
