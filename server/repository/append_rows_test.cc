@@ -607,14 +607,15 @@ int StepsOfAnAppend() {
   return fs.steps() - before;
 }
 
-// Every step of an append failing once, in turn, with a full disk or an
-// I/O error: the append fails with that code, names the model and no
+// Every step of an append failing once, in turn, with a full disk, an I/O
+// error or a read-only file system: the append fails with that code, names the model and no
 // server path, and the memory served and on disk keeps its 3 rows, with no
 // file left behind; or (only a step after the commit) answers OK with 5.
 TEST(AppendFaultTest, AnyStepFailingChangesNothing) {
   const int steps = StepsOfAnAppend();
   ASSERT_GE(steps, 6);  // new file, write, fsync, close, rename, fsync folder
-  for (int error : {ENOSPC, EIO}) {
+  // A read-only repository (a ConfigMap volume) too.
+  for (int error : {ENOSPC, EIO, EROFS}) {
     for (int failing = 0; failing < steps; ++failing) {
       SCOPED_TRACE(::testing::Message() << std::strerror(error) << ", step "
                                         << failing << " of " << steps);
@@ -636,8 +637,9 @@ TEST(AppendFaultTest, AnyStepFailingChangesNothing) {
         continue;
       }
       EXPECT_EQ(appended.status().code(),
-                error == ENOSPC ? absl::StatusCode::kResourceExhausted
-                                : absl::StatusCode::kInternal)
+                error == ENOSPC   ? absl::StatusCode::kResourceExhausted
+                : error == EROFS  ? absl::StatusCode::kFailedPrecondition
+                                  : absl::StatusCode::kInternal)
           << appended.status();
       EXPECT_THAT(std::string(appended.status().message()),
                   HasSubstr("append 'm'"));
