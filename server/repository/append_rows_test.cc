@@ -709,12 +709,16 @@ TEST(AppendFaultTest, AnyStepOfAnEvictionFailingChangesNothing) {
       const std::string dir = TempDir();
       FaultInjectionFileSystem fs(DefaultFileSystem());
       auto repository = seeded(dir, &fs);
-      if (power_cut) ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      if (power_cut) {
+        ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      }
       fs.CrashAfter(fs.steps() + crash);
       absl::StatusOr<ModelRepository::Evicted> evicted =
           ModelCatalogue(repository.get()).Evict(true, "m", 2);
       const bool completed = !fs.crashed();
-      if (power_cut) ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      if (power_cut) {
+        ASSERT_TRUE(fs.DropUnsyncedData().ok());
+      }
       const int64_t after = RowsAfterRestart(dir, 3);
       if (completed) {
         ASSERT_TRUE(evicted.ok()) << evicted.status();

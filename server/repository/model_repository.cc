@@ -60,16 +60,23 @@ std::string NumberedFileName(absl::string_view prefix, uint64_t number,
   return absl::StrFormat("%s%08d%s", prefix, number, suffix);
 }
 
-// The files of folder `folder` named <prefix><n><suffix>, by number.
-absl::StatusOr<std::map<uint64_t, std::string>> NumberedFiles(
-    FileSystem& fs, const std::string& folder, absl::string_view prefix,
-    absl::string_view suffix) {
+// A model folder's rows files and eviction records, each by number.
+struct NumberedFiles {
+  std::map<uint64_t, std::string> rows;
+  std::map<uint64_t, std::string> evictions;
+};
+absl::StatusOr<NumberedFiles> ListNumberedFiles(FileSystem& fs,
+                                                const std::string& folder) {
   ASSIGN_OR_RETURN(std::vector<FileSystem::Entry> entries, fs.ListDir(folder));
-  std::map<uint64_t, std::string> files;
+  NumberedFiles files;
   for (const FileSystem::Entry& entry : entries) {
     if (entry.is_dir) continue;
-    if (std::optional<uint64_t> number = FileNumber(entry.name, prefix, suffix)) {
-      files[*number] = entry.name;
+    if (std::optional<uint64_t> number =
+            FileNumber(entry.name, kRowsPrefix, kRowsSuffix)) {
+      files.rows[*number] = entry.name;
+    } else if (std::optional<uint64_t> number =
+                   FileNumber(entry.name, kEvictedPrefix, "")) {
+      files.evictions[*number] = entry.name;
     }
   }
   return files;
@@ -161,24 +168,28 @@ absl::StatusOr<Eviction> ParseEviction(absl::string_view text) {
   return eviction;
 }
 
-// Drops `eviction`'s rows from `model`'s tensors: INVALID_ARGUMENT starting
-// with `where` for a tensor it does not have or one it would leave empty.
-absl::Status ApplyEviction(const std::string& where, const Eviction& eviction,
-                           RepositoryModel* model) {
-  for (const std::string& name : eviction.tensors) {
+// Drops the oldest `rows` rows of `model`'s tensors named `tensors` (the
+// views narrowed, nothing copied) and counts them in its evicted_rows:
+// INVALID_ARGUMENT starting with `where` for a tensor it does not have or
+// one it would leave empty, `model` then unchanged.
+absl::Status DropOldestRows(const std::string& where,
+                            const std::vector<std::string>& tensors,
+                            int64_t rows, RepositoryModel* model) {
+  for (const std::string& name : tensors) {
     auto it = model->tensors.find(name);
     if (it == model->tensors.end() || it->second.shape.empty() ||
-        it->second.shape[0] <= eviction.rows) {
+        it->second.shape[0] <= rows) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": evicts ", eviction.rows, " rows of tensor '", name,
-          "', which ",
+          where, ": evicts ", rows, " rows of tensor '", name, "', which ",
           it == model->tensors.end()
               ? std::string("the model does not have")
               : absl::StrCat("holds ", attn::ShapeToString(it->second.shape))));
     }
-    it->second = DropRows(it->second, eviction.rows);
   }
-  model->evicted_rows = eviction.rows;
+  for (const std::string& name : tensors) {
+    model->tensors[name] = DropRows(model->tensors[name], rows);
+  }
+  model->evicted_rows += rows;
   return absl::OkStatus();
 }
 
@@ -266,11 +277,16 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         name, "/weights.safetensors: ", tensors.status().message()));
   }
   model->tensors = *std::move(tensors);
-  absl::StatusOr<std::map<uint64_t, std::string>> rows_files =
-      NumberedFiles(fs, folder, kRowsPrefix, kRowsSuffix);
-  if (!rows_files.ok()) return failed("(the folder)", rows_files.status());
+  absl::StatusOr<NumberedFiles> numbered = ListNumberedFiles(fs, folder);
+  if (!numbered.ok()) return failed("(the folder)", numbered.status());
+  const std::map<uint64_t, std::string>& rows_files = numbered->rows;
+  const std::map<uint64_t, std::string>& evictions = numbered->evictions;
+  if (!rows_files.empty()) model->last_rows_file = rows_files.rbegin()->first;
+  if (!evictions.empty()) {
+    model->last_eviction_file = evictions.rbegin()->first;
+  }
   grown->clear();
-  for (const auto& [number, file] : *rows_files) {
+  for (const auto& [number, file] : rows_files) {
     // The model's files together stay within the limit.
     const int64_t room = max_grown_model_bytes - model->stored_bytes;
     absl::StatusOr<std::shared_ptr<const FileBytes>> bytes;
@@ -315,11 +331,8 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   // model's max_rows window leaves out of the rows appended.
   Eviction eviction;
   std::string where = absl::StrCat(name, "/config.pbtxt");
-  absl::StatusOr<std::map<uint64_t, std::string>> evictions =
-      NumberedFiles(fs, folder, kEvictedPrefix, "");
-  if (!evictions.ok()) return failed("(the folder)", evictions.status());
-  if (!evictions->empty()) {
-    const std::string& file = evictions->rbegin()->second;
+  if (!evictions.empty()) {
+    const std::string& file = evictions.rbegin()->second;
     absl::StatusOr<std::string> evicted = fs.ReadFile(folder + file, 1 << 16);
     if (!evicted.ok()) return failed(file, evicted.status());
     where = absl::StrCat(name, "/", file);
@@ -343,7 +356,8 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     }
   }
   if (eviction.rows > 0) {
-    RETURN_IF_ERROR(ApplyEviction(where, eviction, model.get()));
+    RETURN_IF_ERROR(
+        DropOldestRows(where, eviction.tensors, eviction.rows, model.get()));
   }
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
@@ -570,8 +584,8 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
   std::map<std::string, GrowingTensor> grown;
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
-                max_grown_model_bytes_, map_weights_, [this](const std::string& note) { Log(note); },
-                &grown);
+                max_grown_model_bytes_, map_weights_,
+                [this](const std::string& note) { Log(note); }, &grown);
   if (model.ok()) KeepGrowth(name, *model, std::move(grown), 0);
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
@@ -747,6 +761,8 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
   written->stored_bytes = static_cast<int64_t>(weights.size());
   written->appended_files = 0;
+  written->last_rows_file = 0;
+  written->last_eviction_file = 0;
   written->evicted_rows = 0;
   return absl::OkStatus();
 }
@@ -892,28 +908,14 @@ absl::Status ModelRepository::WriteIntoFolder(absl::string_view field,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ModelRepository::NextNumberedFile(
-    absl::string_view field, const std::string& name,
-    absl::string_view prefix, absl::string_view suffix,
-    std::map<uint64_t, std::string>* older) {
-  absl::StatusOr<std::map<uint64_t, std::string>> files =
-      NumberedFiles(*fs_, dir_ + "/" + name, prefix, suffix);
-  if (!files.ok()) {
-    return SaveError(field, name, "listing its folder", files.status());
-  }
-  const uint64_t number = files->empty() ? 1 : files->rbegin()->first + 1;
-  if (older != nullptr) *older = *std::move(files);
-  return NumberedFileName(prefix, number, suffix);
-}
-
 absl::Status ModelRepository::WriteRowsFile(const std::string& name,
-                                            const Rows& rows, int64_t* bytes) {
-  ASSIGN_OR_RETURN(const std::string file,
-                   NextNumberedFile("append", name, kRowsPrefix, kRowsSuffix,
-                                    nullptr));
+                                            uint64_t number, const Rows& rows,
+                                            int64_t* bytes) {
   const std::string serialized = SerializeSafetensors(rows);
   *bytes = static_cast<int64_t>(serialized.size());
-  return WriteIntoFolder("append", name, file, serialized);
+  return WriteIntoFolder("append", name,
+                         NumberedFileName(kRowsPrefix, number, kRowsSuffix),
+                         serialized);
 }
 
 absl::StatusOr<std::shared_ptr<const RepositoryModel>>
@@ -974,7 +976,8 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
         " (--max_grown_model_bytes); the model is unchanged"));
   }
   int64_t file_bytes = 0;
-  RETURN_IF_ERROR(WriteRowsFile(name, rows, &file_bytes));
+  RETURN_IF_ERROR(
+      WriteRowsFile(name, current->last_rows_file + 1, rows, &file_bytes));
 
   // Committed on disk: the served version grows. Its rows are copied into
   // memory that grows in place while the version served is the one the
@@ -1008,19 +1011,20 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(name, *current));
   if (max_rows > 0 && appended.rows > max_rows) {
     appended.evicted = appended.rows - max_rows;
-    for (const auto& [tensor_name, tensor] : rows) {
-      grown.tensors[tensor_name] =
-          DropRows(grown.tensors[tensor_name], appended.evicted);
-    }
-    grown.evicted_rows += appended.evicted;
+    std::vector<std::string> windowed;
+    for (const auto& [tensor_name, tensor] : rows) windowed.push_back(tensor_name);
+    RETURN_IF_ERROR(
+        DropOldestRows("append", windowed, appended.evicted, &grown));
     grown.lineage = nullptr;  // its rows moved: a new lineage
-    appended.first_row = std::max<int64_t>(0, appended.first_row - appended.evicted);
+    appended.first_row =
+        std::max<int64_t>(0, appended.first_row - appended.evicted);
     appended.rows = max_rows;
   }
   grown.weights_mapped = false;
   grown.weights_file = nullptr;
   grown.stored_bytes += file_bytes;
   ++grown.appended_files;
+  ++grown.last_rows_file;
   appended.files = 1 + grown.appended_files;
   Serve(name, std::move(grown));
   growth.version = Find(name);
@@ -1042,22 +1046,25 @@ absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
         "]: model '", name, "' holds ", rows,
         " rows and keeps at least one (unload it to serve none)"));
   }
-  Eviction eviction{current->evicted_rows + request.oldest, tensors};
-  std::map<uint64_t, std::string> older;
-  ASSIGN_OR_RETURN(const std::string file,
-                   NextNumberedFile("evict", name, kEvictedPrefix, "", &older));
-  RETURN_IF_ERROR(
-      WriteIntoFolder("evict", name, file, SerializeEviction(eviction)));
-  // The records before it say less; loads read the highest only.
-  for (const auto& [number, old_file] : older) {
-    fs_->RemoveFile(absl::StrCat(dir_, "/", name, "/", old_file)).IgnoreError();
-  }
+  // What will serve is made first: nothing can fail after the record.
   RepositoryModel kept = *current;
-  eviction.rows = request.oldest;  // from what `current` serves
-  RETURN_IF_ERROR(ApplyEviction("evict", eviction, &kept));
-  kept.evicted_rows = current->evicted_rows + request.oldest;
+  RETURN_IF_ERROR(DropOldestRows("evict", tensors, request.oldest, &kept));
   kept.weights_file = nullptr;
   kept.lineage = nullptr;  // its rows moved: a new lineage
+  ++kept.last_eviction_file;
+  RETURN_IF_ERROR(WriteIntoFolder(
+      "evict", name,
+      NumberedFileName(kEvictedPrefix, kept.last_eviction_file, ""),
+      SerializeEviction(Eviction{kept.evicted_rows, tensors})));
+  // The record before it says less; loads read the highest only (one left
+  // by a failed removal is never read).
+  if (current->last_eviction_file > 0) {
+    fs_->RemoveFile(absl::StrCat(
+                        dir_, "/", name, "/",
+                        NumberedFileName(kEvictedPrefix,
+                                         current->last_eviction_file, "")))
+        .IgnoreError();
+  }
   // The growing memory, if any, stays the evicted version's: appends go on
   // growing it, and the rows evicted are released with it.
   Growth* growth = nullptr;

@@ -96,8 +96,12 @@ struct RepositoryModel {
   // The bytes of its files in the repository (weights.safetensors and its
   // rows files), which --max_model_bytes bounds; 0 for a model not stored.
   int64_t stored_bytes = 0;
-  // The rows files appended since its last whole save (AppendRows).
+  // The rows files appended since its last whole save (AppendRows), and
+  // the highest <n> of them and of its eviction records in its folder
+  // (0: none), so that the next of each is named without listing it.
   int64_t appended_files = 0;
+  uint64_t last_rows_file = 0;
+  uint64_t last_eviction_file = 0;
   // Shared by the versions of a model that grew from this one by appends
   // alone, each holding the rows of the one before in the same places: a
   // batch may read the newest of them for calls on any
@@ -347,17 +351,10 @@ class ModelRepository {
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> ServedForChange(
       absl::string_view field, const std::string& name, bool may_be_new)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // The name of the next file <prefix><n><suffix> of folder `name` (n one
-  // past the highest there), and the ones there in *older when not null.
-  absl::StatusOr<std::string> NextNumberedFile(
-      absl::string_view field, const std::string& name,
-      absl::string_view prefix, absl::string_view suffix,
-      std::map<uint64_t, std::string>* older)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // Writes `rows` as the next rows file of folder `name`, durably; nothing
-  // is left on failure. Its size in *bytes.
-  absl::Status WriteRowsFile(const std::string& name, const Rows& rows,
-                             int64_t* bytes)
+  // Writes `rows` as rows-<number>.safetensors of folder `name`, durably;
+  // nothing is left on failure. Its size in *bytes.
+  absl::Status WriteRowsFile(const std::string& name, uint64_t number,
+                             const Rows& rows, int64_t* bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // What appends grow in place: the served version they last made (or
