@@ -22,6 +22,7 @@
 #include "server/models/model_kinds.h"
 #include "server/repository/fault_injection_file_system.h"
 #include "server/repository/model_repository.h"
+#include "server/repository/test_folders.h"
 
 namespace attnserve {
 namespace {
@@ -32,23 +33,6 @@ using Op = FaultInjectionFileSystem::Op;
 
 constexpr int64_t kD = 4;  // key width
 constexpr int64_t kV = 2;  // value width
-
-std::string TempDir() {
-  char pattern[] = "/tmp/attnserve-append-XXXXXX";
-  return mkdtemp(pattern);
-}
-
-std::set<std::string> Entries(const std::string& dir) {
-  std::set<std::string> names;
-  DIR* handle = opendir(dir.c_str());
-  if (handle == nullptr) return names;
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.insert(name);
-  }
-  closedir(handle);
-  return names;
-}
 
 // Rows [first, first + n) of a memory whose row i has keys all i and
 // values all -i: any row's place can be read back from its values.
@@ -123,7 +107,7 @@ absl::StatusOr<ModelRepository::Appended> Append(
 }
 
 TEST(AppendRowsTest, FirstAppendMakesTheMemoryAndLaterOnesGrowIt) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   absl::StatusOr<ModelRepository::Appended> made = Append(catalogue, 0, 3);
@@ -165,7 +149,7 @@ TEST(AppendRowsTest, FirstAppendMakesTheMemoryAndLaterOnesGrowIt) {
 // The buffers appends grow in are freed with the last version that uses
 // them: an unload, a reload and a whole save each let them go.
 TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   ASSERT_TRUE(Append(catalogue, 0, 3).ok());
@@ -202,7 +186,7 @@ TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
 // or an upload may write (max_model_bytes) up to max_grown_model_bytes, and
 // a restart reads it back; a folder holding more fails to load, naming it.
 TEST(AppendRowsTest, AMemoryGrowsPastTheLargestUpload) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   ModelRepository::Options options = OptionsFor(dir);
   options.max_model_bytes = 1024;
   options.max_grown_model_bytes = 16384;
@@ -229,7 +213,7 @@ TEST(AppendRowsTest, AMemoryGrowsPastTheLargestUpload) {
 }
 
 TEST(AppendRowsTest, AWholeUploadReplacesTheAppendedRows) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   ASSERT_TRUE(Append(catalogue, 0, 3).ok());
@@ -250,7 +234,7 @@ TEST(AppendRowsTest, AWholeUploadReplacesTheAppendedRows) {
 }
 
 TEST(AppendRowsTest, BFloat16MemoriesStoreTheRowsRounded) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   MemorySettings settings;
@@ -290,7 +274,7 @@ TEST(AppendRowsTest, BFloat16MemoriesStoreTheRowsRounded) {
 }
 
 TEST(AppendRowsTest, ATrainingSetGrowsByItsXAndY) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   const float x[] = {0.5f, 1.5f}, y[] = {1.0f, 2.0f};
@@ -329,7 +313,7 @@ TEST(AppendRowsTest, ATrainingSetGrowsByItsXAndY) {
 // Every refusal names its field, answers its code, and changes nothing on
 // disk or served.
 TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   ModelRepository::Options options = OptionsFor(dir);
   options.max_grown_model_bytes = 4096;
   auto repository = LoadModelRepository(options).value();
@@ -425,7 +409,7 @@ TEST(AppendRowsTest, BadAppendsAreRefusedAndChangeNothing) {
 // and appends go on after them, numbered from what is left; a version held
 // before keeps its rows; a whole save starts afresh.
 TEST(EvictRowsTest, TheOldestRowsGoAndStayGone) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   ASSERT_TRUE(Append(catalogue, 0, 10).ok());
@@ -494,7 +478,7 @@ TEST(EvictRowsTest, TheOldestRowsGoAndStayGone) {
 // dropping the oldest beyond them; a restart leaves out the same rows
 // without any record of them; explicit evictions go with it.
 TEST(EvictRowsTest, AMaxRowsWindowKeepsTheNewestRows) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
   MemorySettings window;
@@ -554,7 +538,7 @@ TEST(EvictRowsTest, AMaxRowsWindowKeepsTheNewestRows) {
 }
 
 TEST(EvictRowsTest, ATrainingSetLosesItsOldestPointsAndWeightsOnlyModelsNone) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get(),
                            ModelControl{false, /*needs_permission=*/true, {}});
@@ -598,7 +582,7 @@ std::unique_ptr<ModelRepository> Seeded(const std::string& dir,
 }
 
 int StepsOfAnAppend() {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-append");
   FaultInjectionFileSystem fs(DefaultFileSystem());
   auto repository = Seeded(dir, &fs);
   ModelCatalogue catalogue(repository.get());
@@ -619,7 +603,7 @@ TEST(AppendFaultTest, AnyStepFailingChangesNothing) {
     for (int failing = 0; failing < steps; ++failing) {
       SCOPED_TRACE(::testing::Message() << std::strerror(error) << ", step "
                                         << failing << " of " << steps);
-      const std::string dir = TempDir();
+      const std::string dir = TempDir("attnserve-append");
       FaultInjectionFileSystem fs(DefaultFileSystem());
       auto repository = Seeded(dir, &fs);
       ModelCatalogue catalogue(repository.get());
@@ -669,7 +653,7 @@ TEST(AppendFaultTest, AnyStepOfAnEvictionFailingChangesNothing) {
   };
   int steps = 0;
   {
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-append");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = seeded(dir, &fs);
     const int before = fs.steps();
@@ -679,7 +663,7 @@ TEST(AppendFaultTest, AnyStepOfAnEvictionFailingChangesNothing) {
   ASSERT_GE(steps, 6);
   for (int failing = 0; failing < steps; ++failing) {
     SCOPED_TRACE(::testing::Message() << "step " << failing << " of " << steps);
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-append");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = seeded(dir, &fs);
     ModelCatalogue catalogue(repository.get());
@@ -706,7 +690,7 @@ TEST(AppendFaultTest, AnyStepOfAnEvictionFailingChangesNothing) {
     for (int crash = 0; crash <= steps; ++crash) {
       SCOPED_TRACE(::testing::Message() << "crash before step " << crash
                                         << (power_cut ? ", power cut" : ""));
-      const std::string dir = TempDir();
+      const std::string dir = TempDir("attnserve-append");
       FaultInjectionFileSystem fs(DefaultFileSystem());
       auto repository = seeded(dir, &fs);
       if (power_cut) {
@@ -746,7 +730,7 @@ TEST_P(AppendCrashTest, RestartFindsTheRowsBeforeOrAfterWhole) {
   int befores = 0, afters = 0;
   for (int crash = 0;; ++crash) {
     SCOPED_TRACE(::testing::Message() << "crash before step " << crash);
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-append");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = Seeded(dir, &fs);
     ModelCatalogue catalogue(repository.get());

@@ -23,6 +23,7 @@
 #include "server/models/model_catalogue.h"
 #include "server/repository/fault_injection_file_system.h"
 #include "server/repository/model_repository.h"
+#include "server/repository/test_folders.h"
 
 namespace attnserve {
 namespace {
@@ -43,23 +44,6 @@ using Op = FaultInjectionFileSystem::Op;
 
 constexpr float kOld = 1.5f;
 constexpr float kNew = 2.5f;
-
-std::string TempDir() {
-  char pattern[] = "/tmp/attnserve-save-XXXXXX";
-  return mkdtemp(pattern);
-}
-
-std::set<std::string> Entries(const std::string& dir) {
-  std::set<std::string> names;
-  DIR* handle = opendir(dir.c_str());
-  if (handle == nullptr) return names;
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.insert(name);
-  }
-  closedir(handle);
-  return names;
-}
 
 // Loads `dir` as a restart would (leftovers removed at once, a broken model
 // fails the load) and returns model m's bandwidth, 0 without one.
@@ -97,7 +81,7 @@ std::unique_ptr<ModelRepository> Seeded(const std::string& dir, FileSystem* fs,
 
 // The steps a clean save of m takes.
 int StepsOfASave(bool fresh_name, bool exchange) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-save");
   FaultInjectionFileSystem fs(DefaultFileSystem());
   fs.SetExchangeUnsupported(!exchange);
   auto repository = Seeded(dir, &fs, fresh_name);
@@ -144,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(NewAndExistingName, SaveFaultTest, ::testing::Bool(),
 TEST_P(SaveFaultTest, FullDiskIsResourceExhaustedAndKeepsTheOldVersion) {
   for (int nth : {0, 1}) {  // the weights' write, then the config's
     SCOPED_TRACE(nth);
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-save");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = Seeded(dir, &fs, fresh_name());
     fs.SetFault(FailNth(Op::kAppend, nth, ENOSPC));
@@ -161,7 +145,7 @@ TEST_P(SaveFaultTest, FailedFsyncOrCloseFailsTheSave) {
     for (int nth : {0, 1}) {
       SCOPED_TRACE(::testing::Message() << FaultInjectionFileSystem::OpName(op)
                                         << " #" << nth);
-      const std::string dir = TempDir();
+      const std::string dir = TempDir("attnserve-save");
       FaultInjectionFileSystem fs(DefaultFileSystem());
       auto repository = Seeded(dir, &fs, fresh_name());
       fs.SetFault(FailNth(op, nth, EIO));
@@ -177,7 +161,7 @@ TEST_P(SaveFaultTest, FailedFsyncOrCloseFailsTheSave) {
 TEST_P(SaveFaultTest, ReadOnlyOrUnwritableIsFailedPrecondition) {
   for (int error : {EROFS, EACCES}) {
     SCOPED_TRACE(std::strerror(error));
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-save");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     auto repository = Seeded(dir, &fs, fresh_name());
     fs.SetFault(FailNth(Op::kCreateDir, 0, error));
@@ -198,7 +182,7 @@ TEST_P(SaveFaultTest, AnyStepFailingLeavesOldOrAnswersOkWithNew) {
     for (int failing = 0; failing < steps; ++failing) {
       SCOPED_TRACE(::testing::Message() << "exchange " << exchange << ", step "
                                         << failing << " of " << steps);
-      const std::string dir = TempDir();
+      const std::string dir = TempDir("attnserve-save");
       FaultInjectionFileSystem fs(DefaultFileSystem());
       fs.SetExchangeUnsupported(!exchange);
       auto repository = Seeded(dir, &fs, fresh_name());
@@ -243,7 +227,7 @@ TEST_P(CrashPointTest, RestartFindsOldOrNewComplete) {
   int news = 0;
   for (int crash = 0;; ++crash) {
     SCOPED_TRACE(::testing::Message() << "crash before step " << crash);
-    const std::string dir = TempDir();
+    const std::string dir = TempDir("attnserve-save");
     FaultInjectionFileSystem fs(DefaultFileSystem());
     fs.SetExchangeUnsupported(!exchange);
     auto repository = Seeded(dir, &fs, fresh_name);
@@ -276,7 +260,7 @@ TEST_P(CrashPointTest, RestartFindsOldOrNewComplete) {
 // A tmpfs mounted on a fresh folder for the test's length (root only).
 class Tmpfs {
  public:
-  explicit Tmpfs(const char* options) : dir_(TempDir()) {
+  explicit Tmpfs(const char* options) : dir_(TempDir("attnserve-save")) {
     if (geteuid() != 0) {
       // make test runs as root (deploy/install_deps.sh needs it), as CI
       // does: without it these tests fail rather than pass unchecked.

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/models/model_catalogue.h"
+#include "server/repository/test_folders.h"
 
 namespace attnserve {
 namespace {
@@ -31,11 +32,6 @@ absl::Status SaveBandwidth(ModelRepository& repository, const std::string& name,
 }
 
 using ::testing::HasSubstr;
-
-std::string TempDir() {
-  char pattern[] = "/tmp/attnserve-repo-XXXXXX";
-  return mkdtemp(pattern);
-}
 
 void Write(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -162,7 +158,7 @@ TEST(ModelRepositoryTest, LoadsTheShippedExample) {
 // values, F32 and BF16 alike, and a model saved is served from the file
 // written.
 TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   mkdir((dir + "/m").c_str(), 0755);
   Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"any\"");
   std::map<std::string, attn::Tensor> tensors;
@@ -226,7 +222,7 @@ TEST(ModelRepositoryTest, WeightsAreMappedFromTheFileOrRead) {
 // any header length) is served from a copy of those values: views into it
 // would be misaligned floats.
 TEST(ModelRepositoryTest, MisalignedValuesAreCopied) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   mkdir((dir + "/m").c_str(), 0755);
   Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"any\"");
   std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
@@ -247,7 +243,7 @@ TEST(ModelRepositoryTest, MisalignedValuesAreCopied) {
 }
 
 TEST(ModelRepositoryTest, BadModelsNameTheirFile) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   mkdir((dir + "/m").c_str(), 0755);
   Write(dir + "/m/config.pbtxt", "name: \"m\" backend: \"additive_attention\"");
   auto missing = LoadModelRepository(dir);
@@ -273,7 +269,7 @@ TEST(ModelRepositoryTest, BadModelsNameTheirFile) {
 }
 
 TEST(ModelRepositoryTest, SavedBandwidthIsServedAndReloads) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   auto repository = LoadModelRepository(dir).value();
   ASSERT_TRUE(SaveBandwidth(*repository, "fitted-1", 3.5f).ok());
   ASSERT_NE(repository->Find("fitted-1"), nullptr);
@@ -317,7 +313,7 @@ std::map<std::string, std::string> States(const ModelRepository& repository) {
 }
 
 TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   WriteAdditive(dir, "a", 1.0f);
   auto repository = LoadModelRepository(dir).value();
   EXPECT_EQ(States(*repository),
@@ -373,7 +369,7 @@ TEST(ModelRepositoryTest, LoadUnloadAndReloadWhileServing) {
 // not (it used to check only served models: an unloaded additive-attention
 // folder was overwritten by a bandwidth).
 TEST(ModelRepositoryTest, SaveNeverReplacesAnotherModelsFolder) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   WriteAdditive(dir, "a", 1.0f);
   auto repository = LoadModelRepository(dir).value();
   EXPECT_EQ(SaveBandwidth(*repository, "a", 2.0f).code(),
@@ -393,22 +389,11 @@ TEST(ModelRepositoryTest, SaveNeverReplacesAnotherModelsFolder) {
 }
 
 // The folder's entries, hidden ones included.
-std::set<std::string> Entries(const std::string& dir) {
-  std::set<std::string> names;
-  DIR* handle = opendir(dir.c_str());
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.insert(name);
-  }
-  closedir(handle);
-  return names;
-}
-
 // Issue #25: a reload that fails while the old version serves is READY
 // with the failure as its reason (it said READY and nothing), and the
 // reason names the file relative to the repository, never its folder.
 TEST(ModelRepositoryTest, IndexReportsAFailedReloadBesideTheServedVersion) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   WriteAdditive(dir, "b", 2.0f);
   auto repository = LoadModelRepository(dir).value();
   Write(dir + "/b/weights.safetensors", "garbage");
@@ -430,7 +415,7 @@ TEST(ModelRepositoryTest, IndexReportsAFailedReloadBesideTheServedVersion) {
 // --exit-on-error); without fail_on_model_error it is UNAVAILABLE with its
 // reason and the other models serve.
 TEST(ModelRepositoryTest, BrokenFolderAtStartIsUnavailableWithItsReason) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   WriteAdditive(dir, "good", 1.0f);
   WriteAdditive(dir, "broken", 1.0f);
   Write(dir + "/broken/weights.safetensors", "abc");
@@ -461,7 +446,7 @@ TEST(ModelRepositoryTest, BrokenFolderAtStartIsUnavailableWithItsReason) {
 // not ours (a ConfigMap's ..data) is left alone. Young leftovers may be
 // another server's save in progress: ignored, kept.
 TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   WriteAdditive(dir, "m", 1.0f);
   mkdir((dir + "/.m.tmp-12-3").c_str(), 0755);
   Write(dir + "/.m.tmp-12-3/weights.safetensors", "");  // cut by the crash
@@ -492,7 +477,7 @@ TEST(ModelRepositoryTest, LeftoversOfInterruptedSavesNeverStopAStart) {
 // because another ran: they shared one .tmp name) and what is served is
 // what is on disk; no temporary is left behind.
 TEST(ModelRepositoryTest, ConcurrentSavesToOneNameAreOrdered) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("attnserve-repo");
   auto repository = LoadModelRepository(dir).value();
   constexpr int kThreads = 8;
   constexpr int kSaves = 25;
