@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +16,38 @@
 
 namespace attn {
 namespace {
+
+constexpr CpuIsa kEveryIsa[] = {CpuIsa::kBaseline, CpuIsa::kAvx2,
+                                CpuIsa::kAvx512, CpuIsa::kAmx};
+
+// AMX-TILE and AMX-BF16 in CPUID, the tile state enabled in XCR0, and Linux
+// granting this process that state (without the grant, the first tile
+// instruction faults). Asked once.
+bool AmxTilesUsable() {
+#if defined(__x86_64__)
+  static const bool usable = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+    constexpr unsigned kOsXsave = 1u << 27;
+    if ((edx & (kAmxBf16 | kAmxTile)) != (kAmxBf16 | kAmxTile)) return false;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) {
+      return false;
+    }
+    unsigned xcr0_low, xcr0_high;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+    constexpr unsigned kTileConfigAndData = 3u << 17;  // XTILECFG, XTILEDATA
+    if ((xcr0_low & kTileConfigAndData) != kTileConfigAndData) return false;
+    constexpr long kArchRequestXcompPermission = 0x1023;
+    constexpr long kXfeatureTileData = 18;
+    return syscall(SYS_arch_prctl, kArchRequestXcompPermission,
+                   kXfeatureTileData) == 0;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
 
 bool CpuSupports(CpuIsa isa) {
   switch (isa) {
@@ -31,6 +69,8 @@ bool CpuSupports(CpuIsa isa) {
 #else
       return false;
 #endif
+    case CpuIsa::kAmx:
+      return CpuSupports(CpuIsa::kAvx512) && AmxTilesUsable();
   }
   return false;
 }
@@ -45,6 +85,8 @@ const char* CpuIsaName(CpuIsa isa) {
       return "avx2";
     case CpuIsa::kAvx512:
       return "avx512";
+    case CpuIsa::kAmx:
+      return "amx";
   }
   return "unknown";
 }
@@ -52,7 +94,7 @@ const char* CpuIsaName(CpuIsa isa) {
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   std::vector<std::string> names;
-  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : kEveryIsa) {
     if (lower == CpuIsaName(isa)) return isa;
     names.push_back(CpuIsaName(isa));
   }
@@ -68,6 +110,7 @@ std::vector<CpuIsa> CompiledCpuIsas() {
 #endif
 #if ATTN_HAVE_AVX512_KERNELS
   isas.push_back(CpuIsa::kAvx512);
+  isas.push_back(CpuIsa::kAmx);  // the avx512 copy's AMX kernels
 #endif
   return isas;
 }

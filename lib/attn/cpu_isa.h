@@ -28,12 +28,16 @@ enum class CpuIsa {
   kBaseline,  // what every x86-64 CPU has (SSE2); the only copy elsewhere
   kAvx2,      // AVX2 and FMA: AMD Zen, Intel Haswell and later
   kAvx512,    // and AVX-512 F/BW/DQ/VL: Intel Skylake-SP and later, AMD Zen 4
+  // and AMX tiles with bfloat16 products, their state granted by the OS:
+  // Intel Sapphire Rapids and later. Not a copy of its own: the avx512 copy,
+  // with its AMX kernels allowed (capping at avx512 turns just those off).
+  kAmx,
 };
 
 // The process-wide cap's environment variable.
 inline constexpr char kMaxCpuIsaVariable[] = "ATTN_MAX_CPU_ISA";
 
-// "baseline", "avx2", "avx512".
+// "baseline", "avx2", "avx512", "amx".
 const char* CpuIsaName(CpuIsa isa);
 
 // Case-insensitive inverse of CpuIsaName. INVALID_ARGUMENT naming the
@@ -43,7 +47,10 @@ absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name);
 // The instruction sets this build has kernels for, in order.
 std::vector<CpuIsa> CompiledCpuIsas();
 
-// The best compiled instruction set this CPU supports, ignoring caps.
+// The best compiled instruction set this CPU supports, ignoring caps. The
+// first call that finds AMX tiles asks Linux for their state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM), process-wide, as oneDNN does); where
+// that is refused the answer is avx512.
 CpuIsa DetectCpuIsa();
 
 // The instruction set a new engine's kernels use: DetectCpuIsa(), lowered to

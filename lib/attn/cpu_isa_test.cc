@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <optional>
 #include <random>
 #include <string>
@@ -72,17 +76,31 @@ bool CpuHasAvx512() {
 #endif
 }
 
+// AMX tiles with bfloat16 products in CPUID (the OS's grant is the
+// library's to ask for; on these machines Linux gives it).
+bool CpuHasAmx() {
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return CpuHasAvx512() && (edx & (1u << 22)) != 0 && (edx & (1u << 24)) != 0;
+#else
+  return false;
+#endif
+}
+
 TEST(CpuIsaTest, NamesRoundTrip) {
-  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa :
+       {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAmx}) {
     auto parsed = ParseCpuIsa(CpuIsaName(isa));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, isa);
   }
   EXPECT_EQ(ParseCpuIsa("AVX2").value(), CpuIsa::kAvx2);
   EXPECT_EQ(ParseCpuIsa("AVX512").value(), CpuIsa::kAvx512);
+  EXPECT_EQ(ParseCpuIsa("AMX").value(), CpuIsa::kAmx);
   auto unknown = ParseCpuIsa("avx9000");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("baseline, avx2, avx512"),
+  EXPECT_NE(unknown.status().message().find("baseline, avx2, avx512, amx"),
             std::string::npos)
       << unknown.status();
 }
@@ -93,11 +111,12 @@ TEST(CpuIsaTest, DetectionFollowsTheCpu) {
   EXPECT_EQ(compiled.front(), CpuIsa::kBaseline);
 #if defined(__x86_64__)
   EXPECT_EQ(compiled, (std::vector<CpuIsa>{CpuIsa::kBaseline, CpuIsa::kAvx2,
-                                           CpuIsa::kAvx512}))
-      << "x86-64 builds have AVX2 and AVX-512 kernels";
-  EXPECT_EQ(DetectCpuIsa(), CpuHasAvx512()  ? CpuIsa::kAvx512
-                            : CpuHasAvx2() ? CpuIsa::kAvx2
-                                           : CpuIsa::kBaseline);
+                                           CpuIsa::kAvx512, CpuIsa::kAmx}))
+      << "x86-64 builds have AVX2 and AVX-512 kernels, and AMX ones";
+  EXPECT_EQ(DetectCpuIsa(), CpuHasAmx()      ? CpuIsa::kAmx
+                            : CpuHasAvx512() ? CpuIsa::kAvx512
+                            : CpuHasAvx2()   ? CpuIsa::kAvx2
+                                             : CpuIsa::kBaseline);
 #else
   EXPECT_EQ(DetectCpuIsa(), CpuIsa::kBaseline);
 #endif
@@ -107,7 +126,9 @@ TEST(CpuIsaTest, CapsLowerTheChoiceAndNeverRaiseIt) {
   ScopedEnv no_cap(kMaxCpuIsaVariable, nullptr);
   EXPECT_EQ(SelectCpuIsa(std::nullopt).value(), DetectCpuIsa());
   EXPECT_EQ(SelectCpuIsa(CpuIsa::kBaseline).value(), CpuIsa::kBaseline);
-  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx512).value(), DetectCpuIsa());
+  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAmx).value(), DetectCpuIsa());
+  EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx512).value(),
+            std::min(DetectCpuIsa(), CpuIsa::kAvx512));
   EXPECT_EQ(SelectCpuIsa(CpuIsa::kAvx2).value(),
             std::min(DetectCpuIsa(), CpuIsa::kAvx2));
   {

@@ -86,7 +86,7 @@ class OneDnnBackend::Impl {
         isa_(isa),
         lists_(internal::CpuImplementationListsFor(isa)),
         features_{internal::HasNativeBFloat16Products(),
-                  internal::HasAmxProducts()},
+                  internal::HasAmxProducts(), isa == CpuIsa::kAmx},
         primitives_(std::move(engine), options.primitive_cache_capacity) {}
 
   CpuIsa isa() const { return isa_; }

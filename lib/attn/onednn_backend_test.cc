@@ -36,8 +36,9 @@ TEST(OneDnnBackendTest, ListsEveryImplementationInOrder) {
   EXPECT_EQ((*backend)->implementation_names(),
             (std::vector<std::string>{
                 "onednn-softmax", "cpu-masked-softmax", "onednn-matmul",
-                "cpu-weights-blocks", "cpu-key-shares", "cpu-lane",
-                "cpu-fused-blocks", "cpu-additive", "cpu-regression"}));
+                "cpu-weights-blocks", "cpu-key-shares", "cpu-amx-blocks",
+                "cpu-lane", "cpu-fused-blocks", "cpu-additive",
+                "cpu-regression"}));
 }
 
 // An engine whose own kernels are capped at `cap` (and ATTN_MAX_CPU_ISA),
@@ -165,7 +166,8 @@ std::string Implementation(const CpuEngine& engine, const Call& call) {
 // Every cap of the kernels' instruction set (each lowered to what this CPU
 // and ATTN_MAX_CPU_ISA allow), and no cap.
 std::vector<std::optional<CpuIsa>> Caps() {
-  return {std::nullopt, CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512};
+  return {std::nullopt, CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512,
+          CpuIsa::kAmx};
 }
 
 std::string CapName(std::optional<CpuIsa> cap) {
@@ -235,6 +237,26 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
     EXPECT_EQ(
         Implementation(two, Call().Keys(8192).In(Precision::kBFloat16).Held()),
         "cpu-key-shares");
+    // 16 rows or more in bfloat16 on AMX tiles: the AMX kernel, also for
+    // shares of keys held as bits.
+    if (one.isa == CpuIsa::kAmx && one.native_bfloat16) {
+      EXPECT_EQ(Implementation(one, Call().Rows(16).In(Precision::kBFloat16)),
+                "cpu-amx-blocks");
+      EXPECT_EQ(Implementation(
+                    one, Call().Rows(70).Keys(300).In(Precision::kBFloat16)),
+                "cpu-amx-blocks");
+      EXPECT_EQ(
+          Implementation(one, Call().Rows(33).In(Precision::kBFloat16).Held()),
+          "cpu-amx-blocks");
+      EXPECT_EQ(Implementation(two, Call().Rows(40).Keys(8192).In(
+                                        Precision::kBFloat16).Held()),
+                "cpu-key-shares");
+      EXPECT_EQ(Implementation(one, Call().Rows(16).In(Precision::kBFloat16)
+                                        .Depths(63, 64)),
+                "cpu-fused-blocks");  // odd d: pairs would straddle rows
+      EXPECT_EQ(Implementation(one, Call().Rows(15).In(Precision::kBFloat16)),
+                "cpu-fused-blocks");
+    }
     // float16: float32 products of the rounded operands.
     EXPECT_EQ(Implementation(one, Call().In(Precision::kFloat16)),
               lane_or_blocks);

@@ -45,21 +45,23 @@ absl::Status CheckOperandRange(absl::string_view name, const TensorView& view,
   const bool half = precision == Precision::kFloat16;
   const int64_t count = view.num_elements();
   // A branch-free scan first (this runs on every reduced-precision call, on
-  // one thread): the largest magnitude, compared as the bits of |x|, which
-  // order finite floats as their values and put infinities and NaN above
-  // them all (an integer max vectorizes where a float one may not). Only
-  // past the type's limit is the offending element looked for. bfloat16
-  // rounds to infinity from 0x7f7f8000 (halfway from its largest finite
-  // value to infinity, a tie that goes to the even infinity) on.
+  // one thread): the bits of |x| order finite floats as their values and
+  // put infinities and NaN above them all, so limit - bits(|x|) is negative
+  // exactly past the limit; its sign bits are OR-ed together (an OR of
+  // differences vectorizes on baseline x86-64's SSE2, where the integer max
+  // this was before does not: it cost a quarter of a large bfloat16 call on
+  // AMX). Only past the type's limit is the offending element looked for.
+  // bfloat16 rounds to infinity from 0x7f7f8000 (halfway from its largest
+  // finite value to infinity, a tie that goes to the even infinity) on.
   const int32_t limit = half ? 0x477fe000 /* 65504 */ : 0x7f7f7fff;
-  int32_t largest = 0;
+  uint32_t past_limit = 0;
   for (int64_t i = 0; i < count; ++i) {
     int32_t bits;
     std::memcpy(&bits, &view.data[i], sizeof(bits));
-    bits &= 0x7fffffff;
-    largest = bits > largest ? bits : largest;
+    // Both in [0, 2^31): the difference cannot overflow.
+    past_limit |= static_cast<uint32_t>(limit - (bits & 0x7fffffff));
   }
-  if (largest <= limit) return absl::OkStatus();
+  if ((past_limit >> 31) == 0) return absl::OkStatus();
   for (int64_t i = 0; i < count; ++i) {
     const float x = view.data[i];
     if (!std::isfinite(x)) continue;  // reported by the finiteness check

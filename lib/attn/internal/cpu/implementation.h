@@ -47,6 +47,10 @@ struct CpuFeatures {
   bool bfloat16_products = false;
   // oneDNN runs those products on AMX tiles.
   bool amx_products = false;
+  // Our own kernels may run AMX tile instructions: the backend's instruction
+  // set is CpuIsa::kAmx (attn/cpu_isa.h; capping it at avx512 turns this
+  // off, whatever oneDNN does).
+  bool amx_tiles = false;
 };
 
 // One call as its implementations see it.

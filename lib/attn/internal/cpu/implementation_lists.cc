@@ -30,6 +30,7 @@ const CpuImplementationLists& CpuImplementationListsFor(CpuIsa isa) {
       break;
 #endif
     case CpuIsa::kAvx512:
+    case CpuIsa::kAmx:  // the same copy; its AMX kernels check the features
 #if ATTN_HAVE_AVX512_KERNELS
       return avx512::kImplementationLists;
 #else

@@ -32,6 +32,7 @@ const CpuImplementation<BatchMatmulParams>* const kBatchMatmulOrder[] = {
 const CpuImplementation<AttentionParams>* const kAttentionOrder[] = {
     &kWeightsBlocks,  // "cpu-weights-blocks": the weights are asked for
     &kKeyShares,      // "cpu-key-shares": fewer tasks than threads, many keys
+    &kAmxBlocks,      // "cpu-amx-blocks": bfloat16 on AMX tiles (avx512 copy)
     &kLaneAttention,  // "cpu-lane": 2-64 query rows over many keys
     &kFusedBlocks,    // "cpu-fused-blocks": every call without weights
 };

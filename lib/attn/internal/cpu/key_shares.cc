@@ -23,6 +23,7 @@
 ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
 #include "attn/internal/cpu/attention_blocks.h"
+#include "attn/internal/cpu/amx_blocks.h"
 #include "attn/internal/cpu/fused_blocks.h"
 #include "attn/internal/cpu/kernel_copy.h"
 #include "attn/internal/cpu/lane_attention.h"
@@ -80,10 +81,12 @@ bool Takes(const CpuCall<AttentionParams>& call) {
   return SharesPerTask(call) > 1;
 }
 
-// A thread's buffers: its shares run on the lane kernel or the blocked one.
+// A thread's buffers: its shares run on the AMX kernel, the lane kernel or
+// the blocked one.
 struct SharesScratch {
   Scratch blocks;
   LaneScratch lanes;
+  AmxScratch tiles;
 };
 
 absl::Status Run(const CpuCall<AttentionParams>& call) {
@@ -106,13 +109,15 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   };
   const AttentionOperands operands(call);
   const Operands& ops = operands.get();
-  // The passes are the lane kernel's wherever it takes the call.
-  const bool lanes = LaneAttentionTakes(call);
+  // The passes are the AMX kernel's or the lane kernel's wherever they take
+  // the call (in that order, as in the implementation list).
+  const bool tiles = AmxBlocksTake(call);
+  const bool lanes = !tiles && LaneAttentionTakes(call);
   const bool ok = ForEachItem(
       tasks * shares, call.threads,
       [&] {
         SharesScratch s;
-        if (!lanes) {
+        if (!tiles && !lanes) {
           s.blocks = MakeScratch(p, ops.type == BlockOperands::kBFloat16);
         }
         return s;
@@ -120,6 +125,10 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
       [&](int64_t item, SharesScratch& scratch) {
         const Task task = TaskAt(p, item / shares);
         const KeyShare share = share_of(item);
+        if (tiles) {
+          AmxTask(p, ops, task, scratch.tiles, &share);
+          return true;
+        }
         if (lanes) {
           LaneTask(p, ops, task, scratch.lanes, &share);
           return true;

@@ -1,0 +1,237 @@
+// bfloat16 attention on AMX tiles (cpu-amx-blocks, and cpu-key-shares
+// running its shares on them) against the double reference within the
+// derived bounds, on shapes that leave every tile partly filled: rows, keys,
+// d and dv that are not multiples of 16 or 32, masks, causal rows, the
+// Gaussian score, keys and values held as bfloat16. On CPUs without AMX
+// tiles (or where the process may not use them) every case is skipped as
+// such: the other paths are tested by attention_test everywhere.
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/bfloat16.h"
+#include "attn/cpu_isa.h"
+#include "attn/engine.h"
+#include "attn/testing/compare.h"
+#include "attn/testing/engines.h"
+#include "attn/testing/error_bounds.h"
+#include "attn/testing/random.h"
+#include "gtest/gtest.h"
+
+namespace attn {
+namespace {
+
+using ::attn::testing::AttentionBounds;
+using ::attn::testing::RandomLengths;
+using ::attn::testing::RandomNormal;
+using ::attn::testing::ReferenceEngine;
+using ::attn::testing::ViewOf;
+using ::attn::testing::WithinBounds;
+
+// Whether this process's engines run AMX tiles (after ATTN_MAX_CPU_ISA).
+bool AmxHere() { return SelectCpuIsa(std::nullopt).value() == CpuIsa::kAmx; }
+
+enum class Lengths { kNone, kPerBatch, kPerRow };
+
+struct Case {
+  int64_t batch, heads, lq, lk, d, dv;
+  Lengths lengths;
+  bool causal;
+  ScoreKind score;
+  std::string label;
+};
+
+std::unique_ptr<Engine> MakeEngine(bool always_parallel,
+                                   std::optional<CpuIsa> cap = std::nullopt) {
+  EngineOptions options;
+  if (always_parallel) options.single_thread_below_flops = 0.0;
+  options.max_cpu_isa = cap;
+  return Engine::Create(options).value();
+}
+
+class AmxAttentionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  const Case& c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.lq * 131 + c.lk * 7 + c.d));
+  const Tensor q = RandomNormal(rng, {c.batch, c.heads, c.lq, c.d});
+  const Tensor k = RandomNormal(rng, {c.batch, c.heads, c.lk, c.d});
+  const Tensor v = RandomNormal(rng, {c.batch, c.heads, c.lk, c.dv});
+  std::vector<int32_t> lengths;
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  if (c.lengths == Lengths::kPerBatch) {
+    lengths = RandomLengths(rng, c.batch, 0, c.lk);
+    lengths.back() = c.lk;
+    request.valid_lens = ViewOf(lengths, {c.batch});
+  } else if (c.lengths == Lengths::kPerRow) {
+    lengths = RandomLengths(rng, c.batch * c.lq, 0, c.lk);
+    request.valid_lens = ViewOf(lengths, {c.batch, c.lq});
+  }
+  request.causal = c.causal;
+  request.score = c.score;
+  request.precision = Precision::kBFloat16;
+  request.return_weights = true;
+  auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const auto bounds = AttentionBounds(request, *expected);
+  request.return_weights = false;
+  for (bool always_parallel : {false, true}) {
+    SCOPED_TRACE(always_parallel ? "every thread" : "default threads");
+    auto result =
+        MakeEngine(always_parallel)->ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->implementation, "cpu-amx-blocks");
+    EXPECT_TRUE(WithinBounds(result->output, expected->output, bounds.output));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AmxAttentionTest,
+    ::testing::Values(
+        // One tile of rows, a pair of d, keys short of one tile.
+        Case{1, 1, 16, 5, 2, 2, Lengths::kNone, false, ScoreKind::kDotProduct,
+             "rows16_keys5_d2"},
+        Case{2, 1, 17, 31, 34, 18, Lengths::kPerBatch, false,
+             ScoreKind::kDotProduct, "rows17_keys31_d34_dv18_lengths"},
+        Case{3, 2, 33, 65, 64, 64, Lengths::kPerRow, false,
+             ScoreKind::kDotProduct, "rows33_keys65_rowlengths"},
+        Case{1, 2, 128, 300, 64, 64, Lengths::kNone, true,
+             ScoreKind::kDotProduct, "rows128_keys300_causal"},
+        // More than one block of query rows: keys laid out once per call.
+        Case{2, 1, 200, 513, 130, 96, Lengths::kPerRow, false,
+             ScoreKind::kDotProduct, "rows200_keys513_d130_dv96"},
+        Case{1, 1, 257, 257, 64, 64, Lengths::kNone, true,
+             ScoreKind::kDotProduct, "rows257_causal_self"},
+        Case{2, 1, 97, 700, 40, 24, Lengths::kPerBatch, false,
+             ScoreKind::kGaussian, "rows97_keys700_gaussian"},
+        Case{1, 1, 300, 1000, 32, 32, Lengths::kPerRow, true,
+             ScoreKind::kGaussian, "rows300_gaussian_causal_lengths"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return info.param.label;
+    });
+
+// A memory held as bfloat16 bits over enough keys that its query rows'
+// keys are shared out among the threads (cpu-key-shares running AMX tasks),
+// or not (one thread): the same as the floats the bits hold, and within the
+// derived bound of the reference.
+TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  std::mt19937 rng(5);
+  const int64_t lk = 9000, d = 64, dv = 48;
+  Tensor k = RandomNormal(rng, {1, lk, d});
+  Tensor v = RandomNormal(rng, {1, lk, dv});
+  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+  for (size_t i = 0; i < k.data.size(); ++i) {
+    k_bits[i] = BFloat16Bits(k.data[i]);
+    k.data[i] = RoundToBFloat16(k.data[i]);
+  }
+  for (size_t i = 0; i < v.data.size(); ++i) {
+    v_bits[i] = BFloat16Bits(v.data[i]);
+    v.data[i] = RoundToBFloat16(v.data[i]);
+  }
+  for (const int64_t lq : {16, 45, 128}) {
+    SCOPED_TRACE(::testing::Message() << "lq " << lq);
+    const Tensor q = RandomNormal(rng, {1, lq, d});
+    const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
+    AttentionRequest floats;
+    floats.queries = q.view();
+    floats.keys = k.view();
+    floats.values = v.view();
+    floats.valid_lens = ViewOf(lengths, {1, lq});
+    floats.precision = Precision::kBFloat16;
+    AttentionRequest held = floats;
+    held.keys.data = nullptr;
+    held.values.data = nullptr;
+    held.keys_bfloat16 = k_bits.data();
+    held.values_bfloat16 = v_bits.data();
+    floats.return_weights = true;
+    auto expected = ReferenceEngine().ScaledDotProductAttention(floats);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    const auto bounds = AttentionBounds(floats, *expected);
+    floats.return_weights = false;
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads");
+      EngineOptions options;
+      options.max_threads = threads;
+      options.single_thread_below_flops = 0.0;
+      auto engine = Engine::Create(options).value();
+      auto from_held = engine->ScaledDotProductAttention(held);
+      auto from_floats = engine->ScaledDotProductAttention(floats);
+      ASSERT_TRUE(from_held.ok()) << from_held.status();
+      ASSERT_TRUE(from_floats.ok()) << from_floats.status();
+      // Two threads share the keys out (one task); one runs it whole.
+      EXPECT_EQ(from_held->implementation,
+                threads == 2 ? "cpu-key-shares" : "cpu-amx-blocks");
+      EXPECT_EQ(from_held->output.data, from_floats->output.data);
+      EXPECT_TRUE(
+          WithinBounds(from_held->output, expected->output, bounds.output));
+    }
+  }
+}
+
+// Capped at avx512, the same call runs without tiles (the switch that tests
+// the other paths on this machine), within the same bound.
+TEST(AmxSwitchTest, CapAtAvx512TurnsTheTilesOff) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  std::mt19937 rng(9);
+  const Tensor q = RandomNormal(rng, {2, 64, 64});
+  const Tensor k = RandomNormal(rng, {2, 300, 64});
+  const Tensor v = RandomNormal(rng, {2, 300, 64});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = Precision::kBFloat16;
+  request.return_weights = true;
+  auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+  ASSERT_TRUE(expected.ok());
+  request.return_weights = false;
+  auto engine = MakeEngine(false, CpuIsa::kAvx512);
+  EXPECT_NE(engine->backend_descriptions().front().find("own kernels: avx512;"),
+            std::string::npos)
+      << engine->backend_descriptions().front();
+  auto result = engine->ScaledDotProductAttention(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->implementation, "cpu-fused-blocks");
+  EXPECT_TRUE(WithinBounds(result->output, expected->output,
+                           AttentionBounds(request, *expected).output));
+  // And float32 calls never take the tiles.
+  request.precision = Precision::kFloat32;
+  auto float32 = MakeEngine(false)->ScaledDotProductAttention(request);
+  ASSERT_TRUE(float32.ok());
+  EXPECT_NE(float32->implementation, "cpu-amx-blocks");
+}
+
+// Scores past float's range (finite inputs whose products overflow) reach
+// the output as NaN from the tiles, and the engine answers with the
+// reference's result, as on every other path.
+TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  std::mt19937 rng(3);
+  Tensor q = RandomNormal(rng, {1, 32, 64});
+  Tensor k = RandomNormal(rng, {1, 40, 64});
+  const Tensor v = RandomNormal(rng, {1, 40, 16});
+  for (int c = 0; c < 64; ++c) {
+    q.data[5 * 64 + c] = 3e37f;
+    k.data[7 * 64 + c] = 3e37f;
+  }
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = Precision::kBFloat16;
+  auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+  auto result = MakeEngine(false)->ScaledDotProductAttention(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->output.data, expected->output.data);
+}
+
+}  // namespace
+}  // namespace attn

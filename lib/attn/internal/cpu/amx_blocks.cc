@@ -1,0 +1,580 @@
+// cpu-amx-blocks: bfloat16 attention without weights, both products on AMX
+// tiles programmed here rather than through oneDNN primitives.
+//
+// Why: a oneDNN matmul per 128 x 256 block pays, every block, the tile
+// configuration, its own re-layout of K and V into the pairs the tile unit
+// reads, and a primitive call; on a 2-core Xeon those cost more than the
+// products (docs/kernels.md#amx has the profile). Here a task (up to 128
+// query rows of one batch entry and head) walks its keys in blocks of
+// kAmxKeyBlock with FlashAttention's online softmax, as cpu-fused-blocks,
+// and:
+// - configures the eight tiles once (16 rows x 64 bytes each);
+// - copies its queries once into rows padded to whole tiles (32-row
+//   groups, zeros past d): the A operand of the scores;
+// - lays each key block out as the B operand of the scores (each key's d
+//   as pairs of bfloat16 in 32-bit words, transposed 16 keys at a time, by
+//   gathers) and each value block as the B operand of the second product
+//   (two consecutive keys' values interleaved per column); zeros past the
+//   last key, d and dv;
+// - scores = Q K^T in groups of 2 x 2 tiles of 16 x 16 floats (two query
+//   tiles and two key tiles loaded per 32 of d, four products), stored;
+// - runs the online softmax on them with AVX-512 (cpu-fused-blocks' own
+//   loops), its probabilities rounded to bfloat16, zero where masked;
+// - acc += P V in groups of 2 x 2 tiles loaded from acc and stored back.
+// The arithmetic is that of the other bfloat16 paths: bfloat16 products
+// summed in float32, softmax in float32, probabilities rounded once.
+
+// GCC 12's unmasked AVX-512 intrinsics pass _mm512_undefined_*() (a
+// variable initialised with itself) as their masked-off source, which
+// -Wmaybe-uninitialized reports wherever they inline; nothing undefined is
+// read.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "attn/internal/block_matmul.h"
+#include "attn/internal/cpu/implementation.h"
+#include "attn/internal/isa.h"
+#include "attn/params.h"
+
+ATTN_ISA_BEGIN
+#include "attn/internal/vec_math.h"
+#include "attn/internal/cpu/attention_blocks.h"
+#include "attn/internal/cpu/amx_blocks.h"
+#include "attn/internal/cpu/kernel_copy.h"
+
+namespace attn::internal::ATTN_ISA_NAMESPACE {
+
+#if defined(ATTN_ISA_AVX512)
+namespace {
+
+// The tile instructions, on top of the copy's AVX-512.
+#define ATTN_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+
+constexpr int64_t kAmxMinRows = 16;
+// Keys per online-softmax step, and query rows whose scores are taken
+// together: a 32 x 256 score block (32 KiB) and its bfloat16 probabilities
+// stay in L1. (64 keys: per-row overheads and the accumulators' round trips
+// through the tiles cost a third more.)
+constexpr int64_t kAmxKeyBlock = 256;
+constexpr int64_t kRowGroup = 32;
+// Rows, keys or columns per tile, and bfloat16 summed per tile row.
+constexpr int64_t kTileSide = 16;
+constexpr int64_t kPairsDepth = 32;
+constexpr int64_t kTileWords = kTileSide * kTileSide;  // 32-bit words
+
+int64_t RoundUp(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+// The first `count` of 16 lanes (count may be <= 0 or > 16).
+__mmask16 FirstLanes(int64_t count) {
+  if (count <= 0) return 0;
+  return count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// ldtilecfg's operand: palette 1, eight tiles of 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The task's queries, rows x d, into `to` as rows_padded x dp (zeros past
+// them).
+void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
+                int64_t rows_padded, int64_t dp, uint16_t* to) {
+  for (int64_t r = 0; r < rows_padded; ++r) {
+    uint16_t* row = to + r * dp;
+    if (r < rows) {
+      std::copy(queries + r * d, queries + (r + 1) * d, row);
+      std::fill(row + d, row + dp, uint16_t{0});
+    } else {
+      std::fill(row, row + dp, uint16_t{0});
+    }
+  }
+}
+
+// Keys [0, count) of `keys` (rows of d bfloat16, d even) as B tiles of the
+// scores: tile (t, c) holds keys 16t..16t+15 and d's words 16c..16c+15,
+// word r of key n at [r][n]. keys_padded / 16 x dp / 32 tiles, zeros past
+// count and d.
+void PackKeys(const uint16_t* keys, int64_t count, int64_t d,
+              int64_t keys_padded, int64_t dp, uint32_t* tiles) {
+  const int64_t chunks = dp / kPairsDepth;
+  const int64_t words = d / 2;
+  const __m512i offsets = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int>(words)));
+  for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
+    const __mmask16 present = FirstLanes(count - t * kTileSide);
+    const uint16_t* first = present ? keys + t * kTileSide * d : nullptr;
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint32_t* tile = tiles + (t * chunks + c) * kTileWords;
+      for (int64_t r = 0; r < kTileSide; ++r) {
+        const int64_t word = c * kTileSide + r;
+        __m512i column = _mm512_setzero_si512();
+        if (present && word < words) {
+          column = _mm512_mask_i32gather_epi32(column, present, offsets,
+                                               first + 2 * word, 4);
+        }
+        _mm512_storeu_si512(tile + r * kTileSide, column);
+      }
+    }
+  }
+}
+
+// Values [0, count) of `values` (rows of dv bfloat16) as B tiles of the
+// second product: tile (kc, ct) holds keys 32kc..32kc+31 and columns
+// 16ct..16ct+15, keys 2r and 2r + 1 of column n as the word at [r][n].
+// keys_padded / 32 x dvp / 16 tiles, zeros past count and dv.
+void PackValues(const uint16_t* values, int64_t count, int64_t dv,
+                int64_t keys_padded, int64_t dvp, uint32_t* tiles) {
+  const int64_t column_tiles = dvp / kTileSide;
+  for (int64_t kc = 0; kc < keys_padded / kPairsDepth; ++kc) {
+    for (int64_t ct = 0; ct < column_tiles; ++ct) {
+      uint32_t* tile = tiles + (kc * column_tiles + ct) * kTileWords;
+      const int64_t column = ct * kTileSide;
+      const __mmask16 columns = FirstLanes(dv - column);
+      for (int64_t r = 0; r < kTileSide; ++r) {
+        const int64_t key = kc * kPairsDepth + 2 * r;
+        __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+        if (columns && key < count) {
+          even = _mm256_maskz_loadu_epi16(columns, values + key * dv + column);
+        }
+        if (columns && key + 1 < count) {
+          odd = _mm256_maskz_loadu_epi16(columns,
+                                         values + (key + 1) * dv + column);
+        }
+        const __m512i pairs =
+            _mm512_or_si512(_mm512_cvtepu16_epi32(even),
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
+        _mm512_storeu_si512(tile + r * kTileSide, pairs);
+      }
+    }
+  }
+}
+
+// scores[r][j] = queries[r] . key j, for rows_padded rows (a multiple of 32)
+// and keys_padded keys (a multiple of 32); row stride of scores `ld`.
+ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
+                                const uint32_t* key_tiles, int64_t rows_padded,
+                                int64_t keys_padded, float* scores,
+                                int64_t ld) {
+  const int64_t chunks = dp / kPairsDepth;
+  const int64_t query_stride = dp * 2, score_stride = ld * 4;
+  if (chunks <= 2 && rows_padded == 2 * kTileSide) {
+    // d <= 64 (the common head size): the group's queries stay in four
+    // tiles, and each key tile costs two loads for its four products
+    // (half the loads of the general loop).
+    const uint16_t* upper = queries;
+    const uint16_t* lower = upper + kTileSide * dp;
+    _tile_loadd(4, upper, query_stride);
+    _tile_loadd(5, lower, query_stride);
+    if (chunks == 2) {
+      _tile_loadd(6, upper + kPairsDepth, query_stride);
+      _tile_loadd(7, lower + kPairsDepth, query_stride);
+    }
+    for (int64_t kt = 0; kt < keys_padded / kTileSide; ++kt) {
+      const uint32_t* keys = key_tiles + kt * chunks * kTileWords;
+      float* out = scores + kt * kTileSide;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(2, keys, 64);
+      _tile_dpbf16ps(0, 4, 2);
+      _tile_dpbf16ps(1, 5, 2);
+      if (chunks == 2) {
+        _tile_loadd(3, keys + kTileWords, 64);
+        _tile_dpbf16ps(0, 6, 3);
+        _tile_dpbf16ps(1, 7, 3);
+      }
+      _tile_stored(0, out, score_stride);
+      _tile_stored(1, out + kTileSide * ld, score_stride);
+    }
+    return;
+  }
+  for (int64_t rt = 0; rt < rows_padded; rt += 2 * kTileSide) {
+    const uint16_t* upper = queries + rt * dp;
+    const uint16_t* lower = upper + kTileSide * dp;
+    for (int64_t kt = 0; kt < keys_padded / kTileSide; kt += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      const uint32_t* left = key_tiles + kt * chunks * kTileWords;
+      const uint32_t* right = left + chunks * kTileWords;
+      for (int64_t c = 0; c < chunks; ++c) {
+        _tile_loadd(4, upper + c * kPairsDepth, query_stride);
+        _tile_loadd(5, lower + c * kPairsDepth, query_stride);
+        _tile_loadd(6, left + c * kTileWords, 64);
+        _tile_loadd(7, right + c * kTileWords, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      float* out = scores + rt * ld + kt * kTileSide;
+      _tile_stored(0, out, score_stride);
+      _tile_stored(1, out + kTileSide, score_stride);
+      _tile_stored(2, out + kTileSide * ld, score_stride);
+      _tile_stored(3, out + kTileSide * ld + kTileSide, score_stride);
+    }
+  }
+}
+
+// acc[r] += probabilities[r] . values, for rows_padded rows, keys_padded
+// keys (row stride of the probabilities `ld`) and dvp columns (multiples
+// of 32).
+ATTN_AMX_TARGET void PoolTiles(const uint16_t* probabilities, int64_t ld,
+                               const uint32_t* value_tiles,
+                               int64_t rows_padded, int64_t keys_padded,
+                               int64_t dvp, float* acc) {
+  const int64_t column_tiles = dvp / kTileSide;
+  const int64_t probability_stride = ld * 2, acc_stride = dvp * 4;
+  for (int64_t rt = 0; rt < rows_padded; rt += 2 * kTileSide) {
+    const uint16_t* upper = probabilities + rt * ld;
+    const uint16_t* lower = upper + kTileSide * ld;
+    for (int64_t ct = 0; ct < column_tiles; ct += 2) {
+      float* out = acc + rt * dvp + ct * kTileSide;
+      _tile_loadd(0, out, acc_stride);
+      _tile_loadd(1, out + kTileSide, acc_stride);
+      _tile_loadd(2, out + kTileSide * dvp, acc_stride);
+      _tile_loadd(3, out + kTileSide * dvp + kTileSide, acc_stride);
+      for (int64_t kc = 0; kc < keys_padded / kPairsDepth; ++kc) {
+        const uint32_t* left =
+            value_tiles + (kc * column_tiles + ct) * kTileWords;
+        _tile_loadd(4, upper + kc * kPairsDepth, probability_stride);
+        _tile_loadd(5, lower + kc * kPairsDepth, probability_stride);
+        _tile_loadd(6, left, 64);
+        _tile_loadd(7, left + kTileWords, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, out, acc_stride);
+      _tile_stored(1, out + kTileSide, acc_stride);
+      _tile_stored(2, out + kTileSide * dvp, acc_stride);
+      _tile_stored(3, out + kTileSide * dvp + kTileSide, acc_stride);
+    }
+  }
+}
+
+using Words16 = uint32_t __attribute__((vector_size(64)));
+
+// The largest and the sum of 16 lanes, halves folded onto each other.
+inline float MaxOfLanes(__m512 lanes) {
+  __m256 half = _mm256_max_ps(_mm512_castps512_ps256(lanes),
+                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
+                                  0xf, _mm512_castps_pd(lanes), 1)));
+  __m128 quarter = _mm_max_ps(_mm256_castps256_ps128(half),
+                              _mm256_extractf128_ps(half, 1));
+  quarter = _mm_max_ps(quarter, _mm_movehl_ps(quarter, quarter));
+  quarter = _mm_max_ss(quarter, _mm_movehdup_ps(quarter));
+  return _mm_cvtss_f32(quarter);
+}
+
+inline float SumOfLanes(__m512 lanes) {
+  __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
+                                  0xf, _mm512_castps_pd(lanes), 1)));
+  __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half),
+                              _mm256_extractf128_ps(half, 1));
+  quarter = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+  quarter = _mm_add_ss(quarter, _mm_movehdup_ps(quarter));
+  return _mm_cvtss_f32(quarter);
+}
+
+// bfloat16(exp((x - shift) * factor)) of 16 scores into `to`, their sum
+// added to `sums`; lanes not in `lanes` give 0, as do arguments below -87
+// (vec_math.h's exp), and NaN stays NaN. Rounded to nearest even, as
+// ToBFloat16 (the exponentials are 0 or normal: nothing for the instruction
+// to flush).
+ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
+                                         __m512 shift, __m512 factor,
+                                         uint16_t* to, __m512& sums) {
+  const __m512 floor = _mm512_set1_ps(-87.0f);
+  x = _mm512_mul_ps(_mm512_sub_ps(x, shift), factor);
+  const __mmask16 kept = lanes & _mm512_cmp_ps_mask(x, floor, _CMP_NLT_UQ);
+  const __m512 e = _mm512_maskz_mov_ps(
+      kept, ExpInRangeOf<__m512, Words16>(_mm512_max_ps(floor, x)));
+  sums = _mm512_add_ps(sums, e);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(to),
+                      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+}
+
+// The online softmax's step over one key block for a group of rows, in
+// AVX-512 (vec_math.h's generic loops reduce their sums lane by lane, which
+// at a block's few keys a row cost as much as the exponentials). For row r
+// (scores at scores + r * kAmxKeyBlock, keys [j0, j0 + count) of which the
+// first limit[r] - j0 count): its max and sum are updated, its accumulator
+// (acc + r * dvp) rescaled, and probabilities + r * kAmxKeyBlock gets
+// bfloat16(exp((score - max) * scale)), 0 where masked, up to keys_padded.
+// Rows group_rows..kRowGroup get zero probabilities (their accumulators
+// stay 0). exp is vec_math.h's: exactly 0 below -87 and NaN kept (an
+// overflowed score then reaches the output, and the engine redoes the
+// call).
+ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
+                                  const int64_t* limit, int64_t j0,
+                                  int64_t count, int64_t keys_padded,
+                                  float scale, float* max, float* sum,
+                                  uint16_t* probabilities, float* acc,
+                                  int64_t dvp) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < kRowGroup; ++r) {
+    const float* row = scores + r * kAmxKeyBlock;
+    uint16_t* rounded = probabilities + r * kAmxKeyBlock;
+    const int64_t valid =
+        r < group_rows ? std::clamp<int64_t>(limit[r] - j0, 0, count) : 0;
+    if (valid == 0) {
+      std::fill(rounded, rounded + keys_padded, uint16_t{0});
+      continue;
+    }
+    // Whole vectors unmasked, four maxima and two sums apart so that their
+    // additions overlap; the tail masked.
+    const int64_t whole = valid / 16 * 16;
+    __m512 maxima[4];
+    for (__m512& m : maxima) m = _mm512_set1_ps(max[r]);
+    int64_t j = 0;
+    for (; j + 64 <= whole; j += 64) {
+      for (int i = 0; i < 4; ++i) {
+        maxima[i] = _mm512_max_ps(maxima[i], _mm512_loadu_ps(row + j + 16 * i));
+      }
+    }
+    for (; j < whole; j += 16) {
+      maxima[0] = _mm512_max_ps(maxima[0], _mm512_loadu_ps(row + j));
+    }
+    if (whole < valid) {
+      const __mmask16 lanes = FirstLanes(valid - whole);
+      maxima[1] = _mm512_mask_max_ps(maxima[1], lanes, maxima[1],
+                                     _mm512_maskz_loadu_ps(lanes, row + whole));
+    }
+    const float new_max = MaxOfLanes(_mm512_max_ps(
+        _mm512_max_ps(maxima[0], maxima[1]), _mm512_max_ps(maxima[2], maxima[3])));
+    // exp(-inf - finite) == 0: the first block rescales nothing.
+    const float correction = FastExp((max[r] - new_max) * scale);
+    const __m512 shift = _mm512_set1_ps(new_max);
+    __m512 sum_pair[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    j = 0;
+    for (; j + 32 <= whole; j += 32) {
+      Exponentials(_mm512_loadu_ps(row + j), 0xffff, shift, factor,
+                   rounded + j, sum_pair[0]);
+      Exponentials(_mm512_loadu_ps(row + j + 16), 0xffff, shift, factor,
+                   rounded + j + 16, sum_pair[1]);
+    }
+    for (; j < keys_padded; j += 16) {
+      const __mmask16 lanes = FirstLanes(valid - j);
+      Exponentials(_mm512_maskz_loadu_ps(lanes, row + j), lanes, shift, factor,
+                   rounded + j, sum_pair[0]);
+    }
+    const __m512 sums = _mm512_add_ps(sum_pair[0], sum_pair[1]);
+    sum[r] = sum[r] * correction + SumOfLanes(sums);
+    max[r] = new_max;
+    if (correction != 1.0f) {
+      float* row_acc = acc + r * dvp;
+      const __m512 by = _mm512_set1_ps(correction);
+      for (int64_t c = 0; c < dvp; c += 16) {
+        _mm512_storeu_ps(row_acc + c,
+                         _mm512_mul_ps(_mm512_loadu_ps(row_acc + c), by));
+      }
+    }
+  }
+}
+
+template <typename T>
+void GrowTo(std::vector<T>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+}
+
+ATTN_AMX_TARGET void LoadTileConfig() {
+  TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) {
+    config.bytes_per_row[tile] = 64;
+    config.rows[tile] = kTileSide;
+  }
+  // Not _tile_loadconfig: GCC 12's operand tells the compiler that only a
+  // pointer's 8 bytes are read, so it dropped the stores above.
+  __asm__ volatile("ldtilecfg %0" : : "m"(config));
+}
+
+ATTN_AMX_TARGET void ReleaseTiles() { _tile_release(); }
+
+}  // namespace
+
+bool AmxBlocksTake(const CpuCall<AttentionParams>& call) {
+  const AttentionParams& p = call.params;
+  return call.cpu.amx_tiles && call.cpu.bfloat16_products &&
+         p.precision == Precision::kBFloat16 && p.weights == nullptr &&
+         p.d % 2 == 0 && p.dv % 2 == 0 && p.lq >= kAmxMinRows;
+}
+
+void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
+             AmxScratch& s, const KeyShare* share, const AmxTiles* tiles) {
+  const int64_t rows = task.rows;
+  const int64_t rows_padded = RoundUp(rows, kRowGroup);
+  const int64_t dp = RoundUp(p.d, kPairsDepth);
+  const int64_t dvp = RoundUp(p.dv, 2 * kTileSide);
+  GrowTo(s.queries, rows_padded * dp);
+  if (tiles == nullptr) {
+    GrowTo(s.key_tiles, kAmxKeyBlock * dp / 2);
+    GrowTo(s.value_tiles, kAmxKeyBlock * dvp / 2);
+  }
+  GrowTo(s.scores, kRowGroup * kAmxKeyBlock);
+  GrowTo(s.probabilities, kRowGroup * kAmxKeyBlock);
+  GrowTo(s.acc, rows_padded * dvp);
+  GrowTo(s.max, rows_padded);
+  GrowTo(s.sum, rows_padded);
+  GrowTo(s.limit, rows);
+  if (p.score == ScoreKind::kGaussian) GrowTo(s.norms, kAmxKeyBlock);
+
+  const auto* q = static_cast<const uint16_t*>(
+      ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d));
+  const auto* k =
+      static_cast<const uint16_t*>(ops.At(ops.k, task.bh * p.lk * p.d));
+  const auto* v =
+      static_cast<const uint16_t*>(ops.At(ops.v, task.bh * p.lk * p.dv));
+  PadQueries(q, rows, p.d, rows_padded, dp, s.queries.data());
+  std::fill(s.acc.begin(), s.acc.begin() + rows_padded * dvp, 0.0f);
+  std::fill(s.max.begin(), s.max.begin() + rows_padded, kNegativeInfinity);
+  std::fill(s.sum.begin(), s.sum.begin() + rows_padded, 0.0f);
+
+  const int64_t key_end = RowLimits(p, task, s.limit.data());
+  const int64_t key_begin = share != nullptr ? share->begin : 0;
+  const int64_t scan_end =
+      share != nullptr ? std::min(key_end, share->end) : key_end;
+  LoadTileConfig();
+  for (int64_t j0 = key_begin; j0 < scan_end; j0 += kAmxKeyBlock) {
+    const int64_t count = std::min(kAmxKeyBlock, scan_end - j0);
+    const int64_t keys_padded = RoundUp(count, kPairsDepth);
+    const uint32_t* key_tiles;
+    const uint32_t* value_tiles;
+    if (tiles != nullptr) {
+      // Packed for the whole call: block j0's tiles are where its keys'
+      // would be, 16 keys (scores) or 32 (values) a tile.
+      key_tiles = tiles->keys + j0 / kTileSide * (dp / kPairsDepth) * kTileWords;
+      value_tiles =
+          tiles->values + j0 / kPairsDepth * (dvp / kTileSide) * kTileWords;
+    } else {
+      PackKeys(k + j0 * p.d, count, p.d, keys_padded, dp, s.key_tiles.data());
+      PackValues(v + j0 * p.dv, count, p.dv, keys_padded, dvp,
+                 s.value_tiles.data());
+      key_tiles = s.key_tiles.data();
+      value_tiles = s.value_tiles.data();
+    }
+    // 32 rows at a time, so that their scores and probabilities stay in L1
+    // between the three steps.
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
+      const int64_t group_rows = std::min(kRowGroup, rows - r0);
+      ScoreTiles(s.queries.data() + r0 * dp, dp, key_tiles, kRowGroup,
+                 keys_padded, s.scores.data(), kAmxKeyBlock);
+      if (p.score == ScoreKind::kGaussian) {
+        SubtractKeyNorms(ops, k + j0 * p.d, count, p.d, s.scores.data(),
+                         group_rows, kAmxKeyBlock, s.norms.data());
+      }
+      SoftmaxSteps(s.scores.data(), group_rows, s.limit.data() + r0, j0,
+                   count, keys_padded, p.scale, s.max.data() + r0,
+                   s.sum.data() + r0, s.probabilities.data(),
+                   s.acc.data() + r0 * dvp, dvp);
+      PoolTiles(s.probabilities.data(), kAmxKeyBlock, value_tiles, kRowGroup,
+                keys_padded, dvp, s.acc.data() + r0 * dvp);
+    }
+  }
+  ReleaseTiles();
+
+  if (share != nullptr) {
+    std::copy(s.max.begin(), s.max.begin() + rows, share->max);
+    std::copy(s.sum.begin(), s.sum.begin() + rows, share->sum);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(s.acc.begin() + r * dvp, s.acc.begin() + r * dvp + p.dv,
+                share->acc + r * p.dv);
+    }
+    return;
+  }
+  float* out = p.out + (task.bh * p.lq + task.q0) * p.dv;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inverse = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
+    const float* acc = s.acc.data() + r * dvp;
+#pragma omp simd
+    for (int64_t c = 0; c < p.dv; ++c) out[r * p.dv + c] = acc[c] * inverse;
+  }
+}
+
+void PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
+                  std::vector<uint32_t>& buffer, std::vector<AmxTiles>& tiles) {
+  const int64_t bh = p.batch * p.heads;
+  const int64_t keys_padded = RoundUp(p.lk, kPairsDepth);
+  const int64_t dp = RoundUp(p.d, kPairsDepth);
+  const int64_t dvp = RoundUp(p.dv, 2 * kTileSide);
+  const int64_t key_words = keys_padded * dp / 2;
+  const int64_t value_words = keys_padded * dvp / 2;
+  GrowTo(buffer, bh * (key_words + value_words));
+  tiles.resize(bh);
+  ParallelFor(bh, threads, [&](int64_t i) {
+    uint32_t* keys = buffer.data() + i * (key_words + value_words);
+    uint32_t* values = keys + key_words;
+    PackKeys(static_cast<const uint16_t*>(ops.At(ops.k, i * p.lk * p.d)),
+             p.lk, p.d, keys_padded, dp, keys);
+    PackValues(static_cast<const uint16_t*>(ops.At(ops.v, i * p.lk * p.dv)),
+               p.lk, p.dv, keys_padded, dvp, values);
+    tiles[i] = AmxTiles{keys, values};
+  });
+}
+
+#else  // no AMX kernel in this copy
+
+bool AmxBlocksTake(const CpuCall<AttentionParams>&) { return false; }
+
+void AmxTask(const AttentionParams&, const Operands&, const Task&,
+             AmxScratch&, const KeyShare*, const AmxTiles*) {}
+
+void PackAmxTiles(const AttentionParams&, const Operands&, int,
+                  std::vector<uint32_t>&, std::vector<AmxTiles>&) {}
+
+#endif  // ATTN_ISA_AVX512
+
+namespace {
+
+absl::Status Run(const CpuCall<AttentionParams>& call) {
+  const AttentionParams& p = call.params;
+  const AttentionOperands operands(call);
+  const Operands& ops = operands.get();
+  // Where several tasks read each key (more than one block of query rows),
+  // the keys and values are laid out as tiles once for all of them, in a
+  // buffer the calling thread keeps (as RoundedOperands' copies).
+  thread_local std::vector<uint32_t> kept;
+  std::vector<AmxTiles> tiles;
+  if (QueryBlocks(p) > 1) PackAmxTiles(p, ops, call.threads, kept, tiles);
+  ForEachItem(
+      TaskCount(p), call.threads, [] { return AmxScratch{}; },
+      [&](int64_t index, AmxScratch& scratch) {
+        const Task task = TaskAt(p, index);
+        AmxTask(p, ops, task, scratch, nullptr,
+                tiles.empty() ? nullptr : &tiles[task.bh]);
+        return true;
+      });
+  if (kept.size() * sizeof(uint32_t) > (size_t{32} << 20)) {
+    std::vector<uint32_t>().swap(kept);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const CpuImplementation<AttentionParams> kAmxBlocks = {
+    "cpu-amx-blocks", AmxBlocksTake, Run};
+
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+ATTN_ISA_END
