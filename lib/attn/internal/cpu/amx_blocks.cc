@@ -37,8 +37,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,6 +70,10 @@ constexpr int64_t kAmxMinRows = 16;
 // stay in L1. (64 keys: per-row overheads and the accumulators' round trips
 // through the tiles cost a third more.)
 constexpr int64_t kAmxKeyBlock = 256;
+// Row strides of the score and probability buffers (the probabilities' a
+// little longer than a block: measured 4% faster at 4,096 keys).
+constexpr int64_t kScoreStride = kAmxKeyBlock;
+constexpr int64_t kProbabilityStride = kAmxKeyBlock + 32;
 constexpr int64_t kRowGroup = 32;
 // Rows, keys or columns per tile, and bfloat16 summed per tile row.
 constexpr int64_t kTileSide = 16;
@@ -82,6 +88,11 @@ int64_t RoundUp(int64_t x, int64_t multiple) {
 __mmask16 FirstLanes(int64_t count) {
   if (count <= 0) return 0;
   return count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+}
+
+template <typename T>
+void GrowTo(std::vector<T>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
 }
 
 // ldtilecfg's operand: palette 1, eight tiles of 16 rows x 64 bytes.
@@ -168,6 +179,80 @@ void PackValues(const uint16_t* values, int64_t count, int64_t dv,
   }
 }
 
+// The same from float32 operands, rounded as ToBFloat16 (round to nearest
+// even, as every other bfloat16 path) a tile's rows at a time, so that a
+// call's keys and values are read once, not rounded into a copy first.
+void PadQueries(const float* queries, int64_t rows, int64_t d,
+                int64_t rows_padded, int64_t dp, uint16_t* to) {
+  for (int64_t r = 0; r < rows_padded; ++r) {
+    uint16_t* row = to + r * dp;
+    if (r < rows) {
+      ToBFloat16(queries + r * d, d, row);
+      std::fill(row + d, row + dp, uint16_t{0});
+    } else {
+      std::fill(row, row + dp, uint16_t{0});
+    }
+  }
+}
+
+std::vector<uint16_t>& RoundedRows() {
+  thread_local std::vector<uint16_t> rows;
+  return rows;
+}
+
+void PackKeys(const float* keys, int64_t count, int64_t d,
+              int64_t keys_padded, int64_t dp, uint32_t* tiles) {
+  std::vector<uint16_t>& rounded = RoundedRows();
+  GrowTo(rounded, kTileSide * d);
+  const int64_t tile_words = dp / kPairsDepth * kTileWords;
+  for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
+    const int64_t first = t * kTileSide;
+    const int64_t n = std::clamp<int64_t>(count - first, 0, kTileSide);
+    if (n > 0) ToBFloat16(keys + first * d, n * d, rounded.data());
+    PackKeys(rounded.data(), n, d, kTileSide, dp, tiles + t * tile_words);
+  }
+}
+
+void PackValues(const float* values, int64_t count, int64_t dv,
+                int64_t keys_padded, int64_t dvp, uint32_t* tiles) {
+  std::vector<uint16_t>& rounded = RoundedRows();
+  GrowTo(rounded, kPairsDepth * dv);
+  const int64_t chunk_words = dvp / kTileSide * kTileWords;
+  for (int64_t kc = 0; kc < keys_padded / kPairsDepth; ++kc) {
+    const int64_t first = kc * kPairsDepth;
+    const int64_t n = std::clamp<int64_t>(count - first, 0, kPairsDepth);
+    if (n > 0) ToBFloat16(values + first * dv, n * dv, rounded.data());
+    PackValues(rounded.data(), n, dv, kPairsDepth, dvp,
+               tiles + kc * chunk_words);
+  }
+}
+
+// Operands of either type: bfloat16 as they are, float32 rounded.
+template <typename... Args>
+void PadQueriesOf(const Operands& ops, const void* q, Args... args) {
+  if (ops.type == BlockOperands::kFloat32) {
+    PadQueries(static_cast<const float*>(q), args...);
+  } else {
+    PadQueries(static_cast<const uint16_t*>(q), args...);
+  }
+}
+template <typename... Args>
+void PackKeysOf(const Operands& ops, const void* k, Args... args) {
+  if (ops.type == BlockOperands::kFloat32) {
+    PackKeys(static_cast<const float*>(k), args...);
+  } else {
+    PackKeys(static_cast<const uint16_t*>(k), args...);
+  }
+}
+template <typename... Args>
+void PackValuesOf(const Operands& ops, const void* v, Args... args) {
+  if (ops.type == BlockOperands::kFloat32) {
+    PackValues(static_cast<const float*>(v), args...);
+  } else {
+    PackValues(static_cast<const uint16_t*>(v), args...);
+  }
+}
+
 // scores[r][j] = queries[r] . key j, for rows_padded rows (a multiple of 32)
 // and keys_padded keys (a multiple of 32); row stride of scores `ld`.
 ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
@@ -235,44 +320,6 @@ ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
   }
 }
 
-// acc[r] += probabilities[r] . values, for rows_padded rows, keys_padded
-// keys (row stride of the probabilities `ld`) and dvp columns (multiples
-// of 32).
-ATTN_AMX_TARGET void PoolTiles(const uint16_t* probabilities, int64_t ld,
-                               const uint32_t* value_tiles,
-                               int64_t rows_padded, int64_t keys_padded,
-                               int64_t dvp, float* acc) {
-  const int64_t column_tiles = dvp / kTileSide;
-  const int64_t probability_stride = ld * 2, acc_stride = dvp * 4;
-  for (int64_t rt = 0; rt < rows_padded; rt += 2 * kTileSide) {
-    const uint16_t* upper = probabilities + rt * ld;
-    const uint16_t* lower = upper + kTileSide * ld;
-    for (int64_t ct = 0; ct < column_tiles; ct += 2) {
-      float* out = acc + rt * dvp + ct * kTileSide;
-      _tile_loadd(0, out, acc_stride);
-      _tile_loadd(1, out + kTileSide, acc_stride);
-      _tile_loadd(2, out + kTileSide * dvp, acc_stride);
-      _tile_loadd(3, out + kTileSide * dvp + kTileSide, acc_stride);
-      for (int64_t kc = 0; kc < keys_padded / kPairsDepth; ++kc) {
-        const uint32_t* left =
-            value_tiles + (kc * column_tiles + ct) * kTileWords;
-        _tile_loadd(4, upper + kc * kPairsDepth, probability_stride);
-        _tile_loadd(5, lower + kc * kPairsDepth, probability_stride);
-        _tile_loadd(6, left, 64);
-        _tile_loadd(7, left + kTileWords, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, out, acc_stride);
-      _tile_stored(1, out + kTileSide, acc_stride);
-      _tile_stored(2, out + kTileSide * dvp, acc_stride);
-      _tile_stored(3, out + kTileSide * dvp + kTileSide, acc_stride);
-    }
-  }
-}
-
 using Words16 = uint32_t __attribute__((vector_size(64)));
 
 // The largest and the sum of 16 lanes, halves folded onto each other.
@@ -316,6 +363,132 @@ ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
 }
 
+// Exponentials as above of 64 unmasked scores, as four vectors interleaved
+// step by step: one vector at a time, each exponential's chain of dependent
+// steps left the out-of-order window too little to overlap. The steps are
+// vec_math.h's ExpInRangeOf, spelt out.
+ATTN_AMX_TARGET inline void Exponentials64(const float* row, __m512 shift,
+                                           __m512 factor, uint16_t* to,
+                                           __m512& sums) {
+  constexpr int kWays = 4;
+  const __m512 floor = _mm512_set1_ps(-87.0f);
+  const __m512 round_shift = _mm512_set1_ps(12582912.0f);
+  __m512 x[kWays], clamped[kWays], shifted[kWays], n[kWays], r[kWays],
+      p[kWays];
+  __mmask16 kept[kWays];
+  for (int i = 0; i < kWays; ++i) {
+    x[i] = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * i), shift),
+                         factor);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    kept[i] = _mm512_cmp_ps_mask(x[i], floor, _CMP_NLT_UQ);
+    clamped[i] = _mm512_max_ps(floor, x[i]);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    shifted[i] = _mm512_fmadd_ps(clamped[i], _mm512_set1_ps(1.44269504088896341f),
+                                 round_shift);
+  }
+  for (int i = 0; i < kWays; ++i) n[i] = _mm512_sub_ps(shifted[i], round_shift);
+  for (int i = 0; i < kWays; ++i) {
+    r[i] = _mm512_fnmadd_ps(n[i], _mm512_set1_ps(0.693359375f), clamped[i]);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    r[i] = _mm512_fmadd_ps(n[i], _mm512_set1_ps(2.12194440e-4f), r[i]);
+  }
+  for (int i = 0; i < kWays; ++i) p[i] = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                        1.6666665459e-1f, 5.0000001201e-1f}) {
+    for (int i = 0; i < kWays; ++i) {
+      p[i] = _mm512_fmadd_ps(p[i], r[i], _mm512_set1_ps(c));
+    }
+  }
+  for (int i = 0; i < kWays; ++i) {
+    // p * r * r + r + 1, times 2^n.
+    p[i] = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(p[i], r[i]), r[i], r[i]),
+        _mm512_set1_ps(1.0f));
+    const __m512i exponent = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(shifted[i]),
+                                          _mm512_castps_si512(round_shift)),
+                         _mm512_set1_epi32(127)),
+        23);
+    p[i] = _mm512_maskz_mul_ps(kept[i], p[i], _mm512_castsi512_ps(exponent));
+  }
+  for (int i = 0; i < kWays; ++i) {
+    sums = _mm512_add_ps(sums, p[i]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 16 * i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p[i])));
+  }
+}
+
+// The second product of one row group, acc[r] += probabilities[r] . values
+// for its 32 rows (in 2 x 2 tiles of 16 x 16 floats loaded from acc and
+// stored back), cut into steps that the next group's softmax issues between
+// its rows: the tile unit then multiplies while the vector units take
+// exponentials, where run whole between them it waited for them and they
+// for it (7% at 4,096 keys).
+class PendingPool {
+ public:
+  PendingPool() = default;
+  PendingPool(const uint16_t* probabilities, const uint32_t* value_tiles,
+              int64_t keys_padded, int64_t dvp, float* acc)
+      : probabilities_(probabilities),
+        value_tiles_(value_tiles),
+        acc_(acc),
+        dvp_(dvp),
+        chunks_(keys_padded / kPairsDepth),
+        steps_(dvp / (2 * kTileSide) * chunks_) {}
+
+  int64_t steps() const { return steps_; }
+  int64_t done() const { return done_; }
+
+  // One chunk of 32 keys for one pair of column tiles: its products into
+  // tiles 0-3, loaded from acc before the pair's first chunk and stored
+  // after its last.
+  ATTN_AMX_TARGET void Step() {
+    const int64_t ct = done_ / chunks_ * 2, kc = done_ % chunks_;
+    const int64_t column_tiles = dvp_ / kTileSide;
+    const int64_t probability_stride = kProbabilityStride * 2, acc_stride = dvp_ * 4;
+    float* out = acc_ + ct * kTileSide;
+    if (kc == 0) {
+      _tile_loadd(0, out, acc_stride);
+      _tile_loadd(1, out + kTileSide, acc_stride);
+      _tile_loadd(2, out + kTileSide * dvp_, acc_stride);
+      _tile_loadd(3, out + kTileSide * dvp_ + kTileSide, acc_stride);
+    }
+    const uint16_t* upper = probabilities_ + kc * kPairsDepth;
+    const uint32_t* left =
+        value_tiles_ + (kc * column_tiles + ct) * kTileWords;
+    _tile_loadd(4, upper, probability_stride);
+    _tile_loadd(5, upper + kTileSide * kProbabilityStride, probability_stride);
+    _tile_loadd(6, left, 64);
+    _tile_loadd(7, left + kTileWords, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    if (kc == chunks_ - 1) {
+      _tile_stored(0, out, acc_stride);
+      _tile_stored(1, out + kTileSide, acc_stride);
+      _tile_stored(2, out + kTileSide * dvp_, acc_stride);
+      _tile_stored(3, out + kTileSide * dvp_ + kTileSide, acc_stride);
+    }
+    ++done_;
+  }
+
+  // Runs steps until `fraction` (in 32nds) of them are done.
+  ATTN_AMX_TARGET void RunTo(int64_t thirty_seconds) {
+    const int64_t until = steps_ * thirty_seconds / kRowGroup;
+    while (done_ < until) Step();
+  }
+
+ private:
+  const uint16_t* probabilities_ = nullptr;
+  const uint32_t* value_tiles_ = nullptr;
+  float* acc_ = nullptr;
+  int64_t dvp_ = 0, chunks_ = 0, steps_ = 0, done_ = 0;
+};
+
 // The online softmax's step over one key block for a group of rows, in
 // AVX-512 (vec_math.h's generic loops reduce their sums lane by lane, which
 // at a block's few keys a row cost as much as the exponentials). For row r
@@ -332,72 +505,80 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
                                   int64_t count, int64_t keys_padded,
                                   float scale, float* max, float* sum,
                                   uint16_t* probabilities, float* acc,
-                                  int64_t dvp) {
-  const __m512 factor = _mm512_set1_ps(scale);
+                                  int64_t dvp, PendingPool& pending) {
+  // Two passes over the rows: first every row's new max (and its
+  // accumulator rescaled), then every row's exponentials. Row by row, each
+  // row's exponentials waited for its max's reduction; this way the rows'
+  // reductions overlap one another, and the exponentials only broadcast.
+  int64_t valid[kRowGroup];
+  float new_max[kRowGroup], correction[kRowGroup];
   for (int64_t r = 0; r < kRowGroup; ++r) {
-    const float* row = scores + r * kAmxKeyBlock;
-    uint16_t* rounded = probabilities + r * kAmxKeyBlock;
-    const int64_t valid =
+    const float* row = scores + r * kScoreStride;
+    valid[r] =
         r < group_rows ? std::clamp<int64_t>(limit[r] - j0, 0, count) : 0;
-    if (valid == 0) {
-      std::fill(rounded, rounded + keys_padded, uint16_t{0});
-      continue;
-    }
-    // Whole vectors unmasked, four maxima and two sums apart so that their
-    // additions overlap; the tail masked.
-    const int64_t whole = valid / 16 * 16;
+    if (valid[r] == 0) continue;
+    // Whole vectors unmasked, four maxima apart so that they overlap; the
+    // tail masked.
+    const int64_t whole = valid[r] / 16 * 16;
     __m512 maxima[4];
     for (__m512& m : maxima) m = _mm512_set1_ps(max[r]);
     int64_t j = 0;
     for (; j + 64 <= whole; j += 64) {
       for (int i = 0; i < 4; ++i) {
-        maxima[i] = _mm512_max_ps(maxima[i], _mm512_loadu_ps(row + j + 16 * i));
+        maxima[i] =
+            _mm512_max_ps(maxima[i], _mm512_loadu_ps(row + j + 16 * i));
       }
     }
     for (; j < whole; j += 16) {
       maxima[0] = _mm512_max_ps(maxima[0], _mm512_loadu_ps(row + j));
     }
-    if (whole < valid) {
-      const __mmask16 lanes = FirstLanes(valid - whole);
+    if (whole < valid[r]) {
+      const __mmask16 lanes = FirstLanes(valid[r] - whole);
       maxima[1] = _mm512_mask_max_ps(maxima[1], lanes, maxima[1],
                                      _mm512_maskz_loadu_ps(lanes, row + whole));
     }
-    const float new_max = MaxOfLanes(_mm512_max_ps(
-        _mm512_max_ps(maxima[0], maxima[1]), _mm512_max_ps(maxima[2], maxima[3])));
+    new_max[r] = MaxOfLanes(
+        _mm512_max_ps(_mm512_max_ps(maxima[0], maxima[1]),
+                      _mm512_max_ps(maxima[2], maxima[3])));
     // exp(-inf - finite) == 0: the first block rescales nothing.
-    const float correction = FastExp((max[r] - new_max) * scale);
-    const __m512 shift = _mm512_set1_ps(new_max);
-    __m512 sum_pair[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    j = 0;
-    for (; j + 32 <= whole; j += 32) {
-      Exponentials(_mm512_loadu_ps(row + j), 0xffff, shift, factor,
-                   rounded + j, sum_pair[0]);
-      Exponentials(_mm512_loadu_ps(row + j + 16), 0xffff, shift, factor,
-                   rounded + j + 16, sum_pair[1]);
-    }
-    for (; j < keys_padded; j += 16) {
-      const __mmask16 lanes = FirstLanes(valid - j);
-      Exponentials(_mm512_maskz_loadu_ps(lanes, row + j), lanes, shift, factor,
-                   rounded + j, sum_pair[0]);
-    }
-    const __m512 sums = _mm512_add_ps(sum_pair[0], sum_pair[1]);
-    sum[r] = sum[r] * correction + SumOfLanes(sums);
-    max[r] = new_max;
-    if (correction != 1.0f) {
+    correction[r] = FastExp((max[r] - new_max[r]) * scale);
+    if (correction[r] != 1.0f) {
       float* row_acc = acc + r * dvp;
-      const __m512 by = _mm512_set1_ps(correction);
+      const __m512 by = _mm512_set1_ps(correction[r]);
       for (int64_t c = 0; c < dvp; c += 16) {
         _mm512_storeu_ps(row_acc + c,
                          _mm512_mul_ps(_mm512_loadu_ps(row_acc + c), by));
       }
     }
   }
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < kRowGroup; ++r) {
+    pending.RunTo(r + 1);
+    const float* row = scores + r * kScoreStride;
+    uint16_t* rounded = probabilities + r * kProbabilityStride;
+    if (valid[r] == 0) {
+      std::fill(rounded, rounded + keys_padded, uint16_t{0});
+      continue;
+    }
+    const int64_t whole = valid[r] / 16 * 16;
+    const __m512 shift = _mm512_set1_ps(new_max[r]);
+    __m512 sum_pair[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t j = 0;
+    for (; j + 64 <= whole; j += 64) {
+      Exponentials64(row + j, shift, factor, rounded + j,
+                     sum_pair[(j / 64) % 2]);
+    }
+    for (; j < keys_padded; j += 16) {
+      const __mmask16 lanes = FirstLanes(valid[r] - j);
+      Exponentials(_mm512_maskz_loadu_ps(lanes, row + j), lanes, shift,
+                   factor, rounded + j, sum_pair[0]);
+    }
+    sum[r] = sum[r] * correction[r] +
+             SumOfLanes(_mm512_add_ps(sum_pair[0], sum_pair[1]));
+    max[r] = new_max[r];
+  }
 }
 
-template <typename T>
-void GrowTo(std::vector<T>& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-}
 
 ATTN_AMX_TARGET void LoadTileConfig() {
   TileConfig config;
@@ -432,21 +613,18 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
     GrowTo(s.key_tiles, kAmxKeyBlock * dp / 2);
     GrowTo(s.value_tiles, kAmxKeyBlock * dvp / 2);
   }
-  GrowTo(s.scores, kRowGroup * kAmxKeyBlock);
-  GrowTo(s.probabilities, kRowGroup * kAmxKeyBlock);
+  GrowTo(s.scores, kRowGroup * kScoreStride);
+  GrowTo(s.probabilities, 2 * kRowGroup * kProbabilityStride);
   GrowTo(s.acc, rows_padded * dvp);
   GrowTo(s.max, rows_padded);
   GrowTo(s.sum, rows_padded);
   GrowTo(s.limit, rows);
   if (p.score == ScoreKind::kGaussian) GrowTo(s.norms, kAmxKeyBlock);
 
-  const auto* q = static_cast<const uint16_t*>(
-      ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d));
-  const auto* k =
-      static_cast<const uint16_t*>(ops.At(ops.k, task.bh * p.lk * p.d));
-  const auto* v =
-      static_cast<const uint16_t*>(ops.At(ops.v, task.bh * p.lk * p.dv));
-  PadQueries(q, rows, p.d, rows_padded, dp, s.queries.data());
+  const void* k = ops.At(ops.k, task.bh * p.lk * p.d);
+  const void* v = ops.At(ops.v, task.bh * p.lk * p.dv);
+  PadQueriesOf(ops, ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d), rows,
+               p.d, rows_padded, dp, s.queries.data());
   std::fill(s.acc.begin(), s.acc.begin() + rows_padded * dvp, 0.0f);
   std::fill(s.max.begin(), s.max.begin() + rows_padded, kNegativeInfinity);
   std::fill(s.sum.begin(), s.sum.begin() + rows_padded, 0.0f);
@@ -468,29 +646,37 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
       value_tiles =
           tiles->values + j0 / kPairsDepth * (dvp / kTileSide) * kTileWords;
     } else {
-      PackKeys(k + j0 * p.d, count, p.d, keys_padded, dp, s.key_tiles.data());
-      PackValues(v + j0 * p.dv, count, p.dv, keys_padded, dvp,
-                 s.value_tiles.data());
+      PackKeysOf(ops, ops.At(k, j0 * p.d), count, p.d, keys_padded, dp,
+                 s.key_tiles.data());
+      PackValuesOf(ops, ops.At(v, j0 * p.dv), count, p.dv, keys_padded, dvp,
+                   s.value_tiles.data());
       key_tiles = s.key_tiles.data();
       value_tiles = s.value_tiles.data();
     }
     // 32 rows at a time, so that their scores and probabilities stay in L1
     // between the three steps.
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
+    // The second product of a group runs during the next group's softmax
+    // (PendingPool), the last group's after it; the probabilities
+    // alternate between two buffers.
+    PendingPool pending;
+    for (int64_t r0 = 0, group = 0; r0 < rows; r0 += kRowGroup, ++group) {
       const int64_t group_rows = std::min(kRowGroup, rows - r0);
+      uint16_t* probabilities =
+          s.probabilities.data() + group % 2 * kRowGroup * kProbabilityStride;
       ScoreTiles(s.queries.data() + r0 * dp, dp, key_tiles, kRowGroup,
-                 keys_padded, s.scores.data(), kAmxKeyBlock);
+                 keys_padded, s.scores.data(), kScoreStride);
       if (p.score == ScoreKind::kGaussian) {
-        SubtractKeyNorms(ops, k + j0 * p.d, count, p.d, s.scores.data(),
-                         group_rows, kAmxKeyBlock, s.norms.data());
+        SubtractKeyNorms(ops, ops.At(k, j0 * p.d), count, p.d, s.scores.data(),
+                         group_rows, kScoreStride, s.norms.data());
       }
       SoftmaxSteps(s.scores.data(), group_rows, s.limit.data() + r0, j0,
                    count, keys_padded, p.scale, s.max.data() + r0,
-                   s.sum.data() + r0, s.probabilities.data(),
-                   s.acc.data() + r0 * dvp, dvp);
-      PoolTiles(s.probabilities.data(), kAmxKeyBlock, value_tiles, kRowGroup,
-                keys_padded, dvp, s.acc.data() + r0 * dvp);
+                   s.sum.data() + r0, probabilities, s.acc.data() + r0 * dvp,
+                   dvp, pending);
+      pending = PendingPool(probabilities, value_tiles, keys_padded, dvp,
+                            s.acc.data() + r0 * dvp);
     }
+    pending.RunTo(kRowGroup);
   }
   ReleaseTiles();
 
@@ -525,10 +711,10 @@ void PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
   ParallelFor(bh, threads, [&](int64_t i) {
     uint32_t* keys = buffer.data() + i * (key_words + value_words);
     uint32_t* values = keys + key_words;
-    PackKeys(static_cast<const uint16_t*>(ops.At(ops.k, i * p.lk * p.d)),
-             p.lk, p.d, keys_padded, dp, keys);
-    PackValues(static_cast<const uint16_t*>(ops.At(ops.v, i * p.lk * p.dv)),
-               p.lk, p.dv, keys_padded, dvp, values);
+    PackKeysOf(ops, ops.At(ops.k, i * p.lk * p.d), p.lk, p.d, keys_padded,
+               dp, keys);
+    PackValuesOf(ops, ops.At(ops.v, i * p.lk * p.dv), p.lk, p.dv,
+                 keys_padded, dvp, values);
     tiles[i] = AmxTiles{keys, values};
   });
 }
@@ -549,8 +735,16 @@ namespace {
 
 absl::Status Run(const CpuCall<AttentionParams>& call) {
   const AttentionParams& p = call.params;
-  const AttentionOperands operands(call);
-  const Operands& ops = operands.get();
+  // Float32 inputs are rounded as they are laid out (queries per task, keys
+  // and values per tile), not copied rounded first; the Gaussian score's
+  // key norms are of the rounded keys, so it takes the rounded copies.
+  const bool round_in_place =
+      p.k_bfloat16 == nullptr && p.score == ScoreKind::kDotProduct;
+  std::optional<AttentionOperands> rounded;
+  if (!round_in_place) rounded.emplace(call);
+  const Operands ops =
+      round_in_place ? Operands{BlockOperands::kFloat32, p.q, p.k, p.v}
+                     : rounded->get();
   // Where several tasks read each key (more than one block of query rows),
   // the keys and values are laid out as tiles once for all of them, in a
   // buffer the calling thread keeps (as RoundedOperands' copies).
