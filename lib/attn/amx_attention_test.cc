@@ -116,6 +116,52 @@ INSTANTIATE_TEST_SUITE_P(
       return info.param.label;
     });
 
+// Later key blocks that outscore the earlier ones: by more than the lazy
+// rescaling's margin (each block's scores past the last block's max by
+// ~30 after scaling: every block rescales the row), and by less (~3: the
+// exponentials stay relative to an older max, up to e^8). Both against the
+// reference within the derived bound, masks included.
+TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  for (const float rise : {30.0f, 3.0f}) {
+    SCOPED_TRACE(::testing::Message() << "rise per block " << rise);
+    std::mt19937 rng(17);
+    const int64_t lq = 40, lk = 1500, d = 64, dv = 32;
+    Tensor q = RandomNormal(rng, {1, lq, d});
+    Tensor k = RandomNormal(rng, {1, lk, d});
+    const Tensor v = RandomNormal(rng, {1, lk, dv});
+    // q . k_j = 8 (j / 256) rise + noise: scaled by 1/8, block b's scores
+    // sit near b * rise.
+    for (int64_t r = 0; r < lq; ++r) {
+      for (int64_t c = 0; c < d; ++c) q.data[r * d + c] = 0.125f * (c == 0);
+      q.data[r * d + 1] += 0.01f * static_cast<float>(r);
+    }
+    for (int64_t j = 0; j < lk; ++j) {
+      k.data[j * d] = 64.0f * rise * static_cast<float>(j / 256);
+    }
+    const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = k.view();
+    request.values = v.view();
+    request.valid_lens = ViewOf(lengths, {1, lq});
+    request.precision = Precision::kBFloat16;
+    request.return_weights = true;
+    auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    const auto bounds = AttentionBounds(request, *expected);
+    request.return_weights = false;
+    for (bool always_parallel : {false, true}) {
+      auto result =
+          MakeEngine(always_parallel)->ScaledDotProductAttention(request);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->implementation, "cpu-amx-blocks");
+      EXPECT_TRUE(
+          WithinBounds(result->output, expected->output, bounds.output));
+    }
+  }
+}
+
 // A memory held as bfloat16 bits over enough keys that its query rows'
 // keys are shared out among the threads (cpu-key-shares running AMX tasks),
 // or not (one thread): the same as the floats the bits hold, and within the

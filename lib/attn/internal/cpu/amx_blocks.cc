@@ -346,14 +346,16 @@ inline float SumOfLanes(__m512 lanes) {
 }
 
 // bfloat16(exp((x - shift) * factor)) of 16 scores into `to`, their sum
-// added to `sums`; lanes not in `lanes` give 0, as do arguments below -87
+// added to `sums` and their max taken into `maxima`; lanes not in `lanes` give 0, as do arguments below -87
 // (vec_math.h's exp), and NaN stays NaN. Rounded to nearest even, as
 // ToBFloat16 (the exponentials are 0 or normal: nothing for the instruction
 // to flush).
 ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
                                          __m512 shift, __m512 factor,
-                                         uint16_t* to, __m512& sums) {
+                                         uint16_t* to, __m512& sums,
+                                         __m512& maxima) {
   const __m512 floor = _mm512_set1_ps(-87.0f);
+  maxima = _mm512_mask_max_ps(maxima, lanes, maxima, x);
   x = _mm512_mul_ps(_mm512_sub_ps(x, shift), factor);
   const __mmask16 kept = lanes & _mm512_cmp_ps_mask(x, floor, _CMP_NLT_UQ);
   const __m512 e = _mm512_maskz_mov_ps(
@@ -369,16 +371,18 @@ ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
 // vec_math.h's ExpInRangeOf, spelt out.
 ATTN_AMX_TARGET inline void Exponentials64(const float* row, __m512 shift,
                                            __m512 factor, uint16_t* to,
-                                           __m512& sums) {
+                                           __m512& sums, __m512& maxima) {
   constexpr int kWays = 4;
   const __m512 floor = _mm512_set1_ps(-87.0f);
   const __m512 round_shift = _mm512_set1_ps(12582912.0f);
   __m512 x[kWays], clamped[kWays], shifted[kWays], n[kWays], r[kWays],
       p[kWays];
   __mmask16 kept[kWays];
+  for (int i = 0; i < kWays; ++i) x[i] = _mm512_loadu_ps(row + 16 * i);
+  maxima = _mm512_max_ps(_mm512_max_ps(maxima, _mm512_max_ps(x[0], x[1])),
+                         _mm512_max_ps(x[2], x[3]));
   for (int i = 0; i < kWays; ++i) {
-    x[i] = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * i), shift),
-                         factor);
+    x[i] = _mm512_mul_ps(_mm512_sub_ps(x[i], shift), factor);
   }
   for (int i = 0; i < kWays; ++i) {
     kept[i] = _mm512_cmp_ps_mask(x[i], floor, _CMP_NLT_UQ);
@@ -506,22 +510,30 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
                                   float scale, float* max, float* sum,
                                   uint16_t* probabilities, float* acc,
                                   int64_t dvp, PendingPool& pending) {
-  // Two passes over the rows: first every row's new max (and its
-  // accumulator rescaled), then every row's exponentials. Row by row, each
-  // row's exponentials waited for its max's reduction; this way the rows'
-  // reductions overlap one another, and the exponentials only broadcast.
+  // A row's exponentials are taken from the max of the blocks before this
+  // one (FlashAttention 4's lazy rescaling): the max of this block comes
+  // out of the same pass, and only where it passes the old one by more than
+  // kRescaleMargin (after scaling) is the row rescaled to it and taken
+  // again. Exponentials up to e^8 stay far inside float's range; their
+  // arguments' rounding stays within u (|score - max| + the row's range),
+  // what the error bound allows, as the old max is one of the row's
+  // scores. So the max pass and its reduction, which every row waited for
+  // before its exponentials, remain only for a row's first block: those
+  // rows' maxima are found first, all together, so that their reductions
+  // overlap.
+  constexpr float kRescaleMargin = 8.0f;
   int64_t valid[kRowGroup];
-  float new_max[kRowGroup], correction[kRowGroup];
+  float first_max[kRowGroup];
   for (int64_t r = 0; r < kRowGroup; ++r) {
     const float* row = scores + r * kScoreStride;
     valid[r] =
         r < group_rows ? std::clamp<int64_t>(limit[r] - j0, 0, count) : 0;
-    if (valid[r] == 0) continue;
+    if (valid[r] == 0 || max[r] != kNegativeInfinity) continue;
     // Whole vectors unmasked, four maxima apart so that they overlap; the
     // tail masked.
     const int64_t whole = valid[r] / 16 * 16;
     __m512 maxima[4];
-    for (__m512& m : maxima) m = _mm512_set1_ps(max[r]);
+    for (__m512& m : maxima) m = _mm512_set1_ps(kNegativeInfinity);
     int64_t j = 0;
     for (; j + 64 <= whole; j += 64) {
       for (int i = 0; i < 4; ++i) {
@@ -537,21 +549,33 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
       maxima[1] = _mm512_mask_max_ps(maxima[1], lanes, maxima[1],
                                      _mm512_maskz_loadu_ps(lanes, row + whole));
     }
-    new_max[r] = MaxOfLanes(
+    first_max[r] = MaxOfLanes(
         _mm512_max_ps(_mm512_max_ps(maxima[0], maxima[1]),
                       _mm512_max_ps(maxima[2], maxima[3])));
-    // exp(-inf - finite) == 0: the first block rescales nothing.
-    correction[r] = FastExp((max[r] - new_max[r]) * scale);
-    if (correction[r] != 1.0f) {
-      float* row_acc = acc + r * dvp;
-      const __m512 by = _mm512_set1_ps(correction[r]);
-      for (int64_t c = 0; c < dvp; c += 16) {
-        _mm512_storeu_ps(row_acc + c,
-                         _mm512_mul_ps(_mm512_loadu_ps(row_acc + c), by));
-      }
-    }
   }
   const __m512 factor = _mm512_set1_ps(scale);
+  // The row's exponentials from `reference` into its probabilities; returns
+  // their sum, and the block's max in `block_max`.
+  auto exponentials = [&](const float* row, uint16_t* rounded,
+                          int64_t row_valid, float reference,
+                          float& block_max) ATTN_AMX_TARGET {
+    const int64_t whole = row_valid / 16 * 16;
+    const __m512 shift = _mm512_set1_ps(reference);
+    __m512 sum_pair[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 maxima = _mm512_set1_ps(kNegativeInfinity);
+    int64_t j = 0;
+    for (; j + 64 <= whole; j += 64) {
+      Exponentials64(row + j, shift, factor, rounded + j,
+                     sum_pair[(j / 64) % 2], maxima);
+    }
+    for (; j < keys_padded; j += 16) {
+      const __mmask16 lanes = FirstLanes(row_valid - j);
+      Exponentials(_mm512_maskz_loadu_ps(lanes, row + j), lanes, shift,
+                   factor, rounded + j, sum_pair[0], maxima);
+    }
+    block_max = MaxOfLanes(maxima);
+    return SumOfLanes(_mm512_add_ps(sum_pair[0], sum_pair[1]));
+  };
   for (int64_t r = 0; r < kRowGroup; ++r) {
     pending.RunTo(r + 1);
     const float* row = scores + r * kScoreStride;
@@ -560,22 +584,27 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
       std::fill(rounded, rounded + keys_padded, uint16_t{0});
       continue;
     }
-    const int64_t whole = valid[r] / 16 * 16;
-    const __m512 shift = _mm512_set1_ps(new_max[r]);
-    __m512 sum_pair[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    int64_t j = 0;
-    for (; j + 64 <= whole; j += 64) {
-      Exponentials64(row + j, shift, factor, rounded + j,
-                     sum_pair[(j / 64) % 2]);
+    const bool first = max[r] == kNegativeInfinity;
+    const float reference = first ? first_max[r] : max[r];
+    float block_max;
+    float block_sum =
+        exponentials(row, rounded, valid[r], reference, block_max);
+    // (NaN compares false: it reaches the output through its exponential.)
+    if (!first && (block_max - reference) * scale > kRescaleMargin) {
+      const float correction = FastExp((reference - block_max) * scale);
+      float* row_acc = acc + r * dvp;
+      const __m512 by = _mm512_set1_ps(correction);
+      for (int64_t c = 0; c < dvp; c += 16) {
+        _mm512_storeu_ps(row_acc + c,
+                         _mm512_mul_ps(_mm512_loadu_ps(row_acc + c), by));
+      }
+      sum[r] *= correction;
+      max[r] = block_max;
+      block_sum = exponentials(row, rounded, valid[r], block_max, block_max);
+    } else {
+      max[r] = reference;
     }
-    for (; j < keys_padded; j += 16) {
-      const __mmask16 lanes = FirstLanes(valid[r] - j);
-      Exponentials(_mm512_maskz_loadu_ps(lanes, row + j), lanes, shift,
-                   factor, rounded + j, sum_pair[0]);
-    }
-    sum[r] = sum[r] * correction[r] +
-             SumOfLanes(_mm512_add_ps(sum_pair[0], sum_pair[1]));
-    max[r] = new_max[r];
+    sum[r] += block_sum;
   }
 }
 
