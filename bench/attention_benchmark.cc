@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include "attn/bfloat16.h"
 #include "attn/engine.h"
 #include "attn/testing/random.h"
@@ -362,6 +364,63 @@ void BM_ArithmeticPeak(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The AMX ceiling the bfloat16 cases are held against: oneDNN's own bf16
+// matmuls (brgemm on AMX tiles where the CPU has them) of attention's two
+// products at the case's sizes, Q K^T into float32 scores and then bf16
+// probabilities times V, back to back and nothing else: what the tile unit
+// reaches on these shapes through a tuned library, with no softmax, masks,
+// operand rounding or validation. GFLOP/s counted as BM_Attention's.
+void BM_AmxCeiling(benchmark::State& state) {
+  using dt = dnnl::memory::data_type;
+  const int64_t batch = state.range(0), length = state.range(1),
+                depth = state.range(2);
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  if ((isa & amx) != amx) {
+    state.SkipWithError("no AMX for oneDNN on this CPU (or capped)");
+    return;
+  }
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl::memory::dims qkv = {batch, length, depth};
+  const dnnl::memory::dims square = {batch, length, length};
+  const dnnl::memory::desc q(qkv, dt::bf16, dnnl::memory::format_tag::abc);
+  // K^T: the keys as stored (B, L, d), read transposed.
+  const dnnl::memory::desc k_transposed({batch, depth, length}, dt::bf16,
+                                        dnnl::memory::format_tag::acb);
+  const dnnl::memory::desc scores(square, dt::f32,
+                                  dnnl::memory::format_tag::abc);
+  const dnnl::memory::desc probabilities(square, dt::bf16,
+                                         dnnl::memory::format_tag::abc);
+  const dnnl::memory::desc out(qkv, dt::f32, dnnl::memory::format_tag::abc);
+  const dnnl::matmul first(dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(q, k_transposed, scores), engine));
+  const dnnl::matmul second(dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(probabilities, q, out), engine));
+  dnnl::memory q_memory(q, engine), k_memory(k_transposed, engine),
+      v_memory(q, engine), s_memory(scores, engine),
+      p_memory(probabilities, engine), o_memory(out, engine);
+  // Small bfloat16 values (0.0078125): finite products, no denormals.
+  for (dnnl::memory* m : {&q_memory, &k_memory, &v_memory, &p_memory}) {
+    auto* bits = static_cast<uint16_t*>(m->get_data_handle());
+    std::fill(bits, bits + m->get_desc().get_size() / 2, uint16_t{0x3c00});
+  }
+  auto call = [&] {
+    first.execute(stream, {{DNNL_ARG_SRC, q_memory},
+                           {DNNL_ARG_WEIGHTS, k_memory},
+                           {DNNL_ARG_DST, s_memory}});
+    second.execute(stream, {{DNNL_ARG_SRC, p_memory},
+                            {DNNL_ARG_WEIGHTS, v_memory},
+                            {DNNL_ARG_DST, o_memory}});
+    stream.wait();
+  };
+  call();  // warm-up
+  for (auto _ : state) call();
+  state.counters["GFLOPs"] = benchmark::Counter(
+      4.0 * batch * length * length * depth * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The attention-scoring section's toy call: queries (2, 1, 2), keys
 // (2, 10, 2), values (2, 10, 4), valid lengths [2, 6], through the Engine
 // (validation and output allocation included).
@@ -418,6 +477,7 @@ BENCHMARK(BM_MemoryQuery)
     ->Args({8, 262144, 1, 1})
     ->Args({16, 262144, 0, 1})
     ->Args({16, 262144, 1, 1})
+    ->Args({24, 262144, 1, 1})
     ->Args({32, 262144, 0, 1})
     ->Args({32, 262144, 1, 1})
     ->Args({64, 262144, 0, 1})
@@ -429,6 +489,7 @@ BENCHMARK(BM_MemoryQuery)
     ->Args({64, 4096, 0, 1})
     ->Args({128, 4096, 0, 1})
     ->Args({16, 4096, 1, 1})
+    ->Args({24, 4096, 1, 1})
     ->Args({32, 4096, 1, 1})
     ->Args({64, 4096, 1, 1})
     ->Args({128, 4096, 1, 1})
@@ -446,6 +507,13 @@ BENCHMARK(BM_ArithmeticPeak)
     ->ArgName("bf16")
     ->Arg(0)
     ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// batch, length, depth: the large and long bf16 cases' sizes.
+BENCHMARK(BM_AmxCeiling)
+    ->ArgNames({"B", "L", "d"})
+    ->Args({8, 512, 64})
+    ->Args({1, 4096, 64})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Additive)->UseRealTime()->Unit(benchmark::kMillisecond);

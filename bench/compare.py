@@ -106,6 +106,19 @@ def main():
                  f"{bf16['median_ms']:.3f}" if bf16 else "",
                  f"**{same['median_ms'] / ms:.2f}x**" if same else ""]
         print("| " + " | ".join(cells) + " |")
+    # The bf16 cases against the AMX ceiling at their sizes (BM_AmxCeiling:
+    # oneDNN's bf16 matmuls of the two products alone).
+    for label, size, case in (("large", "B:8/L:512/d:64", "B:8/L:512/d:64"),
+                              ("long", "B:1/L:4096/d:64", "B:1/L:4096/d:64")):
+        ceiling = medians.get(f"BM_AmxCeiling/{size}")
+        attention = medians.get(
+            f"BM_Attention/{case}/lens:0/weights:0/bf16:1/causal:0")
+        if ceiling is None or attention is None or ceiling.get("error_occurred"):
+            continue
+        print(f"\nAMX ceiling, {label} ({size}): oneDNN's bf16 matmuls of the two "
+              f"products alone {ceiling['GFLOPs']:.0f} GFLOP/s; bf16 attention at "
+              f"full work {attention['GFLOPs']:.0f} GFLOP/s = "
+              f"**{attention['GFLOPs'] / ceiling['GFLOPs']:.0%}** of it")
     for b in ours["benchmarks"]:
         if b["name"].startswith("BM_Toy") and b.get("aggregate_name") == "median":
             print(f"\nToy call ({b['run_name'].removesuffix('/real_time')}): "

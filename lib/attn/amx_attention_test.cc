@@ -94,11 +94,12 @@ TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AmxAttentionTest,
     ::testing::Values(
-        // One tile of rows, a pair of d, keys short of one tile.
-        Case{1, 1, 16, 5, 2, 2, Lengths::kNone, false, ScoreKind::kDotProduct,
-             "rows16_keys5_d2"},
-        Case{2, 1, 17, 31, 34, 18, Lengths::kPerBatch, false,
-             ScoreKind::kDotProduct, "rows17_keys31_d34_dv18_lengths"},
+        // The fewest rows it takes (24: a pair of row tiles, the second
+        // half empty), a pair of d, keys short of one tile.
+        Case{1, 1, 24, 5, 2, 2, Lengths::kNone, false, ScoreKind::kDotProduct,
+             "rows24_keys5_d2"},
+        Case{2, 1, 25, 31, 34, 18, Lengths::kPerBatch, false,
+             ScoreKind::kDotProduct, "rows25_keys31_d34_dv18_lengths"},
         Case{3, 2, 33, 65, 64, 64, Lengths::kPerRow, false,
              ScoreKind::kDotProduct, "rows33_keys65_rowlengths"},
         Case{1, 2, 128, 300, 64, 64, Lengths::kNone, true,
@@ -181,7 +182,7 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
     v_bits[i] = BFloat16Bits(v.data[i]);
     v.data[i] = RoundToBFloat16(v.data[i]);
   }
-  for (const int64_t lq : {16, 45, 128}) {
+  for (const int64_t lq : {24, 45, 128}) {
     SCOPED_TRACE(::testing::Message() << "lq " << lq);
     const Tensor q = RandomNormal(rng, {1, lq, d});
     const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);

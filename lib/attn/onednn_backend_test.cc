@@ -237,10 +237,10 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
     EXPECT_EQ(
         Implementation(two, Call().Keys(8192).In(Precision::kBFloat16).Held()),
         "cpu-key-shares");
-    // 16 rows or more in bfloat16 on AMX tiles: the AMX kernel, also for
+    // 24 rows or more in bfloat16 on AMX tiles: the AMX kernel, also for
     // shares of keys held as bits.
     if (one.isa == CpuIsa::kAmx && one.native_bfloat16) {
-      EXPECT_EQ(Implementation(one, Call().Rows(16).In(Precision::kBFloat16)),
+      EXPECT_EQ(Implementation(one, Call().Rows(24).In(Precision::kBFloat16)),
                 "cpu-amx-blocks");
       EXPECT_EQ(Implementation(
                     one, Call().Rows(70).Keys(300).In(Precision::kBFloat16)),
@@ -251,10 +251,10 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
       EXPECT_EQ(Implementation(two, Call().Rows(40).Keys(8192).In(
                                         Precision::kBFloat16).Held()),
                 "cpu-key-shares");
-      EXPECT_EQ(Implementation(one, Call().Rows(16).In(Precision::kBFloat16)
+      EXPECT_EQ(Implementation(one, Call().Rows(24).In(Precision::kBFloat16)
                                         .Depths(63, 64)),
                 "cpu-fused-blocks");  // odd d: pairs would straddle rows
-      EXPECT_EQ(Implementation(one, Call().Rows(15).In(Precision::kBFloat16)),
+      EXPECT_EQ(Implementation(one, Call().Rows(23).In(Precision::kBFloat16)),
                 "cpu-fused-blocks");
     }
     // float16: float32 products of the rounded operands.

@@ -34,8 +34,8 @@ struct AmxScratch {
 // products read bfloat16 (Precision::kBFloat16 with native bfloat16
 // products, or keys and values held as bfloat16 on such a CPU), on the
 // avx512 copy with CpuFeatures::amx_tiles, with d and dv even (a key's
-// pairs of bfloat16 are whole 32-bit words) and at least kAmxMinRows query
-// rows (fewer leave most of each 16-row tile empty).
+// pairs of bfloat16 are whole 32-bit words) and at least 24 query rows
+// (fewer leave most of each pair of 16-row tiles empty; amx_blocks.cc).
 bool AmxBlocksTake(const CpuCall<AttentionParams>& call);
 
 // One batch entry's and head's keys and values laid out as the tiles the
