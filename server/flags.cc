@@ -30,7 +30,8 @@ ABSL_FLAG(std::string, backend, "auto",
           "the CPU; start-up says which and why).");
 ABSL_FLAG(std::string, max_cpu_isa, "auto",
           "Highest instruction set for attnserve's own CPU kernels: auto (the "
-          "best this CPU has), avx512, avx2 or baseline. Every value gives "
+          "best this CPU has), amx (AVX-512 and AMX tiles), avx512 (the tiles "
+          "off), avx2 or baseline. Every value gives "
           "results within the same documented bounds; lower ones pin a fleet "
           "of mixed "
           "CPUs to one code path. oneDNN's own kernels follow "

@@ -54,6 +54,7 @@ ATTN_ISA_BEGIN
 #include "attn/internal/cpu/attention_blocks.h"
 #include "attn/internal/cpu/amx_blocks.h"
 #include "attn/internal/cpu/kernel_copy.h"
+#include "attn/internal/cpu/softmax_avx512.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
@@ -87,11 +88,6 @@ int64_t RoundUp(int64_t x, int64_t multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
-// The first `count` of 16 lanes (count may be <= 0 or > 16).
-__mmask16 FirstLanes(int64_t count) {
-  if (count <= 0) return 0;
-  return count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
-}
 
 template <typename T>
 void GrowTo(std::vector<T>& buffer, int64_t size) {
@@ -323,31 +319,6 @@ ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
   }
 }
 
-using Words16 = uint32_t __attribute__((vector_size(64)));
-
-// The largest and the sum of 16 lanes, halves folded onto each other.
-inline float MaxOfLanes(__m512 lanes) {
-  __m256 half = _mm256_max_ps(_mm512_castps512_ps256(lanes),
-                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
-                                  0xf, _mm512_castps_pd(lanes), 1)));
-  __m128 quarter = _mm_max_ps(_mm256_castps256_ps128(half),
-                              _mm256_extractf128_ps(half, 1));
-  quarter = _mm_max_ps(quarter, _mm_movehl_ps(quarter, quarter));
-  quarter = _mm_max_ss(quarter, _mm_movehdup_ps(quarter));
-  return _mm_cvtss_f32(quarter);
-}
-
-inline float SumOfLanes(__m512 lanes) {
-  __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes),
-                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
-                                  0xf, _mm512_castps_pd(lanes), 1)));
-  __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half),
-                              _mm256_extractf128_ps(half, 1));
-  quarter = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
-  quarter = _mm_add_ss(quarter, _mm_movehdup_ps(quarter));
-  return _mm_cvtss_f32(quarter);
-}
-
 // bfloat16(exp((x - shift) * factor)) of 16 scores into `to`, their sum
 // added to `sums` and their max taken into `maxima`; lanes not in `lanes` give 0, as do arguments below -87
 // (vec_math.h's exp), and NaN stays NaN. Rounded to nearest even, as
@@ -357,71 +328,31 @@ ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
                                          __m512 shift, __m512 factor,
                                          uint16_t* to, __m512& sums,
                                          __m512& maxima) {
-  const __m512 floor = _mm512_set1_ps(-87.0f);
   maxima = _mm512_mask_max_ps(maxima, lanes, maxima, x);
-  x = _mm512_mul_ps(_mm512_sub_ps(x, shift), factor);
-  const __mmask16 kept = lanes & _mm512_cmp_ps_mask(x, floor, _CMP_NLT_UQ);
   const __m512 e = _mm512_maskz_mov_ps(
-      kept, ExpInRangeOf<__m512, Words16>(_mm512_max_ps(floor, x)));
+      lanes, ExpOf16(_mm512_mul_ps(_mm512_sub_ps(x, shift), factor)));
   sums = _mm512_add_ps(sums, e);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(to),
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
 }
 
-// Exponentials as above of 64 unmasked scores, as four vectors interleaved
-// step by step: one vector at a time, each exponential's chain of dependent
-// steps left the out-of-order window too little to overlap. The steps are
-// vec_math.h's ExpInRangeOf, spelt out.
+// Exponentials as above of 64 unmasked scores, four vectors interleaved
+// (softmax_avx512.h's ExpOf64).
 ATTN_AMX_TARGET inline void Exponentials64(const float* row, __m512 shift,
                                            __m512 factor, uint16_t* to,
                                            __m512& sums, __m512& maxima) {
-  constexpr int kWays = 4;
-  const __m512 floor = _mm512_set1_ps(-87.0f);
-  const __m512 round_shift = _mm512_set1_ps(12582912.0f);
-  __m512 x[kWays], clamped[kWays], shifted[kWays], n[kWays], r[kWays],
-      p[kWays];
-  __mmask16 kept[kWays];
-  for (int i = 0; i < kWays; ++i) x[i] = _mm512_loadu_ps(row + 16 * i);
+  __m512 x[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(row + 16 * i);
   maxima = _mm512_max_ps(_mm512_max_ps(maxima, _mm512_max_ps(x[0], x[1])),
                          _mm512_max_ps(x[2], x[3]));
-  for (int i = 0; i < kWays; ++i) {
+  for (int i = 0; i < 4; ++i) {
     x[i] = _mm512_mul_ps(_mm512_sub_ps(x[i], shift), factor);
   }
-  for (int i = 0; i < kWays; ++i) {
-    kept[i] = _mm512_cmp_ps_mask(x[i], floor, _CMP_NLT_UQ);
-    clamped[i] = _mm512_max_ps(floor, x[i]);
-  }
-  for (int i = 0; i < kWays; ++i) {
-    shifted[i] = _mm512_fmadd_ps(clamped[i], _mm512_set1_ps(1.44269504088896341f),
-                                 round_shift);
-  }
-  for (int i = 0; i < kWays; ++i) n[i] = _mm512_sub_ps(shifted[i], round_shift);
-  for (int i = 0; i < kWays; ++i) {
-    r[i] = _mm512_fnmadd_ps(n[i], _mm512_set1_ps(0.693359375f), clamped[i]);
-  }
-  for (int i = 0; i < kWays; ++i) {
-    r[i] = _mm512_fmadd_ps(n[i], _mm512_set1_ps(2.12194440e-4f), r[i]);
-  }
-  for (int i = 0; i < kWays; ++i) p[i] = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                        1.6666665459e-1f, 5.0000001201e-1f}) {
-    for (int i = 0; i < kWays; ++i) {
-      p[i] = _mm512_fmadd_ps(p[i], r[i], _mm512_set1_ps(c));
-    }
-  }
-  for (int i = 0; i < kWays; ++i) {
-    // p * r * r + r + 1, times 2^n.
-    p[i] = _mm512_add_ps(
-        _mm512_fmadd_ps(_mm512_mul_ps(p[i], r[i]), r[i], r[i]),
-        _mm512_set1_ps(1.0f));
-    // Times 2^n by VSCALEFPS: exact, as the exponent bits' product is, in
-    // one instruction for their three.
-    p[i] = _mm512_maskz_scalef_ps(kept[i], p[i], n[i]);
-  }
-  for (int i = 0; i < kWays; ++i) {
-    sums = _mm512_add_ps(sums, p[i]);
+  ExpOf64(x);
+  for (int i = 0; i < 4; ++i) {
+    sums = _mm512_add_ps(sums, x[i]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 16 * i),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p[i])));
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x[i])));
   }
 }
 
@@ -529,29 +460,7 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
     valid[r] =
         r < group_rows ? std::clamp<int64_t>(limit[r] - j0, 0, count) : 0;
     if (valid[r] == 0 || max[r] != kNegativeInfinity) continue;
-    // Whole vectors unmasked, four maxima apart so that they overlap; the
-    // tail masked.
-    const int64_t whole = valid[r] / 16 * 16;
-    __m512 maxima[4];
-    for (__m512& m : maxima) m = _mm512_set1_ps(kNegativeInfinity);
-    int64_t j = 0;
-    for (; j + 64 <= whole; j += 64) {
-      for (int i = 0; i < 4; ++i) {
-        maxima[i] =
-            _mm512_max_ps(maxima[i], _mm512_loadu_ps(row + j + 16 * i));
-      }
-    }
-    for (; j < whole; j += 16) {
-      maxima[0] = _mm512_max_ps(maxima[0], _mm512_loadu_ps(row + j));
-    }
-    if (whole < valid[r]) {
-      const __mmask16 lanes = FirstLanes(valid[r] - whole);
-      maxima[1] = _mm512_mask_max_ps(maxima[1], lanes, maxima[1],
-                                     _mm512_maskz_loadu_ps(lanes, row + whole));
-    }
-    first_max[r] = MaxOfLanes(
-        _mm512_max_ps(_mm512_max_ps(maxima[0], maxima[1]),
-                      _mm512_max_ps(maxima[2], maxima[3])));
+    first_max[r] = RowMax(row, valid[r], kNegativeInfinity);
   }
   const __m512 factor = _mm512_set1_ps(scale);
   // The row's exponentials from `reference` into its probabilities; returns

@@ -3,6 +3,16 @@
 // and walks 256-key blocks with running row maxima and sums; the two
 // products per block run on oneDNN (attn/internal/block_matmul.h).
 
+// GCC 12's unmasked AVX-512 intrinsics (softmax_avx512.h) pass
+// _mm512_undefined_*() as their masked-off source, which
+// -Wmaybe-uninitialized reports wherever they inline; nothing undefined is
+// read.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -21,6 +31,7 @@ ATTN_ISA_BEGIN
 #include "attn/internal/cpu/attention_blocks.h"
 #include "attn/internal/cpu/fused_blocks.h"
 #include "attn/internal/cpu/kernel_copy.h"
+#include "attn/internal/cpu/softmax_avx512.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
@@ -80,12 +91,24 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops,
         std::fill(row + valid, row + count, 0.0f);
       }
       if (valid == 0) continue;
+#if defined(ATTN_ISA_AVX512)
+      // (softmax_avx512.h: the generic loops' per-row reductions cost a
+      // third of the exponentials here.)
+      const float new_max = RowMax(row, valid, s.max[r]);
+#else
       const float new_max = MaxOf(row, valid, s.max[r]);
+#endif
       // exp(-inf - finite) == 0: the first block rescales nothing.
       const float correction = FastExp((s.max[r] - new_max) * p.scale);
+#if defined(ATTN_ISA_AVX512)
+      const float block_sum =
+          bf16 ? ExpShiftedSumAndRound(row, valid, new_max, p.scale, rounded)
+               : ExpShiftedAndSumInPlace(row, valid, new_max, p.scale);
+#else
       const float block_sum =
           bf16 ? ExpShiftedSumAndRound(row, valid, new_max, p.scale, rounded)
                : ExpShiftedAndSum(row, valid, new_max, p.scale);
+#endif
       s.sum[r] = s.sum[r] * correction + block_sum;
       s.max[r] = new_max;
       if (correction != 1.0f) Scale(s.acc.data() + r * p.dv, p.dv, correction);

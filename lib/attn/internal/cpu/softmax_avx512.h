@@ -1,0 +1,160 @@
+// The softmax's vector arithmetic written for AVX-512, for the avx512 copy's
+// kernels (cpu-amx-blocks, and cpu-fused-blocks' float32 rows): the same
+// exponential as vec_math.h (its polynomial, exactly 0 below -87, NaN
+// kept), four vectors interleaved step by step, 2^n by VSCALEFPS, and row
+// maxima and sums reduced once per row. vec_math.h's generic loops reduce a
+// row's sum lane by lane at the end of every call: at 256 keys a row that
+// cost about a third of the exponentials.
+//
+// Internal to the kernel sources: include it inside the ISA region
+// (attn/internal/isa.h) after vec_math.h, with <immintrin.h> included before
+// the region; it defines nothing outside the avx512 copy.
+#ifndef ATTN_INTERNAL_CPU_SOFTMAX_AVX512_H_
+#define ATTN_INTERNAL_CPU_SOFTMAX_AVX512_H_
+
+#include <cstdint>
+
+#include "attn/internal/isa.h"
+#include "attn/internal/vec_math.h"
+
+namespace attn::internal::ATTN_ISA_NAMESPACE {
+#if defined(ATTN_ISA_AVX512)
+
+using Words16 = uint32_t __attribute__((vector_size(64)));
+
+// The largest and the sum of 16 lanes, halves folded onto each other.
+inline float MaxOfLanes(__m512 lanes) {
+  __m256 half = _mm256_max_ps(_mm512_castps512_ps256(lanes),
+                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
+                                  0xf, _mm512_castps_pd(lanes), 1)));
+  __m128 quarter = _mm_max_ps(_mm256_castps256_ps128(half),
+                              _mm256_extractf128_ps(half, 1));
+  quarter = _mm_max_ps(quarter, _mm_movehl_ps(quarter, quarter));
+  quarter = _mm_max_ss(quarter, _mm_movehdup_ps(quarter));
+  return _mm_cvtss_f32(quarter);
+}
+
+inline float SumOfLanes(__m512 lanes) {
+  __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                              _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
+                                  0xf, _mm512_castps_pd(lanes), 1)));
+  __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half),
+                              _mm256_extractf128_ps(half, 1));
+  quarter = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+  quarter = _mm_add_ss(quarter, _mm_movehdup_ps(quarter));
+  return _mm_cvtss_f32(quarter);
+}
+
+// The first `count` of 16 lanes (count may be <= 0 or > 16).
+inline __mmask16 FirstLanes(int64_t count) {
+  if (count <= 0) return 0;
+  return count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// exp(x) of 16 arguments (ExpOfNonPositive's: 0 below -87, NaN kept).
+inline __m512 ExpOf16(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.0f);
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, floor, _CMP_NLT_UQ);
+  return _mm512_maskz_mov_ps(
+      kept, ExpInRangeOf<__m512, Words16>(_mm512_max_ps(floor, x)));
+}
+
+// x[i] = exp(x[i]) for four vectors of arguments, interleaved step by step
+// (one vector at a time, each exponential's chain of dependent steps left
+// the out-of-order window too little to overlap); vec_math.h's
+// ExpInRangeOf spelt out, its 2^n by VSCALEFPS (exact, as the exponent
+// bits' product is, one instruction for three).
+inline void ExpOf64(__m512 (&x)[4]) {
+  constexpr int kWays = 4;
+  const __m512 floor = _mm512_set1_ps(-87.0f);
+  const __m512 round_shift = _mm512_set1_ps(12582912.0f);
+  __m512 clamped[kWays], n[kWays], r[kWays], p[kWays];
+  __mmask16 kept[kWays];
+  for (int i = 0; i < kWays; ++i) {
+    kept[i] = _mm512_cmp_ps_mask(x[i], floor, _CMP_NLT_UQ);
+    clamped[i] = _mm512_max_ps(floor, x[i]);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    n[i] = _mm512_sub_ps(
+        _mm512_fmadd_ps(clamped[i], _mm512_set1_ps(1.44269504088896341f),
+                        round_shift),
+        round_shift);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    r[i] = _mm512_fnmadd_ps(n[i], _mm512_set1_ps(0.693359375f), clamped[i]);
+  }
+  for (int i = 0; i < kWays; ++i) {
+    r[i] = _mm512_fmadd_ps(n[i], _mm512_set1_ps(2.12194440e-4f), r[i]);
+  }
+  for (int i = 0; i < kWays; ++i) p[i] = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                        1.6666665459e-1f, 5.0000001201e-1f}) {
+    for (int i = 0; i < kWays; ++i) {
+      p[i] = _mm512_fmadd_ps(p[i], r[i], _mm512_set1_ps(c));
+    }
+  }
+  for (int i = 0; i < kWays; ++i) {
+    // p * r * r + r + 1, times 2^n.
+    p[i] = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(p[i], r[i]), r[i], r[i]),
+        _mm512_set1_ps(1.0f));
+    x[i] = _mm512_maskz_scalef_ps(kept[i], p[i], n[i]);
+  }
+}
+
+// max(init, row[0..count)): four maxima apart so that they overlap.
+inline float RowMax(const float* row, int64_t count, float init) {
+  __m512 maxima[4];
+  for (__m512& m : maxima) m = _mm512_set1_ps(init);
+  int64_t j = 0;
+  for (; j + 64 <= count; j += 64) {
+    for (int i = 0; i < 4; ++i) {
+      maxima[i] = _mm512_max_ps(maxima[i], _mm512_loadu_ps(row + j + 16 * i));
+    }
+  }
+  for (; j < count; j += 16) {
+    const __mmask16 lanes = FirstLanes(count - j);
+    maxima[1] = _mm512_mask_max_ps(maxima[1], lanes, maxima[1],
+                                   _mm512_maskz_loadu_ps(lanes, row + j));
+  }
+  return MaxOfLanes(_mm512_max_ps(_mm512_max_ps(maxima[0], maxima[1]),
+                                  _mm512_max_ps(maxima[2], maxima[3])));
+}
+
+// vec_math.h's ExpShiftedAndSum: row[c] = exp((row[c] - max) * scale) for
+// c < count, in place; returns their sum.
+inline float ExpShiftedAndSumInPlace(float* row, int64_t count, float max,
+                                     float scale) {
+  const __m512 shift = _mm512_set1_ps(max);
+  const __m512 factor = _mm512_set1_ps(scale);
+  __m512 sums[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t j = 0;
+  for (; j + 64 <= count; j += 64) {
+    __m512 x[4];
+    for (int i = 0; i < 4; ++i) {
+      x[i] = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16 * i),
+                                         shift),
+                           factor);
+    }
+    ExpOf64(x);
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_ps(row + j + 16 * i, x[i]);
+      sums[i % 2] = _mm512_add_ps(sums[i % 2], x[i]);
+    }
+  }
+  for (; j < count; j += 16) {
+    const __mmask16 lanes = FirstLanes(count - j);
+    const __m512 e = _mm512_maskz_mov_ps(
+        lanes, ExpOf16(_mm512_mul_ps(
+                   _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), shift),
+                   factor)));
+    _mm512_mask_storeu_ps(row + j, lanes, e);
+    sums[0] = _mm512_add_ps(sums[0], e);
+  }
+  return SumOfLanes(_mm512_add_ps(sums[0], sums[1]));
+}
+
+#endif  // ATTN_ISA_AVX512
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+
+#endif  // ATTN_INTERNAL_CPU_SOFTMAX_AVX512_H_

@@ -1,0 +1,149 @@
+// The avx512 copy's softmax arithmetic (attn/internal/cpu/softmax_avx512.h)
+// against double-precision libm at the accuracy attn/testing/error_bounds.h
+// assumes of the kernels' exp (4 float ulp), with vec_math.h's edges
+// (exactly 0 below -87 and for -inf, NaN kept), and its row helpers against
+// plain loops in double. Compiled as the avx512 copy; skipped as such on a
+// CPU without AVX-512.
+// (GCC 12's unmasked AVX-512 intrinsics: see softmax_avx512.h's users.)
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "attn/internal/isa.h"
+#include "gtest/gtest.h"
+
+ATTN_ISA_BEGIN
+#include "attn/internal/vec_math.h"
+#include "attn/internal/cpu/softmax_avx512.h"
+
+namespace attn::internal::avx512 {
+namespace {
+
+// exp of every element of `args` by ExpOf64 (64 at a time) and ExpOf16
+// (the rest).
+std::vector<float> ExpOfEach(const std::vector<float>& args) {
+  std::vector<float> out(args.size());
+  size_t i = 0;
+  for (; i + 64 <= args.size(); i += 64) {
+    __m512 x[4];
+    for (int w = 0; w < 4; ++w) x[w] = _mm512_loadu_ps(&args[i + 16 * w]);
+    ExpOf64(x);
+    for (int w = 0; w < 4; ++w) _mm512_storeu_ps(&out[i + 16 * w], x[w]);
+  }
+  for (; i < args.size(); ++i) {
+    float lane[16] = {args[i]};
+    _mm512_storeu_ps(lane, ExpOf16(_mm512_loadu_ps(lane)));
+    out[i] = lane[0];
+  }
+  return out;
+}
+
+float RowMaxOf(const std::vector<float>& row, float init) {
+  return RowMax(row.data(), static_cast<int64_t>(row.size()), init);
+}
+
+float ExpShiftedAndSumOf(std::vector<float>& row, float max, float scale) {
+  return ExpShiftedAndSumInPlace(row.data(), static_cast<int64_t>(row.size()),
+                                 max, scale);
+}
+
+}  // namespace
+}  // namespace attn::internal::avx512
+ATTN_ISA_END
+
+namespace attn::internal::avx512 {
+namespace {
+
+constexpr double kU = 0x1p-24;
+
+bool HasAvx512() {
+  return __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
+TEST(SoftmaxAvx512Test, ExpWithinFourUlp) {
+  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  // Evenly spaced over the sweeps' range, and densely near 0, where their
+  // largest weights are; 64 and 63 at a time so that both paths run.
+  for (const auto& [lo, hi] : {std::pair{-87.0, 0.0}, std::pair{-1.0, 0.0}}) {
+    for (const int steps : {2'000'063, 999'999}) {
+      std::vector<float> args(steps + 1);
+      for (int i = 0; i <= steps; ++i) {
+        args[i] = static_cast<float>(lo + (hi - lo) * i / steps);
+      }
+      const std::vector<float> exps = ExpOfEach(args);
+      double worst = 0.0;
+      for (size_t i = 0; i < args.size(); ++i) {
+        const double exact = std::exp(static_cast<double>(args[i]));
+        worst = std::max(worst, std::fabs(exps[i] - exact) / exact);
+      }
+      EXPECT_LE(worst, 4 * kU) << "[" << lo << ", " << hi << "]";
+    }
+  }
+}
+
+TEST(SoftmaxAvx512Test, UnderflowIsExactlyZeroAndNaNPropagates) {
+  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // The edges first in a run of 64 (ExpOf64), then alone (ExpOf16).
+  const std::vector<float> edges = {-87.5f, -100.0f, -1e30f, -inf, 0.0f, nan};
+  std::vector<float> args = edges;
+  args.resize(64, -inf);
+  args.insert(args.end(), edges.begin(), edges.end());
+  const std::vector<float> exps = ExpOfEach(args);
+  for (const size_t base : {size_t{0}, size_t{64}}) {
+    SCOPED_TRACE(base == 0 ? "ExpOf64" : "ExpOf16");
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(exps[base + i], 0.0f) << i;
+    EXPECT_EQ(exps[base + 4], 1.0f);
+    // inf - inf in a sweep: the engine must see NaN to redo the call.
+    EXPECT_TRUE(std::isnan(exps[base + 5]));
+  }
+}
+
+// The row helpers on rows of every length around the 16- and 64-float
+// steps: the max exactly, the exponentials and their sum within the bound's
+// terms of a plain double loop.
+TEST(SoftmaxAvx512Test, RowMaxAndExponentialsMatchPlainLoops) {
+  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const int length : {1, 15, 16, 17, 63, 64, 65, 100, 256, 257}) {
+    SCOPED_TRACE(::testing::Message() << "length " << length);
+    std::vector<float> row(length);
+    for (float& x : row) x = normal(rng);
+    const float max = *std::max_element(row.begin(), row.end());
+    EXPECT_EQ(RowMaxOf(row, -std::numeric_limits<float>::infinity()), max);
+    EXPECT_EQ(RowMaxOf(row, max + 1.0f), max + 1.0f);
+    const float scale = 0.7f;
+    std::vector<double> exact(length);
+    double exact_sum = 0.0;
+    for (int i = 0; i < length; ++i) {
+      exact[i] = std::exp((static_cast<double>(row[i]) - max) * scale);
+      exact_sum += exact[i];
+    }
+    const float sum = ExpShiftedAndSumOf(row, max, scale);
+    for (int i = 0; i < length; ++i) {
+      // The argument rounded twice (difference, product) plus 4 ulp of exp,
+      // relative to |x - max| * scale.
+      const double argument = std::fabs(exact[i] == 0 ? 0 : std::log(exact[i]));
+      EXPECT_NEAR(row[i], exact[i], exact[i] * (4 * kU + 3 * kU * argument))
+          << i;
+    }
+    EXPECT_NEAR(sum, exact_sum, exact_sum * (length + 8) * kU * 4);
+  }
+}
+
+}  // namespace
+}  // namespace attn::internal::avx512
