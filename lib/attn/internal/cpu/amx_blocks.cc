@@ -118,6 +118,37 @@ void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
   }
 }
 
+// rows[j] = the j-th 32-bit word of every row, for a 16 x 16 matrix of
+// words: unpacks within 128-bit lanes, then lanes gathered across
+// registers (64 shuffles; 16 gathers of one column each took twice as
+// long).
+void TransposeWords16x16(__m512i (&rows)[16]) {
+  __m512i pairs[16], quads[16];
+  for (int i = 0; i < 16; i += 2) {
+    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  // quads[4g + k], 128-bit lane L: word 4L + k of rows 4g..4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
+    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i even_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0x88);
+    const __m512i even_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0x88);
+    const __m512i odd_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0xdd);
+    const __m512i odd_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0xdd);
+    rows[k] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
+    rows[8 + k] = _mm512_shuffle_i32x4(even_low, even_high, 0xdd);
+    rows[4 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
+    rows[12 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xdd);
+  }
+}
+
 // Keys [0, count) of `keys` (rows of d bfloat16, d even) as B tiles of the
 // scores: tile (t, c) holds keys 16t..16t+15 and d's words 16c..16c+15,
 // word r of key n at [r][n]. keys_padded / 16 x dp / 32 tiles, zeros past
@@ -126,22 +157,23 @@ void PackKeys(const uint16_t* keys, int64_t count, int64_t d,
               int64_t keys_padded, int64_t dp, uint32_t* tiles) {
   const int64_t chunks = dp / kPairsDepth;
   const int64_t words = d / 2;
-  const __m512i offsets = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int>(words)));
   for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
-    const __mmask16 present = FirstLanes(count - t * kTileSide);
-    const uint16_t* first = present ? keys + t * kTileSide * d : nullptr;
+    const int64_t present = std::clamp<int64_t>(count - t * kTileSide, 0,
+                                                kTileSide);
     for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 columns = FirstLanes(words - c * kTileSide);
+      __m512i rows[16];
+      for (int64_t n = 0; n < kTileSide; ++n) {
+        rows[n] = n < present
+                      ? _mm512_maskz_loadu_epi32(
+                            columns, keys + (t * kTileSide + n) * d +
+                                         c * kPairsDepth)
+                      : _mm512_setzero_si512();
+      }
+      TransposeWords16x16(rows);
       uint32_t* tile = tiles + (t * chunks + c) * kTileWords;
       for (int64_t r = 0; r < kTileSide; ++r) {
-        const int64_t word = c * kTileSide + r;
-        __m512i column = _mm512_setzero_si512();
-        if (present && word < words) {
-          column = _mm512_mask_i32gather_epi32(column, present, offsets,
-                                               first + 2 * word, 4);
-        }
-        _mm512_storeu_si512(tile + r * kTileSide, column);
+        _mm512_storeu_si512(tile + r * kTileSide, rows[r]);
       }
     }
   }
