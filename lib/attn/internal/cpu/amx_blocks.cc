@@ -3,24 +3,25 @@
 //
 // Why: a oneDNN matmul per 128 x 256 block pays, every block, the tile
 // configuration, its own re-layout of K and V into the pairs the tile unit
-// reads, and a primitive call; on a 2-core Xeon those cost more than the
-// products (docs/kernels.md#amx has the profile). Here a task (up to 128
-// query rows of one batch entry and head) walks its keys in blocks of
-// kAmxKeyBlock with FlashAttention's online softmax, as cpu-fused-blocks,
-// and:
+// reads, and a primitive call (docs/kernels.md#amx has the profile). Here a
+// task (up to 128 query rows of one batch entry and head) walks its keys in
+// blocks of kAmxKeyBlock with FlashAttention's online softmax, as
+// cpu-fused-blocks, and:
 // - configures the eight tiles once (16 rows x 64 bytes each);
 // - copies its queries once into rows padded to whole tiles (32-row
 //   groups, zeros past d): the A operand of the scores;
-// - lays each key block out as the B operand of the scores (each key's d
-//   as pairs of bfloat16 in 32-bit words, transposed 16 keys at a time, by
-//   gathers) and each value block as the B operand of the second product
-//   (two consecutive keys' values interleaved per column); zeros past the
-//   last key, d and dv;
-// - scores = Q K^T in groups of 2 x 2 tiles of 16 x 16 floats (two query
-//   tiles and two key tiles loaded per 32 of d, four products), stored;
-// - runs the online softmax on them with AVX-512 (cpu-fused-blocks' own
-//   loops), its probabilities rounded to bfloat16, zero where masked;
-// - acc += P V in groups of 2 x 2 tiles loaded from acc and stored back.
+// - reads the keys laid out as the B operand of the scores (each key's d
+//   as pairs of bfloat16 in 32-bit words, 16 keys transposed into a tile)
+//   and the values as the B operand of the second product (two consecutive
+//   keys' values interleaved per column), zeros past the last key, d and
+//   dv: laid out once per call where several tasks read the same keys
+//   (PackAmxTiles), else a block at a time;
+// - per group of 32 rows: scores = Q K^T into memory (2 x 2 tiles of 16 x 16
+//   floats, the queries kept in tiles for d <= 64), the online softmax on
+//   them in AVX-512 (softmax_avx512.h; lazy rescaling, SoftmaxSteps), its
+//   probabilities rounded to bfloat16, zero where masked; then acc += P V
+//   in 2 x 2 tiles loaded from acc and stored back, in steps issued during
+//   the next group's softmax (PendingPool).
 // The arithmetic is that of the other bfloat16 paths: bfloat16 products
 // summed in float32, softmax in float32, probabilities rounded once.
 
@@ -88,7 +89,6 @@ int64_t RoundUp(int64_t x, int64_t multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
-
 template <typename T>
 void GrowTo(std::vector<T>& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
@@ -119,9 +119,8 @@ void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
 }
 
 // rows[j] = the j-th 32-bit word of every row, for a 16 x 16 matrix of
-// words: unpacks within 128-bit lanes, then lanes gathered across
-// registers (64 shuffles; 16 gathers of one column each took twice as
-// long).
+// words: unpacks within 128-bit lanes, then lanes moved across registers
+// (64 shuffles, in place of a gather per column).
 void TransposeWords16x16(__m512i (&rows)[16]) {
   __m512i pairs[16], quads[16];
   for (int i = 0; i < 16; i += 2) {
@@ -284,20 +283,19 @@ void PackValuesOf(const Operands& ops, const void* v, Args... args) {
   }
 }
 
-// scores[r][j] = queries[r] . key j, for rows_padded rows (a multiple of 32)
-// and keys_padded keys (a multiple of 32); row stride of scores `ld`.
+// scores[r][j] = queries[r] . key j for a group's 32 rows (queries padded
+// to dp) and keys_padded keys (a multiple of 32); row stride of scores `ld`.
+// Two query tiles by two key tiles of 16 x 16 floats at a time; for d <= 64
+// (the common head size) the queries stay in four tiles and each key tile
+// costs two loads for its four products, half the general loop's.
 ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
-                                const uint32_t* key_tiles, int64_t rows_padded,
-                                int64_t keys_padded, float* scores,
-                                int64_t ld) {
+                                const uint32_t* key_tiles, int64_t keys_padded,
+                                float* scores, int64_t ld) {
   const int64_t chunks = dp / kPairsDepth;
   const int64_t query_stride = dp * 2, score_stride = ld * 4;
-  if (chunks <= 2 && rows_padded == 2 * kTileSide) {
-    // d <= 64 (the common head size): the group's queries stay in four
-    // tiles, and each key tile costs two loads for its four products
-    // (half the loads of the general loop).
-    const uint16_t* upper = queries;
-    const uint16_t* lower = upper + kTileSide * dp;
+  const uint16_t* upper = queries;
+  const uint16_t* lower = upper + kTileSide * dp;
+  if (chunks <= 2) {
     _tile_loadd(4, upper, query_stride);
     _tile_loadd(5, lower, query_stride);
     if (chunks == 2) {
@@ -322,40 +320,36 @@ ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
     }
     return;
   }
-  for (int64_t rt = 0; rt < rows_padded; rt += 2 * kTileSide) {
-    const uint16_t* upper = queries + rt * dp;
-    const uint16_t* lower = upper + kTileSide * dp;
-    for (int64_t kt = 0; kt < keys_padded / kTileSide; kt += 2) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      const uint32_t* left = key_tiles + kt * chunks * kTileWords;
-      const uint32_t* right = left + chunks * kTileWords;
-      for (int64_t c = 0; c < chunks; ++c) {
-        _tile_loadd(4, upper + c * kPairsDepth, query_stride);
-        _tile_loadd(5, lower + c * kPairsDepth, query_stride);
-        _tile_loadd(6, left + c * kTileWords, 64);
-        _tile_loadd(7, right + c * kTileWords, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      float* out = scores + rt * ld + kt * kTileSide;
-      _tile_stored(0, out, score_stride);
-      _tile_stored(1, out + kTileSide, score_stride);
-      _tile_stored(2, out + kTileSide * ld, score_stride);
-      _tile_stored(3, out + kTileSide * ld + kTileSide, score_stride);
+  for (int64_t kt = 0; kt < keys_padded / kTileSide; kt += 2) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint32_t* left = key_tiles + kt * chunks * kTileWords;
+    const uint32_t* right = left + chunks * kTileWords;
+    for (int64_t c = 0; c < chunks; ++c) {
+      _tile_loadd(4, upper + c * kPairsDepth, query_stride);
+      _tile_loadd(5, lower + c * kPairsDepth, query_stride);
+      _tile_loadd(6, left + c * kTileWords, 64);
+      _tile_loadd(7, right + c * kTileWords, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
     }
+    float* out = scores + kt * kTileSide;
+    _tile_stored(0, out, score_stride);
+    _tile_stored(1, out + kTileSide, score_stride);
+    _tile_stored(2, out + kTileSide * ld, score_stride);
+    _tile_stored(3, out + kTileSide * ld + kTileSide, score_stride);
   }
 }
 
 // bfloat16(exp((x - shift) * factor)) of 16 scores into `to`, their sum
-// added to `sums` and their max taken into `maxima`; lanes not in `lanes` give 0, as do arguments below -87
-// (vec_math.h's exp), and NaN stays NaN. Rounded to nearest even, as
-// ToBFloat16 (the exponentials are 0 or normal: nothing for the instruction
-// to flush).
+// added to `sums` and their max taken into `maxima`; lanes not in `lanes`
+// give 0, as do arguments below -87 (vec_math.h's exp), and NaN stays NaN.
+// Rounded to nearest even, as ToBFloat16 (the exponentials are 0 or
+// normal: nothing for the instruction to flush).
 ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
                                          __m512 shift, __m512 factor,
                                          uint16_t* to, __m512& sums,
@@ -406,16 +400,14 @@ class PendingPool {
         chunks_(keys_padded / kPairsDepth),
         steps_(dvp / (2 * kTileSide) * chunks_) {}
 
-  int64_t steps() const { return steps_; }
-  int64_t done() const { return done_; }
-
   // One chunk of 32 keys for one pair of column tiles: its products into
   // tiles 0-3, loaded from acc before the pair's first chunk and stored
   // after its last.
   ATTN_AMX_TARGET void Step() {
     const int64_t ct = done_ / chunks_ * 2, kc = done_ % chunks_;
     const int64_t column_tiles = dvp_ / kTileSide;
-    const int64_t probability_stride = kProbabilityStride * 2, acc_stride = dvp_ * 4;
+    const int64_t probability_stride = kProbabilityStride * 2;
+    const int64_t acc_stride = dvp_ * 4;
     float* out = acc_ + ct * kTileSide;
     if (kc == 0) {
       _tile_loadd(0, out, acc_stride);
@@ -443,9 +435,10 @@ class PendingPool {
     ++done_;
   }
 
-  // Runs steps until `fraction` (in 32nds) of them are done.
-  ATTN_AMX_TARGET void RunTo(int64_t thirty_seconds) {
-    const int64_t until = steps_ * thirty_seconds / kRowGroup;
+  // Runs steps until rows / kRowGroup of them are done (the softmax calls
+  // it before each of its rows; RunTo(kRowGroup) finishes the product).
+  ATTN_AMX_TARGET void RunTo(int64_t rows) {
+    const int64_t until = steps_ * rows / kRowGroup;
     while (done_ < until) Step();
   }
 
@@ -456,17 +449,17 @@ class PendingPool {
   int64_t dvp_ = 0, chunks_ = 0, steps_ = 0, done_ = 0;
 };
 
-// The online softmax's step over one key block for a group of rows, in
-// AVX-512 (vec_math.h's generic loops reduce their sums lane by lane, which
-// at a block's few keys a row cost as much as the exponentials). For row r
-// (scores at scores + r * kAmxKeyBlock, keys [j0, j0 + count) of which the
-// first limit[r] - j0 count): its max and sum are updated, its accumulator
-// (acc + r * dvp) rescaled, and probabilities + r * kAmxKeyBlock gets
-// bfloat16(exp((score - max) * scale)), 0 where masked, up to keys_padded.
-// Rows group_rows..kRowGroup get zero probabilities (their accumulators
-// stay 0). exp is vec_math.h's: exactly 0 below -87 and NaN kept (an
-// overflowed score then reaches the output, and the engine redoes the
-// call).
+// The online softmax's step over one key block for a group of 32 rows, in
+// AVX-512 (softmax_avx512.h). For row r (scores at scores + r *
+// kScoreStride, keys [j0, j0 + count) of which the first limit[r] - j0
+// count): its max and sum are updated, its accumulator (acc + r * dvp)
+// rescaled where the max moves (lazily, below), and probabilities + r *
+// kProbabilityStride gets bfloat16(exp((score - max) * scale)), 0 where
+// masked, up to keys_padded. Rows group_rows..kRowGroup get zero
+// probabilities (their accumulators stay 0). exp is vec_math.h's: exactly
+// 0 below -87 and NaN kept (an overflowed score then reaches the output,
+// and the engine redoes the call). `pending`, the previous group's second
+// product, is run a step at a time between the rows, and finished.
 ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
                                   const int64_t* limit, int64_t j0,
                                   int64_t count, int64_t keys_padded,
@@ -610,9 +603,10 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
     const uint32_t* key_tiles;
     const uint32_t* value_tiles;
     if (tiles != nullptr) {
-      // Packed for the whole call: block j0's tiles are where its keys'
+      // Laid out for the whole call: block j0's tiles are where its keys'
       // would be, 16 keys (scores) or 32 (values) a tile.
-      key_tiles = tiles->keys + j0 / kTileSide * (dp / kPairsDepth) * kTileWords;
+      key_tiles =
+          tiles->keys + j0 / kTileSide * (dp / kPairsDepth) * kTileWords;
       value_tiles =
           tiles->values + j0 / kPairsDepth * (dvp / kTileSide) * kTileWords;
     } else {
@@ -623,18 +617,17 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
       key_tiles = s.key_tiles.data();
       value_tiles = s.value_tiles.data();
     }
-    // 32 rows at a time, so that their scores and probabilities stay in L1
-    // between the three steps.
-    // The second product of a group runs during the next group's softmax
-    // (PendingPool), the last group's after it; the probabilities
-    // alternate between two buffers.
+    // 32 rows at a time, so that their scores and probabilities stay in
+    // L1. A group's second product runs during the next group's softmax
+    // (PendingPool), the last group's after it; the probabilities alternate
+    // between two buffers.
     PendingPool pending;
     for (int64_t r0 = 0, group = 0; r0 < rows; r0 += kRowGroup, ++group) {
       const int64_t group_rows = std::min(kRowGroup, rows - r0);
       uint16_t* probabilities =
           s.probabilities.data() + group % 2 * kRowGroup * kProbabilityStride;
-      ScoreTiles(s.queries.data() + r0 * dp, dp, key_tiles, kRowGroup,
-                 keys_padded, s.scores.data(), kScoreStride);
+      ScoreTiles(s.queries.data() + r0 * dp, dp, key_tiles, keys_padded,
+                 s.scores.data(), kScoreStride);
       if (p.score == ScoreKind::kGaussian) {
         SubtractKeyNorms(ops, ops.At(k, j0 * p.d), count, p.d, s.scores.data(),
                          group_rows, kScoreStride, s.norms.data());
@@ -668,14 +661,16 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
   }
 }
 
-void PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
-                  std::vector<uint32_t>& buffer, std::vector<AmxTiles>& tiles) {
+bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
+                  int64_t max_bytes, std::vector<uint32_t>& buffer,
+                  std::vector<AmxTiles>& tiles) {
   const int64_t bh = p.batch * p.heads;
   const int64_t keys_padded = RoundUp(p.lk, kPairsDepth);
   const int64_t dp = RoundUp(p.d, kPairsDepth);
   const int64_t dvp = RoundUp(p.dv, 2 * kTileSide);
   const int64_t key_words = keys_padded * dp / 2;
   const int64_t value_words = keys_padded * dvp / 2;
+  if (bh * (key_words + value_words) * 4 > max_bytes) return false;
   GrowTo(buffer, bh * (key_words + value_words));
   tiles.resize(bh);
   ParallelFor(bh, threads, [&](int64_t i) {
@@ -687,6 +682,7 @@ void PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
                  keys_padded, dvp, values);
     tiles[i] = AmxTiles{keys, values};
   });
+  return true;
 }
 
 #else  // no AMX kernel in this copy
@@ -696,8 +692,10 @@ bool AmxBlocksTake(const CpuCall<AttentionParams>&) { return false; }
 void AmxTask(const AttentionParams&, const Operands&, const Task&,
              AmxScratch&, const KeyShare*, const AmxTiles*) {}
 
-void PackAmxTiles(const AttentionParams&, const Operands&, int,
-                  std::vector<uint32_t>&, std::vector<AmxTiles>&) {}
+bool PackAmxTiles(const AttentionParams&, const Operands&, int, int64_t,
+                  std::vector<uint32_t>&, std::vector<AmxTiles>&) {
+  return false;
+}
 
 #endif  // ATTN_ISA_AVX512
 
@@ -717,10 +715,20 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
                      : rounded->get();
   // Where several tasks read each key (more than one block of query rows),
   // the keys and values are laid out as tiles once for all of them, in a
-  // buffer the calling thread keeps (as RoundedOperands' copies).
+  // buffer the calling thread keeps (as RoundedOperands' copies). Keys and
+  // values held as bfloat16 (a stored memory's) had no copy: theirs is
+  // made only up to the kept buffer's size, else each task lays out its own
+  // blocks as it goes.
+  constexpr int64_t kKeptBytes = int64_t{32} << 20;
   thread_local std::vector<uint32_t> kept;
   std::vector<AmxTiles> tiles;
-  if (QueryBlocks(p) > 1) PackAmxTiles(p, ops, call.threads, kept, tiles);
+  if (QueryBlocks(p) > 1) {
+    PackAmxTiles(p, ops, call.threads,
+                 p.k_bfloat16 != nullptr
+                     ? kKeptBytes
+                     : std::numeric_limits<int64_t>::max(),
+                 kept, tiles);
+  }
   ForEachItem(
       TaskCount(p), call.threads, [] { return AmxScratch{}; },
       [&](int64_t index, AmxScratch& scratch) {
@@ -729,7 +737,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
                 tiles.empty() ? nullptr : &tiles[task.bh]);
         return true;
       });
-  if (kept.size() * sizeof(uint32_t) > (size_t{32} << 20)) {
+  if (static_cast<int64_t>(kept.size() * sizeof(uint32_t)) > kKeptBytes) {
     std::vector<uint32_t>().swap(kept);
   }
   return absl::OkStatus();

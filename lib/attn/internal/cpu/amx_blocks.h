@@ -47,9 +47,11 @@ struct AmxTiles {
 
 // Lays out every batch entry's and head's keys and values as tiles, in
 // parallel on `threads`, into `buffer` (grown as needed); tiles[bh] then
-// points into it.
-void PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
-                  std::vector<uint32_t>& buffer, std::vector<AmxTiles>& tiles);
+// points into it. Returns false, doing nothing, when that would take more
+// than `max_bytes`.
+bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
+                  int64_t max_bytes, std::vector<uint32_t>& buffer,
+                  std::vector<AmxTiles>& tiles);
 
 // One task of a call AmxBlocksTake, over all its keys, writing its rows of
 // p.out; or, with `share`, over that share of its keys, leaving the share's
