@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "attn/bfloat16.h"
 #include "attn/cpu_isa.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
@@ -26,6 +25,7 @@ namespace {
 using ::attn::testing::AttentionBounds;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
+using ::attn::testing::RoundToBFloat16Bits;
 using ::attn::testing::ReferenceEngine;
 using ::attn::testing::ViewOf;
 using ::attn::testing::WithinBounds;
@@ -173,15 +173,8 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
   const int64_t lk = 9000, d = 64, dv = 48;
   Tensor k = RandomNormal(rng, {1, lk, d});
   Tensor v = RandomNormal(rng, {1, lk, dv});
-  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-  for (size_t i = 0; i < k.data.size(); ++i) {
-    k_bits[i] = BFloat16Bits(k.data[i]);
-    k.data[i] = RoundToBFloat16(k.data[i]);
-  }
-  for (size_t i = 0; i < v.data.size(); ++i) {
-    v_bits[i] = BFloat16Bits(v.data[i]);
-    v.data[i] = RoundToBFloat16(v.data[i]);
-  }
+  const std::vector<uint16_t> k_bits = RoundToBFloat16Bits(k);
+  const std::vector<uint16_t> v_bits = RoundToBFloat16Bits(v);
   // (200 rows: two blocks of query rows, the memory laid out once.)
   for (const int64_t lq : {24, 45, 128, 200}) {
     SCOPED_TRACE(::testing::Message() << "lq " << lq);

@@ -25,6 +25,7 @@ using ::attn::testing::ErrorBounds;
 using ::attn::testing::OptimizedEngine;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
+using ::attn::testing::RoundToBFloat16Bits;
 using ::attn::testing::ReferenceEngine;
 using ::attn::testing::Threads;
 using ::attn::testing::ViewOf;
@@ -282,15 +283,8 @@ TEST(AttentionPrecisionTest, KeysAndValuesHeldAsBFloat16) {
   std::mt19937 rng(11);
   Tensor k = RandomNormal(rng, {2, 300, 64});
   Tensor v = RandomNormal(rng, {2, 300, 48});
-  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-  for (size_t i = 0; i < k.data.size(); ++i) {
-    k_bits[i] = BFloat16Bits(k.data[i]);
-    k.data[i] = RoundToBFloat16(k.data[i]);
-  }
-  for (size_t i = 0; i < v.data.size(); ++i) {
-    v_bits[i] = BFloat16Bits(v.data[i]);
-    v.data[i] = RoundToBFloat16(v.data[i]);
-  }
+  std::vector<uint16_t> k_bits = RoundToBFloat16Bits(k);
+  std::vector<uint16_t> v_bits = RoundToBFloat16Bits(v);
   const std::vector<int32_t> lengths = {300, 123};
   for (const int64_t lq : {37, 3, 1}) {
     SCOPED_TRACE(::testing::Message() << "lq " << lq);

@@ -1,5 +1,7 @@
 #include "attn/testing/random.h"
 
+#include "attn/bfloat16.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -33,6 +35,15 @@ Tensor RepeatAsBatch(const Tensor& tensor, int64_t batch) {
               out.data.begin() + b * rows * cols);
   }
   return out;
+}
+
+std::vector<uint16_t> RoundToBFloat16Bits(Tensor& tensor) {
+  std::vector<uint16_t> bits(tensor.data.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = BFloat16Bits(tensor.data[i]);
+    tensor.data[i] = RoundToBFloat16(tensor.data[i]);
+  }
+  return bits;
 }
 
 }  // namespace attn::testing

@@ -22,6 +22,11 @@ std::vector<int32_t> RandomLengths(std::mt19937& rng, int64_t count,
 // would send them with every batch entry.)
 Tensor RepeatAsBatch(const Tensor& tensor, int64_t batch);
 
+// Rounds every element of `tensor` to bfloat16 in place and returns their
+// bits: keys or values held as bfloat16 (a memory stored as BF16), both as
+// the bits and as the floats they hold.
+std::vector<uint16_t> RoundToBFloat16Bits(Tensor& tensor);
+
 // A LengthsView over `lengths` with the given shape.
 LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape);
 
