@@ -68,7 +68,7 @@ namespace {
 
 // Fewer query rows leave most of each pair of 16-row tiles empty: over
 // 262,144 bfloat16 keys 16 rows ran 8% slower than the other paths, 24 as
-// fast, 32 12% faster (BM_MemoryQuery, 2-core Xeon with AMX).
+// fast, 32 5-14% faster (BM_MemoryQuery, 2-core Xeon with AMX).
 constexpr int64_t kAmxMinRows = 24;
 // Keys per online-softmax step, and query rows whose scores are taken
 // together: a 32 x 256 score block (32 KiB) and its bfloat16 probabilities
