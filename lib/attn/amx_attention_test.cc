@@ -30,8 +30,21 @@ using ::attn::testing::ReferenceEngine;
 using ::attn::testing::ViewOf;
 using ::attn::testing::WithinBounds;
 
-// Whether this process's engines run AMX tiles (after ATTN_MAX_CPU_ISA).
-bool AmxHere() { return SelectCpuIsa(std::nullopt).value() == CpuIsa::kAmx; }
+// Whether this CPU has AMX tiles this process may use: the one reason these
+// tests skip. (Under an ATTN_MAX_CPU_ISA cap below amx they fail, as they
+// should: CTest runs them uncapped.)
+bool AmxHere() { return DetectCpuIsa() == CpuIsa::kAmx; }
+
+// A bfloat16 attention request over q, k and v.
+AttentionRequest BFloat16Request(const Tensor& q, const Tensor& k,
+                                 const Tensor& v) {
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  request.precision = Precision::kBFloat16;
+  return request;
+}
 
 enum class Lengths { kNone, kPerBatch, kPerRow };
 
@@ -54,17 +67,14 @@ std::unique_ptr<Engine> MakeEngine(bool always_parallel,
 class AmxAttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
-  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   const Case& c = GetParam();
   std::mt19937 rng(static_cast<unsigned>(c.lq * 131 + c.lk * 7 + c.d));
   const Tensor q = RandomNormal(rng, {c.batch, c.heads, c.lq, c.d});
   const Tensor k = RandomNormal(rng, {c.batch, c.heads, c.lk, c.d});
   const Tensor v = RandomNormal(rng, {c.batch, c.heads, c.lk, c.dv});
   std::vector<int32_t> lengths;
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
+  AttentionRequest request = BFloat16Request(q, k, v);
   if (c.lengths == Lengths::kPerBatch) {
     lengths = RandomLengths(rng, c.batch, 0, c.lk);
     lengths.back() = c.lk;
@@ -75,7 +85,6 @@ TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
   }
   request.causal = c.causal;
   request.score = c.score;
-  request.precision = Precision::kBFloat16;
   request.return_weights = true;
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
@@ -123,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(
 // exponentials stay relative to an older max, up to e^8). Both against the
 // reference within the derived bound, masks included.
 TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
-  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   for (const float rise : {30.0f, 3.0f}) {
     SCOPED_TRACE(::testing::Message() << "rise per block " << rise);
     std::mt19937 rng(17);
@@ -141,12 +150,8 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
       k.data[j * d] = 64.0f * rise * static_cast<float>(j / 256);
     }
     const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
-    AttentionRequest request;
-    request.queries = q.view();
-    request.keys = k.view();
-    request.values = v.view();
+    AttentionRequest request = BFloat16Request(q, k, v);
     request.valid_lens = ViewOf(lengths, {1, lq});
-    request.precision = Precision::kBFloat16;
     request.return_weights = true;
     auto expected = ReferenceEngine().ScaledDotProductAttention(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
@@ -168,7 +173,7 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
 // or not (one thread): the same as the floats the bits hold, and within the
 // derived bound of the reference.
 TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
-  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   std::mt19937 rng(5);
   const int64_t lk = 9000, d = 64, dv = 48;
   Tensor k = RandomNormal(rng, {1, lk, d});
@@ -180,12 +185,8 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
     SCOPED_TRACE(::testing::Message() << "lq " << lq);
     const Tensor q = RandomNormal(rng, {1, lq, d});
     const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
-    AttentionRequest floats;
-    floats.queries = q.view();
-    floats.keys = k.view();
-    floats.values = v.view();
+    AttentionRequest floats = BFloat16Request(q, k, v);
     floats.valid_lens = ViewOf(lengths, {1, lq});
-    floats.precision = Precision::kBFloat16;
     AttentionRequest held = floats;
     held.keys.data = nullptr;
     held.values.data = nullptr;
@@ -221,16 +222,12 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
 // Capped at avx512, the same call runs without tiles (the switch that tests
 // the other paths on this machine), within the same bound.
 TEST(AmxSwitchTest, CapAtAvx512TurnsTheTilesOff) {
-  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   std::mt19937 rng(9);
   const Tensor q = RandomNormal(rng, {2, 64, 64});
   const Tensor k = RandomNormal(rng, {2, 300, 64});
   const Tensor v = RandomNormal(rng, {2, 300, 64});
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
-  request.precision = Precision::kBFloat16;
+  AttentionRequest request = BFloat16Request(q, k, v);
   request.return_weights = true;
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok());
@@ -255,7 +252,7 @@ TEST(AmxSwitchTest, CapAtAvx512TurnsTheTilesOff) {
 // the output as NaN from the tiles, and the engine answers with the
 // reference's result, as on every other path.
 TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
-  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU (or capped)";
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   std::mt19937 rng(3);
   Tensor q = RandomNormal(rng, {1, 32, 64});
   Tensor k = RandomNormal(rng, {1, 40, 64});
@@ -264,11 +261,7 @@ TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
     q.data[5 * 64 + c] = 3e37f;
     k.data[7 * 64 + c] = 3e37f;
   }
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
-  request.precision = Precision::kBFloat16;
+  AttentionRequest request = BFloat16Request(q, k, v);
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   auto result = MakeEngine(false)->ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
