@@ -24,7 +24,8 @@ template <typename Value>
 void SoftmaxRow(const std::vector<double>& score, int64_t limit,
                 double max_error, const float* p, float* p_bound,
                 int64_t dv, const Value& value, const float* out_exact,
-                float* out_bound, double probability_rounding = 0.0) {
+                float* out_bound, double probability_rounding = 0.0,
+                double exponential_error = 0.0) {
   double max_score = -INFINITY, min_score = INFINITY;
   for (int64_t j = 0; j < limit; ++j) {
     max_score = std::max(max_score, score[j]);
@@ -38,9 +39,9 @@ void SoftmaxRow(const std::vector<double>& score, int64_t limit,
   for (int64_t j = 0; j < limit; ++j) {
     const double argument = kU * (std::fabs(score[j] - max_score) + range);
     // The last u: the reference's own rounding of p_j to float.
-    const double rho =
-        (1.0 + perturbation) * (1.0 + evaluation) * (1.0 + argument) - 1.0 +
-        kU;
+    const double rho = (1.0 + perturbation) * (1.0 + evaluation) *
+                           (1.0 + argument) * (1.0 + exponential_error) -
+                       1.0 + kU;
     p_bound[j] = static_cast<float>(p[j] * rho + kFlushFloor);
     for (int64_t c = 0; c < dv; ++c) {
       out[c] += std::fabs(value(j, c)) *
@@ -97,6 +98,13 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
   // 2^-8 (half the spacing 2^-7 between bfloat16 values in [1, 2)).
   const double probability_rounding =
       p.precision == Precision::kBFloat16 ? 0x1p-8 : 0.0;
+  // Their exponentials need no more than bfloat16 keeps, and cpu-amx-blocks
+  // takes them so (softmax_avx512.h's Exp2Of16): 2^-18 of its own, and its
+  // argument (x - max) * scale * log2(e) rounded three times, 3u of at most
+  // 125.5 (below, the result is under the flush floor), ln 2 * 3u * 125.5
+  // < 2^-15.9 relative: 2^-15 covers both.
+  const double exponential_error =
+      p.precision == Precision::kBFloat16 ? 0x1p-15 : 0.0;
   std::vector<double> score(p.lk);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads; ++h) {
@@ -127,7 +135,8 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
                    &bounds.weights.data[row * p.lk], p.dv,
                    [&](int64_t j, int64_t c) { return operand(v[j * p.dv + c]); },
                    &exact.output.data[row * p.dv],
-                   &bounds.output.data[row * p.dv], probability_rounding);
+                   &bounds.output.data[row * p.dv], probability_rounding,
+                   exponential_error);
       }
     }
   }

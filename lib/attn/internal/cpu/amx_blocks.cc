@@ -345,25 +345,26 @@ ATTN_AMX_TARGET void ScoreTiles(const uint16_t* queries, int64_t dp,
   }
 }
 
-// bfloat16(exp((x - shift) * factor)) of 16 scores into `to`, their sum
-// added to `sums` and their max taken into `maxima`; lanes not in `lanes`
-// give 0, as do arguments below -87 (vec_math.h's exp), and NaN stays NaN.
-// Rounded to nearest even, as ToBFloat16 (the exponentials are 0 or
-// normal: nothing for the instruction to flush).
+// bfloat16(2^((x - shift) * factor)) of 16 scores into `to` (factor is the
+// scale times log2(e)), their sum added to `sums` and their max taken into
+// `maxima`; lanes not in `lanes` give 0, and NaN stays NaN. The
+// exponentials are softmax_avx512.h's Exp2Of16, taken to the precision
+// that bfloat16 keeps, not float's. Rounded to nearest even, as ToBFloat16
+// (the exponentials are 0 or normal: nothing for the instruction to flush).
 ATTN_AMX_TARGET inline void Exponentials(__m512 x, __mmask16 lanes,
                                          __m512 shift, __m512 factor,
                                          uint16_t* to, __m512& sums,
                                          __m512& maxima) {
   maxima = _mm512_mask_max_ps(maxima, lanes, maxima, x);
   const __m512 e = _mm512_maskz_mov_ps(
-      lanes, ExpOf16(_mm512_mul_ps(_mm512_sub_ps(x, shift), factor)));
+      lanes, Exp2Of16(_mm512_mul_ps(_mm512_sub_ps(x, shift), factor)));
   sums = _mm512_add_ps(sums, e);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(to),
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
 }
 
 // Exponentials as above of 64 unmasked scores, four vectors interleaved
-// (softmax_avx512.h's ExpOf64).
+// (softmax_avx512.h's Exp2Of64).
 ATTN_AMX_TARGET inline void Exponentials64(const float* row, __m512 shift,
                                            __m512 factor, uint16_t* to,
                                            __m512& sums, __m512& maxima) {
@@ -374,7 +375,7 @@ ATTN_AMX_TARGET inline void Exponentials64(const float* row, __m512 shift,
   for (int i = 0; i < 4; ++i) {
     x[i] = _mm512_mul_ps(_mm512_sub_ps(x[i], shift), factor);
   }
-  ExpOf64(x);
+  Exp2Of64(x);
   for (int i = 0; i < 4; ++i) {
     sums = _mm512_add_ps(sums, x[i]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 16 * i),
@@ -456,9 +457,11 @@ class PendingPool {
 // rescaled where the max moves (lazily, below), and probabilities + r *
 // kProbabilityStride gets bfloat16(exp((score - max) * scale)), 0 where
 // masked, up to keys_padded. Rows group_rows..kRowGroup get zero
-// probabilities (their accumulators stay 0). exp is vec_math.h's: exactly
-// 0 below -87 and NaN kept (an overflowed score then reaches the output,
-// and the engine redoes the call). `pending`, the previous group's second
+// probabilities (their accumulators stay 0). exp is Exponentials': within
+// 2^-15 relative of the exact value with its argument's rounding (the
+// bfloat16 bound's exponential term, attn/testing/error_bounds.cc), at
+// most 2^-125.5 below -87, NaN kept (an overflowed score then reaches the
+// output, and the engine redoes the call). `pending`, the previous group's second
 // product, is run a step at a time between the rows, and finished.
 ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
                                   const int64_t* limit, int64_t j0,
@@ -487,7 +490,7 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
     if (valid[r] == 0 || max[r] != kNegativeInfinity) continue;
     first_max[r] = RowMax(row, valid[r], kNegativeInfinity);
   }
-  const __m512 factor = _mm512_set1_ps(scale);
+  const __m512 factor = _mm512_set1_ps(scale * 1.44269504088896341f);
   // The row's exponentials from `reference` into its probabilities; returns
   // their sum, and the block's max in `block_max`.
   auto exponentials = [&](const float* row, uint16_t* rounded,

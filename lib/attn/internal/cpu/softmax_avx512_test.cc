@@ -47,6 +47,25 @@ std::vector<float> ExpOfEach(const std::vector<float>& args) {
   return out;
 }
 
+// 2^t of every element of `args` by Exp2Of64 (64 at a time) and Exp2Of16
+// (the rest).
+std::vector<float> Exp2OfEach(const std::vector<float>& args) {
+  std::vector<float> out(args.size());
+  size_t i = 0;
+  for (; i + 64 <= args.size(); i += 64) {
+    __m512 t[4];
+    for (int w = 0; w < 4; ++w) t[w] = _mm512_loadu_ps(&args[i + 16 * w]);
+    Exp2Of64(t);
+    for (int w = 0; w < 4; ++w) _mm512_storeu_ps(&out[i + 16 * w], t[w]);
+  }
+  for (; i < args.size(); ++i) {
+    float lane[16] = {args[i]};
+    _mm512_storeu_ps(lane, Exp2Of16(_mm512_loadu_ps(lane)));
+    out[i] = lane[0];
+  }
+  return out;
+}
+
 float RowMaxOf(const std::vector<float>& row, float init) {
   return RowMax(row.data(), static_cast<int64_t>(row.size()), init);
 }
@@ -109,6 +128,57 @@ TEST(SoftmaxAvx512Test, UnderflowIsExactlyZeroAndNaNPropagates) {
     EXPECT_EQ(exps[base + 4], 1.0f);
     // inf - inf in a sweep: the engine must see NaN to redo the call.
     EXPECT_TRUE(std::isnan(exps[base + 5]));
+  }
+}
+
+// The bfloat16-grade 2^t within its stated error over its whole range
+// (the kernels' arguments reach 8 * log2(e) above 0 with lazy rescaling),
+// densely around 0 and the fractions' ends (+-1/2, where the polynomial's
+// error peaks).
+TEST(SoftmaxAvx512Test, Exp2ForBFloat16WithinItsError) {
+  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const auto& [lo, hi] :
+       {std::pair{-125.5, 12.0}, std::pair{-1.0, 1.0}, std::pair{-3.6, -3.4}}) {
+    for (const int steps : {2'000'063, 999'999}) {
+      std::vector<float> args(steps + 1);
+      for (int i = 0; i <= steps; ++i) {
+        args[i] = static_cast<float>(lo + (hi - lo) * i / steps);
+      }
+      const std::vector<float> exps = Exp2OfEach(args);
+      double worst = 0.0;
+      for (size_t i = 0; i < args.size(); ++i) {
+        const double exact = std::exp2(static_cast<double>(args[i]));
+        worst = std::max(worst, std::fabs(exps[i] - exact) / exact);
+      }
+      EXPECT_LE(worst, kExp2ForBFloat16Error) << "[" << lo << ", " << hi << "]";
+      // Tight enough to be worth its 11 instructions: a degree-3 fit would
+      // be 7.5e-5 off.
+      EXPECT_GE(worst, kExp2ForBFloat16Error / 4) << "[" << lo << ", " << hi << "]";
+    }
+  }
+}
+
+TEST(SoftmaxAvx512Test, Exp2ForBFloat16Edges) {
+  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // The edges first in a run of 64 (Exp2Of64), then alone (Exp2Of16).
+  const std::vector<float> edges = {-126.0f, -1e30f, -inf, 0.0f, nan, 200.0f};
+  std::vector<float> args = edges;
+  args.resize(64, 0.0f);
+  args.insert(args.end(), edges.begin(), edges.end());
+  const std::vector<float> exps = Exp2OfEach(args);
+  const double floor = std::exp2(-125.5);
+  for (const size_t base : {size_t{0}, size_t{64}}) {
+    SCOPED_TRACE(base == 0 ? "Exp2Of64" : "Exp2Of16");
+    for (size_t i = 0; i < 3; ++i) {
+      // Clamped to 2^-125.5: normal, under the bounds' flush floor.
+      EXPECT_EQ(std::fpclassify(exps[base + i]), FP_NORMAL) << i;
+      EXPECT_NEAR(exps[base + i], floor, floor * kExp2ForBFloat16Error) << i;
+    }
+    EXPECT_NEAR(exps[base + 3], 1.0f, kExp2ForBFloat16Error);
+    EXPECT_TRUE(std::isnan(exps[base + 4]));
+    EXPECT_EQ(exps[base + 5], inf);
   }
 }
 
