@@ -5,12 +5,14 @@
 // Gaussian score, keys and values held as bfloat16. On CPUs without AMX
 // tiles (or where the process may not use them) every case is skipped as
 // such: the other paths are tested by attention_test everywhere.
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "attn/cpu_isa.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
@@ -267,6 +269,68 @@ TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->output.data, expected->output.data);
+}
+
+// The engine leaves bfloat16's range check to the tiles where they round
+// every operand element themselves, and checks after the call where they
+// did not: an element past the range is refused by name wherever it is,
+// read by the tiles or not (keys past every row's valid length, the last
+// element), whichever way the keys were laid out (one query block: per
+// block; two: once per call); the largest value that rounds finite is
+// taken.
+TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
+  if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
+  struct Layout {
+    int64_t batch, lq, lk;
+    bool lengths, causal;
+    const char* label;
+  };
+  for (const Layout& layout :
+       {Layout{1, 32, 300, false, false, "one query block"},
+        Layout{2, 200, 70, false, false, "two query blocks"},
+        Layout{2, 32, 300, true, false, "lengths short of the last keys"},
+        Layout{1, 40, 300, false, true, "causal"}}) {
+    SCOPED_TRACE(layout.label);
+    std::mt19937 rng(static_cast<unsigned>(layout.lq + layout.lk));
+    Tensor q = RandomNormal(rng, {layout.batch, layout.lq, 16});
+    Tensor k = RandomNormal(rng, {layout.batch, layout.lk, 16});
+    Tensor v = RandomNormal(rng, {layout.batch, layout.lk, 8});
+    std::vector<int32_t> lengths(layout.batch, 100);
+    for (auto [name, tensor] : {std::pair{"queries", &q}, std::pair{"keys", &k},
+                                std::pair{"values", &v}}) {
+      const int64_t count = static_cast<int64_t>(tensor->data.size());
+      for (const int64_t element : {int64_t{0}, count / 2 + 3, count - 1}) {
+        SCOPED_TRACE(::testing::Message() << name << " element " << element);
+        const float kept = tensor->data[element];
+        for (const float huge : {3.4e38f, -3.4e38f, 3.3e38f}) {
+          tensor->data[element] = huge;
+          AttentionRequest request = BFloat16Request(q, k, v);
+          if (layout.lengths) {
+            request.valid_lens = ViewOf(lengths, {layout.batch});
+          }
+          request.causal = layout.causal;
+          auto result =
+              MakeEngine(false)->ScaledDotProductAttention(request);
+          if (std::fabs(huge) < 3.39e38f) {
+            EXPECT_TRUE(result.ok()) << result.status();
+            continue;
+          }
+          ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+              << huge;
+          EXPECT_NE(result.status().message().find(
+                        absl::StrCat(name, ": element ", element, " ")),
+                    std::string::npos)
+              << result.status();
+        }
+        tensor->data[element] = kept;
+      }
+    }
+    // In range, the tiles take it.
+    AttentionRequest request = BFloat16Request(q, k, v);
+    auto result = MakeEngine(false)->ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->implementation, "cpu-amx-blocks");
+  }
 }
 
 }  // namespace

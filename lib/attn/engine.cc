@@ -172,7 +172,8 @@ std::vector<std::string> Engine::backend_descriptions() const {
 template <typename Params, typename Method>
 absl::Status Engine::Dispatch(const Params& params, Method method,
                               std::initializer_list<TensorView> inputs,
-                              OpResult* result) {
+                              OpResult* result,
+                              absl::FunctionRef<absl::Status()> late_checks) {
   for (const auto& backend : backends_) {
     absl::StatusOr<const char*> ran = ((*backend).*method)(params);
     if (absl::IsUnimplemented(ran.status())) continue;
@@ -184,6 +185,7 @@ absl::Status Engine::Dispatch(const Params& params, Method method,
     const Backend* ran_on = backend.get();
     if (inputs.size() != 0 && &backend != &backends_.back() &&
         !AllFinite(*result) && AllFinite(inputs)) {
+      RETURN_IF_ERROR(late_checks());
       ran_on = backends_.back().get();
       ASSIGN_OR_RETURN(ran, ((*backends_.back()).*method)(params));
     }
@@ -233,12 +235,37 @@ std::optional<HeldMemoryStats> Engine::held_memory_stats() const {
 
 absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
     const AttentionRequest& request) {
-  ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(request));
+  // A reduced precision's range check reads every operand element on this
+  // thread, a pass over memory while the kernel's threads wait (a tenth of
+  // a large bfloat16 call on AMX). The kernel that rounds the operands may
+  // check them as it goes instead (AttentionParams::range_checked); after
+  // any call whose kernel did not, and before any redo, the check runs
+  // here, and its error is the answer.
+  ASSIGN_OR_RETURN(Plan<AttentionParams> plan,
+                   ValidateAttentionShapes(request));
+  const bool range_matters = plan.params.precision != Precision::kFloat32;
+  bool kernel_checked = false;
+  if (range_matters) plan.params.range_checked = &kernel_checked;
+  auto check_range = [&]() -> absl::Status {
+    return range_matters && !kernel_checked
+               ? CheckAttentionOperandRange(request)
+               : absl::OkStatus();
+  };
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
-  RETURN_IF_ERROR(Dispatch(plan.params, &Backend::ScaledDotProductAttention,
-                           {request.queries, request.keys, request.values},
-                           &result));
+  const absl::Status ran =
+      Dispatch(plan.params, &Backend::ScaledDotProductAttention,
+               {request.queries, request.keys, request.values}, &result,
+               check_range);
+  if (absl::IsOutOfRange(ran)) {
+    kernel_checked = false;
+    RETURN_IF_ERROR(check_range());
+    return absl::InternalError(absl::StrCat(
+        "a kernel found an operand past ", PrecisionName(request.precision),
+        "'s range that the engine's check did not: ", ran.message()));
+  }
+  RETURN_IF_ERROR(ran);
+  RETURN_IF_ERROR(check_range());
   return result;
 }
 

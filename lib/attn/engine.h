@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attn/backend.h"
 #include "attn/cpu_isa.h"
@@ -146,11 +148,15 @@ class Engine {
   // Runs `method` on the first backend that takes `params`; names the
   // implementation and the backend that ran in `result`. `inputs` and
   // `result` serve the overflow check (see engine.cc); empty `inputs` turn
-  // it off.
+  // it off. `late_checks` is the validation left until after the kernel
+  // (attention's deferred range check), run before any redo.
   template <typename Params, typename Method>
-  absl::Status Dispatch(const Params& params, Method method,
-                        std::initializer_list<TensorView> inputs,
-                        OpResult* result);
+  absl::Status Dispatch(
+      const Params& params, Method method,
+      std::initializer_list<TensorView> inputs, OpResult* result,
+      absl::FunctionRef<absl::Status()> late_checks = [] {
+        return absl::OkStatus();
+      });
 
   const std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::string> notes_;

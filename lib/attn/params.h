@@ -107,6 +107,15 @@ struct AttentionParams {
   // batch and heads are then 1): a device backend may read the copy it
   // keeps instead of copying them in.
   const HeldMemory* held = nullptr;
+  // Reduced precision: where not null, the engine has left the check that
+  // every float32 operand rounds to a finite value of the precision
+  // (attn/validate.h's CheckAttentionOperandRange) to the kernel that
+  // rounds them, and checks after the call unless that kernel set *this to
+  // true. A kernel sets it only when it rounded every element of q, and of
+  // k and v unless held as bfloat16, and found each in range; finding one
+  // past it (finite, rounding to infinity), it answers OUT_OF_RANGE and the
+  // engine names the element. Kernels that do not check leave it alone.
+  bool* range_checked = nullptr;
 
   // The number of leading keys query row `row` of (batch, any head) attends.
   int64_t KeyLimit(int64_t b, int64_t row) const {

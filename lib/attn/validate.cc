@@ -208,8 +208,10 @@ absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmul(
   return plan;
 }
 
-absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
-    const AttentionRequest& request) {
+// ValidateAttention, with the operands' range check (which reads every
+// element) or without it.
+static absl::StatusOr<Plan<AttentionParams>> ValidateAttentionFor(
+    const AttentionRequest& request, bool check_range) {
   RETURN_IF_ERROR(CheckTensor("queries", request.queries, 3, 4,
                               "(B, Lq, d) or (B, H, Lq, d)"));
   const TensorView& q = request.queries;
@@ -284,11 +286,7 @@ absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
   p.score = request.score;
   p.causal = request.causal;
   p.precision = request.precision;
-  RETURN_IF_ERROR(CheckOperandRange("queries", q, p.precision));
-  if (!held_bfloat16) {
-    RETURN_IF_ERROR(CheckOperandRange("keys", k, p.precision));
-    RETURN_IF_ERROR(CheckOperandRange("values", v, p.precision));
-  }
+  if (check_range) RETURN_IF_ERROR(CheckAttentionOperandRange(request));
   if (request.scale.has_value()) {
     RETURN_IF_ERROR(CheckPositiveFinite("scale", *request.scale));
     p.scale = *request.scale;
@@ -456,15 +454,26 @@ absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmulShapes(
   plan.params.precision = request.precision;
   return plan;
 }
+absl::StatusOr<Plan<AttentionParams>> ValidateAttention(
+    const AttentionRequest& request) {
+  return ValidateAttentionFor(request, /*check_range=*/true);
+}
+
 absl::StatusOr<Plan<AttentionParams>> ValidateAttentionShapes(
     const AttentionRequest& request) {
-  AttentionRequest shapes = request;
-  if (shapes.keys_bfloat16 == nullptr && shapes.values_bfloat16 == nullptr) {
-    shapes.precision = Precision::kFloat32;
+  return ValidateAttentionFor(request, /*check_range=*/false);
+}
+
+absl::Status CheckAttentionOperandRange(const AttentionRequest& request) {
+  RETURN_IF_ERROR(
+      CheckOperandRange("queries", request.queries, request.precision));
+  // Keys and values held as bfloat16 are in range by construction.
+  if (request.keys_bfloat16 == nullptr) {
+    RETURN_IF_ERROR(CheckOperandRange("keys", request.keys, request.precision));
+    RETURN_IF_ERROR(
+        CheckOperandRange("values", request.values, request.precision));
   }
-  ASSIGN_OR_RETURN(Plan<AttentionParams> plan, ValidateAttention(shapes));
-  plan.params.precision = request.precision;
-  return plan;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ResultSize> SizeOfResult(const BatchMatmulRequest& request) {

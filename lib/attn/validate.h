@@ -41,6 +41,11 @@ absl::StatusOr<Plan<BatchMatmulParams>> ValidateBatchMatmulShapes(
     const BatchMatmulRequest& request);
 absl::StatusOr<Plan<AttentionParams>> ValidateAttentionShapes(
     const AttentionRequest& request);
+// ValidateAttention's check that a reduced precision's operands round to
+// finite values (INVALID_ARGUMENT naming the operand and the element), alone:
+// ValidateAttentionShapes plus this is ValidateAttention. For a caller that
+// lets the kernel check the range as it rounds (attn/engine.cc).
+absl::Status CheckAttentionOperandRange(const AttentionRequest& request);
 // Checks the fit's inputs and hyperparameters; output_shape is unused.
 absl::StatusOr<Plan<NadarayaWatsonParams>> ValidateFitBandwidth(
     const FitBandwidthRequest& request);

@@ -91,6 +91,24 @@ inline void ToBFloat16(const float* from, int64_t count, uint16_t* to) {
   for (int64_t c = 0; c < count; ++c) to[c] = ToBFloat16(from[c]);
 }
 
+// ToBFloat16 of `count` floats, also telling whether any was finite and
+// rounded to infinity (|x| from 0x7f7f8000, halfway past bfloat16's
+// largest finite value, up to float's largest): the operand range check of
+// attn/validate.h, taken by a kernel while it rounds (AttentionParams::
+// range_checked). Infinity and NaN are not range errors: they stay what
+// they are.
+inline bool ToBFloat16PastRange(const float* from, int64_t count,
+                                uint16_t* to) {
+  uint32_t past = 0;
+#pragma omp simd reduction(| : past)
+  for (int64_t c = 0; c < count; ++c) {
+    const uint32_t magnitude = __builtin_bit_cast(uint32_t, from[c]) & 0x7fffffffu;
+    past |= static_cast<uint32_t>(magnitude - 0x7f7f8000u < 0x8000u);
+    to[c] = ToBFloat16(from[c]);
+  }
+  return past != 0;
+}
+
 // As ExpShiftedAndSum, but the exponentials go to `rounded` as bfloat16 (the
 // operand of the next product) while their float sum is returned.
 inline float ExpShiftedSumAndRound(const float* row, int64_t count, float max,

@@ -97,5 +97,35 @@ TEST(VecMathTest, BFloat16RoundsToNearestEven) {
   }
 }
 
+// The kernels' own range check as they round: exactly the floats that
+// bfloat16.h's reference rounding takes from finite to infinite, each found
+// alone at every position of a run (the vector loop's lanes and its tail),
+// and the rounding the same as ToBFloat16's.
+TEST(VecMathTest, BFloat16PastRangeIsExactlyFiniteToInfinite) {
+  const float inf = std::numeric_limits<float>::infinity();
+  auto from_bits = [](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+  };
+  for (const float x :
+       {from_bits(0x7f7f7fff), from_bits(0x7f7f8000), from_bits(0x7f7fffff),
+        from_bits(0xff7f7fff), from_bits(0xff7f8000), 3.3e38f, 3.4e38f,
+        -3.4e38f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 1.0f}) {
+    const bool past = std::isfinite(x) && std::isinf(RoundToBFloat16(x));
+    for (const int at : {0, 5, 16, 36}) {
+      float run[37];
+      for (int i = 0; i < 37; ++i) run[i] = 0.5f * i - 3.0f;
+      run[at] = x;
+      uint16_t rounded[37];
+      EXPECT_EQ(ToBFloat16PastRange(run, 37, rounded), past) << x << " at " << at;
+      for (int i = 0; i < 37; ++i) {
+        if (std::isnan(run[i])) continue;
+        EXPECT_EQ(rounded[i], ToBFloat16(run[i])) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn::internal::baseline

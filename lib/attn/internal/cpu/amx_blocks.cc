@@ -212,17 +212,21 @@ void PackValues(const uint16_t* values, int64_t count, int64_t dv,
 // The same from float32 operands, rounded as ToBFloat16 (round to nearest
 // even, as every other bfloat16 path) a tile's rows at a time, so that a
 // call's keys and values are read once, not rounded into a copy first.
-void PadQueries(const float* queries, int64_t rows, int64_t d,
+// These return whether an element was past bfloat16's range
+// (ToBFloat16PastRange); the bfloat16 ones above have none.
+bool PadQueries(const float* queries, int64_t rows, int64_t d,
                 int64_t rows_padded, int64_t dp, uint16_t* to) {
+  bool past_range = false;
   for (int64_t r = 0; r < rows_padded; ++r) {
     uint16_t* row = to + r * dp;
     if (r < rows) {
-      ToBFloat16(queries + r * d, d, row);
+      past_range |= ToBFloat16PastRange(queries + r * d, d, row);
       std::fill(row + d, row + dp, uint16_t{0});
     } else {
       std::fill(row, row + dp, uint16_t{0});
     }
   }
+  return past_range;
 }
 
 std::vector<uint16_t>& RoundedRows() {
@@ -230,57 +234,67 @@ std::vector<uint16_t>& RoundedRows() {
   return rows;
 }
 
-void PackKeys(const float* keys, int64_t count, int64_t d,
+bool PackKeys(const float* keys, int64_t count, int64_t d,
               int64_t keys_padded, int64_t dp, uint32_t* tiles) {
   std::vector<uint16_t>& rounded = RoundedRows();
   GrowTo(rounded, kTileSide * d);
   const int64_t tile_words = dp / kPairsDepth * kTileWords;
+  bool past_range = false;
   for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
     const int64_t first = t * kTileSide;
     const int64_t n = std::clamp<int64_t>(count - first, 0, kTileSide);
-    if (n > 0) ToBFloat16(keys + first * d, n * d, rounded.data());
+    if (n > 0) {
+      past_range |= ToBFloat16PastRange(keys + first * d, n * d, rounded.data());
+    }
     PackKeys(rounded.data(), n, d, kTileSide, dp, tiles + t * tile_words);
   }
+  return past_range;
 }
 
-void PackValues(const float* values, int64_t count, int64_t dv,
+bool PackValues(const float* values, int64_t count, int64_t dv,
                 int64_t keys_padded, int64_t dvp, uint32_t* tiles) {
   std::vector<uint16_t>& rounded = RoundedRows();
   GrowTo(rounded, kPairsDepth * dv);
   const int64_t chunk_words = dvp / kTileSide * kTileWords;
+  bool past_range = false;
   for (int64_t kc = 0; kc < keys_padded / kPairsDepth; ++kc) {
     const int64_t first = kc * kPairsDepth;
     const int64_t n = std::clamp<int64_t>(count - first, 0, kPairsDepth);
-    if (n > 0) ToBFloat16(values + first * dv, n * dv, rounded.data());
+    if (n > 0) {
+      past_range |=
+          ToBFloat16PastRange(values + first * dv, n * dv, rounded.data());
+    }
     PackValues(rounded.data(), n, dv, kPairsDepth, dvp,
                tiles + kc * chunk_words);
   }
+  return past_range;
 }
 
-// Operands of either type: bfloat16 as they are, float32 rounded.
+// Operands of either type: bfloat16 as they are, float32 rounded. Each
+// returns whether a float32 element was past bfloat16's range.
 template <typename... Args>
-void PadQueriesOf(const Operands& ops, const void* q, Args... args) {
+bool PadQueriesOf(const Operands& ops, const void* q, Args... args) {
   if (ops.type == BlockOperands::kFloat32) {
-    PadQueries(static_cast<const float*>(q), args...);
-  } else {
-    PadQueries(static_cast<const uint16_t*>(q), args...);
+    return PadQueries(static_cast<const float*>(q), args...);
   }
+  PadQueries(static_cast<const uint16_t*>(q), args...);
+  return false;
 }
 template <typename... Args>
-void PackKeysOf(const Operands& ops, const void* k, Args... args) {
+bool PackKeysOf(const Operands& ops, const void* k, Args... args) {
   if (ops.type == BlockOperands::kFloat32) {
-    PackKeys(static_cast<const float*>(k), args...);
-  } else {
-    PackKeys(static_cast<const uint16_t*>(k), args...);
+    return PackKeys(static_cast<const float*>(k), args...);
   }
+  PackKeys(static_cast<const uint16_t*>(k), args...);
+  return false;
 }
 template <typename... Args>
-void PackValuesOf(const Operands& ops, const void* v, Args... args) {
+bool PackValuesOf(const Operands& ops, const void* v, Args... args) {
   if (ops.type == BlockOperands::kFloat32) {
-    PackValues(static_cast<const float*>(v), args...);
-  } else {
-    PackValues(static_cast<const uint16_t*>(v), args...);
+    return PackValues(static_cast<const float*>(v), args...);
   }
+  PackValues(static_cast<const uint16_t*>(v), args...);
+  return false;
 }
 
 // scores[r][j] = queries[r] . key j for a group's 32 rows (queries padded
@@ -568,7 +582,7 @@ bool AmxBlocksTake(const CpuCall<AttentionParams>& call) {
          p.d % 2 == 0 && p.dv % 2 == 0 && p.lq >= kAmxMinRows;
 }
 
-void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
+bool AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
              AmxScratch& s, const KeyShare* share, const AmxTiles* tiles) {
   const int64_t rows = task.rows;
   const int64_t rows_padded = RoundUp(rows, kRowGroup);
@@ -589,8 +603,9 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
 
   const void* k = ops.At(ops.k, task.bh * p.lk * p.d);
   const void* v = ops.At(ops.v, task.bh * p.lk * p.dv);
-  PadQueriesOf(ops, ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d), rows,
-               p.d, rows_padded, dp, s.queries.data());
+  bool past_range =
+      PadQueriesOf(ops, ops.At(ops.q, (task.bh * p.lq + task.q0) * p.d),
+                   rows, p.d, rows_padded, dp, s.queries.data());
   std::fill(s.acc.begin(), s.acc.begin() + rows_padded * dvp, 0.0f);
   std::fill(s.max.begin(), s.max.begin() + rows_padded, kNegativeInfinity);
   std::fill(s.sum.begin(), s.sum.begin() + rows_padded, 0.0f);
@@ -613,10 +628,10 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
       value_tiles =
           tiles->values + j0 / kPairsDepth * (dvp / kTileSide) * kTileWords;
     } else {
-      PackKeysOf(ops, ops.At(k, j0 * p.d), count, p.d, keys_padded, dp,
-                 s.key_tiles.data());
-      PackValuesOf(ops, ops.At(v, j0 * p.dv), count, p.dv, keys_padded, dvp,
-                   s.value_tiles.data());
+      past_range |= PackKeysOf(ops, ops.At(k, j0 * p.d), count, p.d,
+                               keys_padded, dp, s.key_tiles.data());
+      past_range |= PackValuesOf(ops, ops.At(v, j0 * p.dv), count, p.dv,
+                                 keys_padded, dvp, s.value_tiles.data());
       key_tiles = s.key_tiles.data();
       value_tiles = s.value_tiles.data();
     }
@@ -653,7 +668,7 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
       std::copy(s.acc.begin() + r * dvp, s.acc.begin() + r * dvp + p.dv,
                 share->acc + r * p.dv);
     }
-    return;
+    return past_range;
   }
   float* out = p.out + (task.bh * p.lq + task.q0) * p.dv;
   for (int64_t r = 0; r < rows; ++r) {
@@ -662,11 +677,12 @@ void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
 #pragma omp simd
     for (int64_t c = 0; c < p.dv; ++c) out[r * p.dv + c] = acc[c] * inverse;
   }
+  return past_range;
 }
 
 bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
                   int64_t max_bytes, std::vector<uint32_t>& buffer,
-                  std::vector<AmxTiles>& tiles) {
+                  std::vector<AmxTiles>& tiles, bool* past_range) {
   const int64_t bh = p.batch * p.heads;
   const int64_t keys_padded = RoundUp(p.lk, kPairsDepth);
   const int64_t dp = RoundUp(p.d, kPairsDepth);
@@ -676,15 +692,19 @@ bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
   if (bh * (key_words + value_words) * 4 > max_bytes) return false;
   GrowTo(buffer, bh * (key_words + value_words));
   tiles.resize(bh);
+  std::atomic<bool> past{false};
   ParallelFor(bh, threads, [&](int64_t i) {
     uint32_t* keys = buffer.data() + i * (key_words + value_words);
     uint32_t* values = keys + key_words;
-    PackKeysOf(ops, ops.At(ops.k, i * p.lk * p.d), p.lk, p.d, keys_padded,
-               dp, keys);
-    PackValuesOf(ops, ops.At(ops.v, i * p.lk * p.dv), p.lk, p.dv,
-                 keys_padded, dvp, values);
+    const bool keys_past = PackKeysOf(ops, ops.At(ops.k, i * p.lk * p.d),
+                                      p.lk, p.d, keys_padded, dp, keys);
+    const bool values_past =
+        PackValuesOf(ops, ops.At(ops.v, i * p.lk * p.dv), p.lk, p.dv,
+                     keys_padded, dvp, values);
+    if (keys_past || values_past) past.store(true, std::memory_order_relaxed);
     tiles[i] = AmxTiles{keys, values};
   });
+  *past_range = past.load();
   return true;
 }
 
@@ -692,11 +712,13 @@ bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
 
 bool AmxBlocksTake(const CpuCall<AttentionParams>&) { return false; }
 
-void AmxTask(const AttentionParams&, const Operands&, const Task&,
-             AmxScratch&, const KeyShare*, const AmxTiles*) {}
+bool AmxTask(const AttentionParams&, const Operands&, const Task&,
+             AmxScratch&, const KeyShare*, const AmxTiles*) {
+  return false;
+}
 
 bool PackAmxTiles(const AttentionParams&, const Operands&, int, int64_t,
-                  std::vector<uint32_t>&, std::vector<AmxTiles>&) {
+                  std::vector<uint32_t>&, std::vector<AmxTiles>&, bool*) {
   return false;
 }
 
@@ -725,23 +747,43 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   constexpr int64_t kKeptBytes = int64_t{32} << 20;
   thread_local std::vector<uint32_t> kept;
   std::vector<AmxTiles> tiles;
+  bool keys_past_range = false;
   if (QueryBlocks(p) > 1) {
     PackAmxTiles(p, ops, call.threads,
                  p.k_bfloat16 != nullptr
                      ? kKeptBytes
                      : std::numeric_limits<int64_t>::max(),
-                 kept, tiles);
+                 kept, tiles, &keys_past_range);
   }
+  std::atomic<bool> past_range{keys_past_range};
   ForEachItem(
       TaskCount(p), call.threads, [] { return AmxScratch{}; },
       [&](int64_t index, AmxScratch& scratch) {
         const Task task = TaskAt(p, index);
-        AmxTask(p, ops, task, scratch, nullptr,
-                tiles.empty() ? nullptr : &tiles[task.bh]);
+        if (AmxTask(p, ops, task, scratch, nullptr,
+                    tiles.empty() ? nullptr : &tiles[task.bh])) {
+          past_range.store(true, std::memory_order_relaxed);
+        }
         return true;
       });
   if (static_cast<int64_t>(kept.size() * sizeof(uint32_t)) > kKeptBytes) {
     std::vector<uint32_t>().swap(kept);
+  }
+  // The engine's range check, where it left it here (AttentionParams::
+  // range_checked): the float32 operands rounded in place were checked as
+  // they were rounded. That covers the call when every element was: every
+  // query (each task rounds its rows), and every key and value, which the
+  // call-wide layout rounds, as does each task's own where no row is
+  // masked short of the last key.
+  if (past_range.load()) {
+    return absl::OutOfRangeError(
+        "an operand rounds past bfloat16's largest finite value");
+  }
+  const bool every_key_read =
+      !tiles.empty() ||
+      (p.valid.kind == ValidLengths::Kind::kNone && !p.causal);
+  if (round_in_place && every_key_read && p.range_checked != nullptr) {
+    *p.range_checked = true;
   }
   return absl::OkStatus();
 }

@@ -48,17 +48,19 @@ struct AmxTiles {
 // Lays out every batch entry's and head's keys and values as tiles, in
 // parallel on `threads`, into `buffer` (grown as needed); tiles[bh] then
 // points into it. Returns false, doing nothing, when that would take more
-// than `max_bytes`.
+// than `max_bytes`. *past_range tells whether a float32 element rounded
+// past bfloat16's range (vec_math.h's ToBFloat16PastRange).
 bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
                   int64_t max_bytes, std::vector<uint32_t>& buffer,
-                  std::vector<AmxTiles>& tiles);
+                  std::vector<AmxTiles>& tiles, bool* past_range);
 
 // One task of a call AmxBlocksTake, over all its keys, writing its rows of
 // p.out; or, with `share`, over that share of its keys, leaving the share's
 // partial softmax there. `ops` are bfloat16 (attention_blocks.h). The keys
 // and values are read from `tiles` (the task's batch entry's and head's)
-// where given, else laid out a block at a time in `s`.
-void AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
+// where given, else laid out a block at a time in `s`. Returns whether a
+// float32 element it rounded was past bfloat16's range.
+bool AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
              AmxScratch& s, const KeyShare* share = nullptr,
              const AmxTiles* tiles = nullptr);
 

@@ -28,42 +28,32 @@ ATTN_ISA_BEGIN
 namespace attn::internal::avx512 {
 namespace {
 
-// exp of every element of `args` by ExpOf64 (64 at a time) and ExpOf16
-// (the rest).
-std::vector<float> ExpOfEach(const std::vector<float>& args) {
+// of64 of every element of `args`, 64 at a time, and of16 of the rest
+// (ExpOf64 and ExpOf16, or Exp2Of64 and Exp2Of16).
+std::vector<float> EachOf(const std::vector<float>& args,
+                          void (*of64)(__m512 (&)[4]),
+                          __m512 (*of16)(__m512)) {
   std::vector<float> out(args.size());
   size_t i = 0;
   for (; i + 64 <= args.size(); i += 64) {
     __m512 x[4];
     for (int w = 0; w < 4; ++w) x[w] = _mm512_loadu_ps(&args[i + 16 * w]);
-    ExpOf64(x);
+    of64(x);
     for (int w = 0; w < 4; ++w) _mm512_storeu_ps(&out[i + 16 * w], x[w]);
   }
   for (; i < args.size(); ++i) {
     float lane[16] = {args[i]};
-    _mm512_storeu_ps(lane, ExpOf16(_mm512_loadu_ps(lane)));
+    _mm512_storeu_ps(lane, of16(_mm512_loadu_ps(lane)));
     out[i] = lane[0];
   }
   return out;
 }
 
-// 2^t of every element of `args` by Exp2Of64 (64 at a time) and Exp2Of16
-// (the rest).
+std::vector<float> ExpOfEach(const std::vector<float>& args) {
+  return EachOf(args, ExpOf64, ExpOf16);
+}
 std::vector<float> Exp2OfEach(const std::vector<float>& args) {
-  std::vector<float> out(args.size());
-  size_t i = 0;
-  for (; i + 64 <= args.size(); i += 64) {
-    __m512 t[4];
-    for (int w = 0; w < 4; ++w) t[w] = _mm512_loadu_ps(&args[i + 16 * w]);
-    Exp2Of64(t);
-    for (int w = 0; w < 4; ++w) _mm512_storeu_ps(&out[i + 16 * w], t[w]);
-  }
-  for (; i < args.size(); ++i) {
-    float lane[16] = {args[i]};
-    _mm512_storeu_ps(lane, Exp2Of16(_mm512_loadu_ps(lane)));
-    out[i] = lane[0];
-  }
-  return out;
+  return EachOf(args, Exp2Of64, Exp2Of16);
 }
 
 float RowMaxOf(const std::vector<float>& row, float init) {
