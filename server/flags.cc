@@ -206,8 +206,10 @@ ABSL_FLAG(bool, map_model_weights, true,
           "no copy at load, and one copy in RAM for every replica on the "
           "machine. A file changed in place is copied before the change "
           "lands; where a lease is refused (NFS, a file the server does not "
-          "own) the file is read, and logged (docs/repository.md). false: "
-          "every model is read.");
+          "own) the file is read, and logged (docs/repository.md). The rows "
+          "appended (AppendMemory) are likewise kept in scratch files of the "
+          "model's folder, mapped. false: every model is read, and the rows "
+          "appended held in the server's memory.");
 ABSL_FLAG(bool, exit_on_model_error, true,
           "A model folder of --model_repository that fails to load at "
           "start-up stops the server (Triton's --exit-on-error), naming the "
@@ -513,8 +515,9 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
         config.repository.max_grown_model_bytes));
   }
   if (config.repository.max_grown_model_bytes == 0) {
-    // A grown model lives in the server's memory; half leaves room for
-    // the rest of the process and the page cache of the mapped models.
+    // A grown model is served from page cache (its rows mapped) or the
+    // server's memory; half leaves room for the rest of the process and
+    // the other models, so that a memory queried whole stays in RAM.
     config.repository.max_grown_model_bytes =
         std::max<int64_t>(config.repository.max_model_bytes,
                           static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *

@@ -182,6 +182,62 @@ TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
   }
 }
 
+// The rows appended are file pages, not the server's own memory (the size
+// goal: a memory of many GiB in scratch files, mapped), after an append and
+// after a restart that reads them from the rows files; with mapping off
+// they are the server's memory. A full disk for them fails the append
+// before anything durable: RESOURCE_EXHAUSTED, the model served and its
+// files as they were, and the next append goes on.
+TEST(AppendRowsTest, GrownRowsAreFilePagesAndAFullDiskChangesNothing) {
+  for (const bool map : {true, false}) {
+    SCOPED_TRACE(map ? "mapped" : "--map_model_weights=false");
+    const std::string dir = TempDir("attnserve-append");
+    FaultInjectionFileSystem fs(DefaultFileSystem());
+    ModelRepository::Options options = OptionsFor(dir, &fs);
+    options.map_weights = map;
+    auto repository = LoadModelRepository(options).value();
+    ModelCatalogue catalogue(repository.get());
+    ASSERT_TRUE(Append(catalogue, 0, 3).ok());
+    ASSERT_TRUE(Append(catalogue, 3, 2, /*create=*/false).ok());
+    auto grown = repository->Find("m");
+    EXPECT_EQ(CheckedRows(*grown), 5);
+    for (const char* tensor : {"keys", "values"}) {
+      EXPECT_EQ(InFilePages(grown->tensors.at(tensor).data), map)
+          << tensor << ": " << MappingOf(grown->tensors.at(tensor).data);
+    }
+    const std::set<std::string> files = Entries(dir + "/m");
+    if (map) {
+      fs.SetFault([](const FaultInjectionFileSystem::Step& step) {
+        return step.op == Op::kWriteAt ? ENOSPC : 0;
+      });
+      absl::StatusOr<ModelRepository::Appended> full =
+          Append(catalogue, 5, 2, /*create=*/false);
+      fs.SetFault(nullptr);
+      ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted)
+          << full.status();
+      EXPECT_THAT(std::string(full.status().message()),
+                  HasSubstr("keeping its rows on disk"));
+      EXPECT_THAT(std::string(full.status().message()),
+                  HasSubstr("the model is unchanged"));
+      EXPECT_EQ(repository->Find("m"), grown);
+      EXPECT_EQ(Entries(dir + "/m"), files);
+    }
+    ASSERT_TRUE(Append(catalogue, 5, 2, /*create=*/false).ok());
+    EXPECT_EQ(CheckedRows(*repository->Find("m")), 7);
+    EXPECT_EQ(CheckedRows(*grown), 5);  // a version held keeps its rows
+
+    options.file_system = nullptr;
+    auto restarted = LoadModelRepository(options).value();
+    auto loaded = restarted->Find("m");
+    ASSERT_NE(loaded, nullptr);
+    EXPECT_EQ(CheckedRows(*loaded), 7);
+    EXPECT_EQ(InFilePages(loaded->tensors.at("keys").data), map)
+        << MappingOf(loaded->tensors.at("keys").data);
+    // The scratch files have no names: the folder holds what it did.
+    EXPECT_EQ(Entries(dir + "/m").size(), files.size() + 1);
+  }
+}
+
 // Appends are not one message: a memory grows past the largest file a save
 // or an upload may write (max_model_bytes) up to max_grown_model_bytes, and
 // a restart reads it back; a folder holding more fails to load, naming it.

@@ -45,6 +45,8 @@ const char* FaultInjectionFileSystem::OpName(Op op) {
     case Op::kExchange: return "exchange";
     case Op::kRemoveFile: return "unlink";
     case Op::kRemoveDir: return "rmdir";
+    case Op::kNewScratchFile: return "create(scratch)";
+    case Op::kWriteAt: return "pwrite";
   }
   return "?";
 }
@@ -88,6 +90,28 @@ class FaultInjectionFileSystem::File : public WritableFile {
   FaultInjectionFileSystem* const fs_;
   const std::unique_ptr<WritableFile> base_;
   const size_t index_;
+};
+
+class FaultInjectionFileSystem::Scratch : public ScratchFile {
+ public:
+  Scratch(FaultInjectionFileSystem* fs, std::unique_ptr<ScratchFile> base,
+          std::string dir)
+      : fs_(fs), base_(std::move(base)), dir_(std::move(dir)) {}
+
+  absl::Status WriteAt(int64_t offset, absl::string_view data) override {
+    absl::MutexLock lock(&fs_->mu_);
+    absl::Status status = fs_->BeginStep(Op::kWriteAt, dir_);
+    if (!status.ok()) return status;
+    return base_->WriteAt(offset, data);
+  }
+  absl::StatusOr<std::shared_ptr<const uint8_t>> Map(int64_t length) override {
+    return base_->Map(length);
+  }
+
+ private:
+  FaultInjectionFileSystem* const fs_;
+  const std::unique_ptr<ScratchFile> base_;
+  const std::string dir_;  // the steps' path
 };
 
 void FaultInjectionFileSystem::SetFault(std::function<int(const Step&)> fault) {
@@ -308,6 +332,16 @@ absl::Status FaultInjectionFileSystem::RemoveDir(const std::string& path) {
   absl::Status status = BeginStep(Op::kRemoveDir, path);
   if (!status.ok()) return status;
   return base_->RemoveDir(path);
+}
+
+absl::StatusOr<std::unique_ptr<ScratchFile>>
+FaultInjectionFileSystem::NewScratchFile(const std::string& dir) {
+  absl::MutexLock lock(&mu_);
+  absl::Status status = BeginStep(Op::kNewScratchFile, dir);
+  if (!status.ok()) return status;
+  absl::StatusOr<std::unique_ptr<ScratchFile>> file = base_->NewScratchFile(dir);
+  if (!file.ok()) return file.status();
+  return std::unique_ptr<ScratchFile>(new Scratch(this, *std::move(file), dir));
 }
 
 }  // namespace attnserve

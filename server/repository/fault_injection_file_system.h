@@ -29,6 +29,9 @@ class FaultInjectionFileSystem : public FileSystem {
   enum class Op {
     kNewFile, kAppend, kSync, kClose, kCreateDir, kSyncDir, kRename,
     kExchange, kRemoveFile, kRemoveDir,
+    // A scratch file's creation and writes: steps a fault may fail, with no
+    // part in what a power cut keeps (the file has no name).
+    kNewScratchFile, kWriteAt,
   };
   struct Step {
     int index;         // 0 for the first step since construction
@@ -74,9 +77,12 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Status Exchange(const std::string& a, const std::string& b) override;
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RemoveDir(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<ScratchFile>> NewScratchFile(
+      const std::string& dir) override;
 
  private:
   class File;
+  class Scratch;
 
   // A folder entry made (paths as they were then), durable once its
   // folder is fsynced after it.

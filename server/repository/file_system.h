@@ -18,6 +18,7 @@
 #ifndef ATTNSERVE_SERVER_REPOSITORY_FILE_SYSTEM_H_
 #define ATTNSERVE_SERVER_REPOSITORY_FILE_SYSTEM_H_
 
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
@@ -67,6 +68,25 @@ class FileBytes {
  private:
   const absl::string_view bytes_;
   const std::string why_copied_;
+};
+
+// A file of scratch bytes without a name (FileSystem::NewScratchFile): rows
+// the server keeps on disk instead of in its own memory, which no crash can
+// leave behind and nothing reads but this process. Written at any offset,
+// read through mappings, each of which keeps the file's bytes alive after
+// the object is gone. Not thread-safe for writes; a mapping may be read
+// from any thread.
+class ScratchFile {
+ public:
+  virtual ~ScratchFile() = default;
+  // pwrite(2) of all of `data` at `offset`, the file growing as needed, or
+  // fails (RESOURCE_EXHAUSTED when the disk is full).
+  virtual absl::Status WriteAt(int64_t offset, absl::string_view data) = 0;
+  // A read-only shared mapping of bytes [0, length); `length` may pass the
+  // file's end, and the mapping then shows what is written there later.
+  // Only bytes written may be read: past the file's end a read faults.
+  virtual absl::StatusOr<std::shared_ptr<const uint8_t>> Map(
+      int64_t length) = 0;
 };
 
 // `bytes` held as FileBytes (a file that arrived in a request), with
@@ -123,6 +143,12 @@ class FileSystem {
   virtual absl::Status RemoveFile(const std::string& path) = 0;
   // rmdir(2) of an empty folder.
   virtual absl::Status RemoveDir(const std::string& path) = 0;
+  // A scratch file on the file system of folder `dir`: open(2) with
+  // O_TMPFILE, or where the file system lacks it a hidden name
+  // (.rows-scratch.tmp-<pid>-<n>, which a start removes as other leftovers)
+  // unlinked at once. This default: UNIMPLEMENTED (the rows stay in memory).
+  virtual absl::StatusOr<std::unique_ptr<ScratchFile>> NewScratchFile(
+      const std::string& dir);
 };
 
 // The process's POSIX file system. Never freed.

@@ -4,22 +4,74 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve {
 
-GrowingTensor::GrowingTensor(const StoredTensor& tensor, int64_t max_bytes)
+GrowingTensor::GrowingTensor(const StoredTensor& tensor,
+                             std::string why_in_memory)
     : row_shape_(tensor.shape.begin() + 1, tensor.shape.end()),
-      bfloat16_(tensor.is_bfloat16()) {
+      bfloat16_(tensor.is_bfloat16()),
+      why_in_memory_(std::move(why_in_memory)) {
   int64_t row_elements = 1;
   for (int64_t dim : row_shape_) row_elements *= dim;
   row_bytes_ = static_cast<size_t>(row_elements) *
                (bfloat16_ ? sizeof(uint16_t) : sizeof(float));
+}
+
+absl::StatusOr<GrowingTensor> GrowingTensor::Create(const StoredTensor& tensor,
+                                                    int64_t max_bytes,
+                                                    const OnDisk* on_disk) {
+  std::unique_ptr<ScratchFile> file;
+  std::string why_in_memory = "no folder was given for them";
+  if (on_disk != nullptr) {
+    absl::StatusOr<std::unique_ptr<ScratchFile>> made =
+        on_disk->fs->NewScratchFile(on_disk->dir);
+    if (made.ok()) {
+      file = *std::move(made);
+    } else if (absl::IsResourceExhausted(made.status())) {
+      return made.status();
+    } else {
+      why_in_memory = absl::StrCat("no scratch file in the model's folder (",
+                                   made.status().message(), ")");
+    }
+  }
+  GrowingTensor grown(tensor, file == nullptr ? why_in_memory : "");
+  grown.file_ = std::move(file);
   const int64_t rows = tensor.shape[0];
   const int64_t room = rows + rows / 4 + 16;
-  Reallocate(room,
-             std::max(static_cast<size_t>(std::max<int64_t>(max_bytes, 0)),
-                      static_cast<size_t>(room) * row_bytes_));
-  Append(tensor);
+  const size_t reserve_bytes =
+      std::max(static_cast<size_t>(std::max<int64_t>(max_bytes, 0)),
+               static_cast<size_t>(room) * grown.row_bytes_);
+  if (grown.file_ != nullptr) {
+    if (absl::Status mapped = grown.Remap(room, reserve_bytes); !mapped.ok()) {
+      // No mapping this long (address space): the rows stay in memory.
+      grown.file_.reset();
+      grown.why_in_memory_ = absl::StrCat(
+          "the scratch file cannot be mapped (", mapped.message(), ")");
+    }
+  }
+  if (grown.file_ == nullptr) grown.Reallocate(room, reserve_bytes);
+  if (absl::Status appended = grown.Append(tensor); !appended.ok()) {
+    return appended;
+  }
+  return grown;
+}
+
+absl::Status GrowingTensor::Remap(int64_t rows, size_t reserve_bytes) {
+  reserve_bytes = std::max(reserve_bytes, static_cast<size_t>(rows) * row_bytes_);
+  // The whole reservation at once: past the file's end the mapping shows
+  // each row as it is written (views never read further).
+  absl::StatusOr<std::shared_ptr<const uint8_t>> mapping =
+      file_->Map(static_cast<int64_t>(reserve_bytes));
+  if (!mapping.ok()) return mapping.status();
+  mapped_ = *std::move(mapping);
+  reserved_ = true;
+  capacity_ = static_cast<int64_t>(reserve_bytes / row_bytes_);
+  return absl::OkStatus();
 }
 
 void GrowingTensor::Reallocate(int64_t rows, size_t reserve_bytes) {
@@ -48,32 +100,50 @@ void GrowingTensor::Reallocate(int64_t rows, size_t reserve_bytes) {
   capacity_ = rows;
 }
 
-void GrowingTensor::Append(const StoredTensor& rows) {
+absl::Status GrowingTensor::Append(const StoredTensor& rows) {
   const int64_t added = rows.shape[0];
+  const absl::string_view bytes = rows.bytes();
+  const size_t end = static_cast<size_t>(rows_) * row_bytes_;
+  if (file_ != nullptr) {
+    // Written before any view covers it; the mapping shows it (one page
+    // cache). Past the reservation, a longer mapping of the same file.
+    if (rows_ + added > capacity_) {
+      const int64_t room = std::max(capacity_ + capacity_ / 2, rows_ + added);
+      if (absl::Status mapped = Remap(room, 0); !mapped.ok()) return mapped;
+    }
+    if (absl::Status written =
+            file_->WriteAt(static_cast<int64_t>(end), bytes);
+        !written.ok()) {
+      return written;
+    }
+    rows_ += added;
+    return absl::OkStatus();
+  }
   if (rows_ + added > capacity_) {
     // Past the reservation (or in a plain buffer): 1.5x, amortized
     // O(rows appended), at most half the rows spare.
     const int64_t room = std::max(capacity_ + capacity_ / 2, rows_ + added);
     Reallocate(room, static_cast<size_t>(room) * row_bytes_);
   }
-  const absl::string_view bytes = rows.bytes();
-  std::memcpy(memory_.get() + static_cast<size_t>(rows_) * row_bytes_,
-              bytes.data(), bytes.size());
+  std::memcpy(memory_.get() + end, bytes.data(), bytes.size());
   rows_ += added;
+  return absl::OkStatus();
 }
 
 StoredTensor GrowingTensor::View() const {
   attn::Shape shape{rows_};
   shape.insert(shape.end(), row_shape_.begin(), row_shape_.end());
-  // Aliases the memory's ownership: the view keeps it alive.
-  std::shared_ptr<const void> owner = memory_;
+  // Aliases the memory's or the mapping's ownership: the view keeps it
+  // alive.
+  std::shared_ptr<const void> owner =
+      file_ != nullptr ? std::shared_ptr<const void>(mapped_)
+                       : std::shared_ptr<const void>(memory_);
+  const void* data = owner.get();
   if (bfloat16_) {
-    return StoredTensor(std::move(shape),
-                        reinterpret_cast<const uint16_t*>(memory_.get()),
+    return StoredTensor(std::move(shape), static_cast<const uint16_t*>(data),
                         std::move(owner));
   }
-  return StoredTensor(std::move(shape),
-                      reinterpret_cast<const float*>(memory_.get()),
+  return StoredTensor(std::move(shape), static_cast<const float*>(data),
                       std::move(owner));
 }
 

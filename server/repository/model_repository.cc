@@ -312,20 +312,40 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     RETURN_IF_ERROR(CheckRowsExtend(absl::StrCat(name, "/", file),
                                     model->tensors, *rows)
                         .status());
+    // The rows grow on disk, in scratch files of the model's folder, when
+    // models are mapped: mapped pages, not the server's own memory.
+    const GrowingTensor::OnDisk on_disk{&fs, folder};
     for (const auto& [tensor_name, added] : *rows) {
       auto it = grown->find(tensor_name);
+      absl::Status status;
       if (it == grown->end()) {
-        grown->emplace(tensor_name,
-                       GrowingTensor(model->tensors.at(tensor_name),
-                                     max_grown_model_bytes));
+        absl::StatusOr<GrowingTensor> made = GrowingTensor::Create(
+            model->tensors.at(tensor_name), max_grown_model_bytes,
+            map_weights ? &on_disk : nullptr);
+        if (made.ok()) {
+          it = grown->emplace(tensor_name, *std::move(made)).first;
+        }
+        status = made.status();
       }
-      grown->at(tensor_name).Append(added);
+      if (status.ok()) status = it->second.Append(added);
+      if (!status.ok()) {
+        return absl::Status(
+            absl::IsResourceExhausted(status) ? status.code()
+                                              : absl::StatusCode::kInternal,
+            absl::StrCat(name, "/", file, ": cannot keep its rows on disk (",
+                         status.message(), ")"));
+      }
     }
     ++model->appended_files;
   }
   for (const auto& [tensor_name, tensor] : *grown) {
     model->tensors[tensor_name] = tensor.View();
-    model->weights_mapped = false;  // some rows are the process's own copy
+    // Some rows are a copy: mapped, but not the files' own pages.
+    model->weights_mapped = false;
+    if (!tensor.on_disk()) {
+      log(absl::StrCat("'", name, "': the rows appended to ", tensor_name,
+                       " are held in memory, ", tensor.why_in_memory()));
+    }
   }
   // The rows evicted: the newest record's count, and at least what the
   // model's max_rows window leaves out of the rows appended.
@@ -975,34 +995,60 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
         max_grown_model_bytes_,
         " (--max_grown_model_bytes); the model is unchanged"));
   }
-  int64_t file_bytes = 0;
-  RETURN_IF_ERROR(
-      WriteRowsFile(name, current->last_rows_file + 1, rows, &file_bytes));
-
-  // Committed on disk: the served version grows. Its rows are copied into
-  // memory that grows in place while the version served is the one the
-  // last append made; a version saved or loaded since starts it afresh
-  // from what it serves (its rows after any evicted).
+  // The rows are copied into tensors that grow in place (on disk, in
+  // scratch files of the model's folder, when models are mapped) while the
+  // version served is the one the last append made; a version saved or
+  // loaded since starts them afresh from what it serves (its rows after
+  // any evicted). They are written there first, past the end of every
+  // view served, so that a failure (a full disk) leaves what is served and
+  // what is on disk as they were: the tensors are then dropped, and the
+  // next append starts afresh.
   Growth& growth = growth_[name];
   if (growth.version.lock() != current) {
     growth.tensors.clear();
     growth.first_row = current->evicted_rows;
   }
+  const GrowingTensor::OnDisk on_disk{fs_, dir_ + "/" + name};
+  absl::Status staged;
+  for (const auto& [tensor_name, tensor] : rows) {
+    auto it = growth.tensors.find(tensor_name);
+    if (it == growth.tensors.end()) {
+      absl::StatusOr<GrowingTensor> made = GrowingTensor::Create(
+          current->tensors.at(tensor_name), max_grown_model_bytes_,
+          map_weights_ ? &on_disk : nullptr);
+      if (!made.ok()) {
+        staged = made.status();
+        break;
+      }
+      it = growth.tensors.emplace(tensor_name, *std::move(made)).first;
+      if (!it->second.on_disk()) {
+        Log(absl::StrCat("'", name, "': the rows appended to ", tensor_name,
+                         " are held in memory, ",
+                         it->second.why_in_memory()));
+      }
+    }
+    staged = it->second.Append(tensor);
+    if (!staged.ok()) break;
+  }
+  int64_t file_bytes = 0;
+  absl::Status written =
+      staged.ok() ? WriteRowsFile(name, current->last_rows_file + 1, rows,
+                                  &file_bytes)
+                  : SaveError("append", name, "keeping its rows on disk",
+                              staged);
+  if (!written.ok()) {
+    growth_.erase(name);
+    return written;
+  }
+
+  // Committed on disk: the served version grows.
   RepositoryModel grown = *current;
   Appended appended;
   appended.first_row = current->tensors.at(rows.begin()->first).shape[0];
   for (const auto& [tensor_name, tensor] : rows) {
-    auto it = growth.tensors.find(tensor_name);
-    if (it == growth.tensors.end()) {
-      it = growth.tensors
-               .emplace(tensor_name,
-                        GrowingTensor(current->tensors.at(tensor_name),
-                                      max_grown_model_bytes_))
-               .first;
-    }
-    it->second.Append(tensor);
-    grown.tensors[tensor_name] = DropRows(
-        it->second.View(), current->evicted_rows - growth.first_row);
+    grown.tensors[tensor_name] =
+        DropRows(growth.tensors.at(tensor_name).View(),
+                 current->evicted_rows - growth.first_row);
   }
   appended.rows = appended.first_row + added;
   // The max_rows window: the oldest rows beyond it go with this append. A
