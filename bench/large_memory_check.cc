@@ -2,7 +2,7 @@
 // size goal), against a running attnserve:
 //
 //   large_memory_check --target=127.0.0.1:8001 [--rows=8388608]
-//       [--append_rows=1024] [--samples=1024] [--name=large]
+//       [--append_rows=1024] [--samples=1024] [--name=large] [--nobuild]
 //
 // Makes the memory `name` (d = v = 64, float32, Gaussian score, scale 100)
 // by appends of append_rows rows each, no message over a few hundred KiB,
@@ -18,6 +18,7 @@
 // answer. Prints the time to build, the server's anonymous memory
 // (VmRSS less its file pages, from /proc/<pid>/status when --pid is
 // given), and the worst error; exits 0 when every answer is its row's.
+// --nobuild queries a memory built before (after a restart, say).
 #include <sys/types.h>
 
 #include <algorithm>
@@ -44,6 +45,8 @@ ABSL_FLAG(int64_t, rows, int64_t{8} << 20, "The rows to grow it to.");
 ABSL_FLAG(int64_t, append_rows, 1024, "Rows per append.");
 ABSL_FLAG(int64_t, samples, 1024, "Rows to query back.");
 ABSL_FLAG(int64_t, pid, 0, "The server's pid, to report its memory.");
+ABSL_FLAG(bool, build, true,
+          "Build the memory first; false: query the one `name` holds.");
 
 namespace {
 
@@ -96,7 +99,8 @@ int main(int argc, char** argv) {
 
   const absl::Time start = absl::Now();
   double worst_append_ms = 0;
-  for (int64_t first = 0; first < rows; first += chunk) {
+  const int64_t built_before = absl::GetFlag(FLAGS_build) ? 0 : rows;
+  for (int64_t first = built_before; first < rows; first += chunk) {
     const int64_t n = std::min(chunk, rows - first);
     std::vector<float> keys(n * kWidth), values(n * kWidth, 0.0f);
     for (int64_t r = 0; r < n; ++r) {
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
     }
   }
   const double built_s = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf(
+  if (built_before == 0) std::printf(
       "built %ld rows (%.2f GiB of keys and values) by %ld appends "
       "in %.1f s; slowest append %.1f ms; server anonymous memory "
       "%.0f MiB\n",
