@@ -102,7 +102,8 @@ inline bool ToBFloat16PastRange(const float* from, int64_t count,
   uint32_t past = 0;
 #pragma omp simd reduction(| : past)
   for (int64_t c = 0; c < count; ++c) {
-    const uint32_t magnitude = __builtin_bit_cast(uint32_t, from[c]) & 0x7fffffffu;
+    const uint32_t magnitude =
+        __builtin_bit_cast(uint32_t, from[c]) & 0x7fffffffu;
     past |= static_cast<uint32_t>(magnitude - 0x7f7f8000u < 0x8000u);
     to[c] = ToBFloat16(from[c]);
   }

@@ -118,7 +118,8 @@ TEST(VecMathTest, BFloat16PastRangeIsExactlyFiniteToInfinite) {
       for (int i = 0; i < 37; ++i) run[i] = 0.5f * i - 3.0f;
       run[at] = x;
       uint16_t rounded[37];
-      EXPECT_EQ(ToBFloat16PastRange(run, 37, rounded), past) << x << " at " << at;
+      EXPECT_EQ(ToBFloat16PastRange(run, 37, rounded), past)
+          << x << " at " << at;
       for (int i = 0; i < 37; ++i) {
         if (std::isnan(run[i])) continue;
         EXPECT_EQ(rounded[i], ToBFloat16(run[i])) << i;

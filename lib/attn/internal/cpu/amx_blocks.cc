@@ -244,7 +244,8 @@ bool PackKeys(const float* keys, int64_t count, int64_t d,
     const int64_t first = t * kTileSide;
     const int64_t n = std::clamp<int64_t>(count - first, 0, kTileSide);
     if (n > 0) {
-      past_range |= ToBFloat16PastRange(keys + first * d, n * d, rounded.data());
+      past_range |=
+          ToBFloat16PastRange(keys + first * d, n * d, rounded.data());
     }
     PackKeys(rounded.data(), n, d, kTileSide, dp, tiles + t * tile_words);
   }
@@ -475,8 +476,8 @@ class PendingPool {
 // 2^-15 relative of the exact value with its argument's rounding (the
 // bfloat16 bound's exponential term, attn/testing/error_bounds.cc), at
 // most 2^-125.5 below -87, NaN kept (an overflowed score then reaches the
-// output, and the engine redoes the call). `pending`, the previous group's second
-// product, is run a step at a time between the rows, and finished.
+// output, and the engine redoes the call). `pending`, the previous group's
+// second product, is run a step at a time between the rows, and finished.
 ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
                                   const int64_t* limit, int64_t j0,
                                   int64_t count, int64_t keys_padded,

@@ -143,7 +143,8 @@ TEST(SoftmaxAvx512Test, Exp2ForBFloat16WithinItsError) {
       EXPECT_LE(worst, kExp2ForBFloat16Error) << "[" << lo << ", " << hi << "]";
       // Tight enough to be worth its 11 instructions: a degree-3 fit would
       // be 7.5e-5 off.
-      EXPECT_GE(worst, kExp2ForBFloat16Error / 4) << "[" << lo << ", " << hi << "]";
+      EXPECT_GE(worst, kExp2ForBFloat16Error / 4)
+          << "[" << lo << ", " << hi << "]";
     }
   }
 }
