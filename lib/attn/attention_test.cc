@@ -719,6 +719,38 @@ TEST(AttentionOverflowTest, FiniteInputsGiveTheReferenceResult) {
   }
 }
 
+// The same on the fused blocks (no weights, enough rows for them), which
+// check the outputs they write in place of the engine's scan: an
+// overflowed row is still found, and the call redone on the reference.
+TEST(AttentionOverflowTest, FusedBlocksFindTheirOverflowedRows) {
+  std::mt19937 rng(8);
+  Tensor q = RandomNormal(rng, {2, 40, 64});
+  Tensor k = RandomNormal(rng, {2, 50, 64});
+  const Tensor v = RandomNormal(rng, {2, 50, 16});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  for (Threads threads : {Threads::kDefault, Threads::kAlwaysParallel}) {
+    auto finite = OptimizedEngine(threads).ScaledDotProductAttention(request);
+    ASSERT_TRUE(finite.ok()) << finite.status();
+    ASSERT_EQ(finite->implementation, "cpu-fused-blocks");
+  }
+  for (int64_t c = 0; c < 64; ++c) {
+    q.data[(40 + 7) * 64 + c] = 1e19f;
+    k.data[(50 + 3) * 64 + c] = 1e19f;
+  }
+  request.queries = q.view();
+  request.keys = k.view();
+  auto expected = ReferenceEngine().ScaledDotProductAttention(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  for (Threads threads : {Threads::kDefault, Threads::kAlwaysParallel}) {
+    auto result = OptimizedEngine(threads).ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->output.data, expected->output.data);
+  }
+}
+
 // Non-finite inputs are the caller's: they propagate to the rows they touch
 // and no further.
 TEST(AttentionOverflowTest, NonFiniteInputsPropagateToTheirRows) {

@@ -173,7 +173,8 @@ template <typename Params, typename Method>
 absl::Status Engine::Dispatch(const Params& params, Method method,
                               std::initializer_list<TensorView> inputs,
                               OpResult* result,
-                              absl::FunctionRef<absl::Status()> late_checks) {
+                              absl::FunctionRef<absl::Status()> late_checks,
+                              const bool* outputs_finite) {
   for (const auto& backend : backends_) {
     absl::StatusOr<const char*> ran = ((*backend).*method)(params);
     if (absl::IsUnimplemented(ran.status())) continue;
@@ -183,8 +184,10 @@ absl::Status Engine::Dispatch(const Params& params, Method method,
     // NaN; they are rare, so only then are the inputs scanned and the call
     // redone on the reference.
     const Backend* ran_on = backend.get();
+    const bool kernel_found_finite =
+        outputs_finite != nullptr && *outputs_finite;
     if (inputs.size() != 0 && &backend != &backends_.back() &&
-        !AllFinite(*result) && AllFinite(inputs)) {
+        !kernel_found_finite && !AllFinite(*result) && AllFinite(inputs)) {
       RETURN_IF_ERROR(late_checks());
       ran_on = backends_.back().get();
       ASSIGN_OR_RETURN(ran, ((*backends_.back()).*method)(params));
@@ -246,6 +249,9 @@ absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
   const bool range_matters = plan.params.precision != Precision::kFloat32;
   bool kernel_checked = false;
   if (range_matters) plan.params.range_checked = &kernel_checked;
+  // Likewise the scan of the output for overflowed rows.
+  bool outputs_finite = false;
+  plan.params.outputs_finite = &outputs_finite;
   auto check_range = [&]() -> absl::Status {
     return range_matters && !kernel_checked
                ? CheckAttentionOperandRange(request)
@@ -256,7 +262,7 @@ absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
   const absl::Status ran =
       Dispatch(plan.params, &Backend::ScaledDotProductAttention,
                {request.queries, request.keys, request.values}, &result,
-               check_range);
+               check_range, &outputs_finite);
   if (absl::IsOutOfRange(ran)) {
     kernel_checked = false;
     RETURN_IF_ERROR(check_range());

@@ -149,14 +149,16 @@ class Engine {
   // implementation and the backend that ran in `result`. `inputs` and
   // `result` serve the overflow check (see engine.cc); empty `inputs` turn
   // it off. `late_checks` is the validation left until after the kernel
-  // (attention's deferred range check), run before any redo.
+  // (attention's deferred range check), run before any redo. Where
+  // `outputs_finite` is given and the kernel set it, the output is not
+  // scanned (AttentionParams::outputs_finite).
   template <typename Params, typename Method>
   absl::Status Dispatch(
       const Params& params, Method method,
       std::initializer_list<TensorView> inputs, OpResult* result,
-      absl::FunctionRef<absl::Status()> late_checks = [] {
-        return absl::OkStatus();
-      });
+      absl::FunctionRef<absl::Status()> late_checks =
+          [] { return absl::OkStatus(); },
+      const bool* outputs_finite = nullptr);
 
   const std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::string> notes_;

@@ -116,6 +116,11 @@ struct AttentionParams {
   // past it (finite, rounding to infinity), it answers OUT_OF_RANGE and the
   // engine names the element. Kernels that do not check leave it alone.
   bool* range_checked = nullptr;
+  // Where not null, a kernel that wrote every element of `out` and found
+  // each finite may set *this to true, and the engine then skips its own
+  // scan of the output for overflowed rows (attn/engine.cc's redo on the
+  // reference). A kernel that did not look leaves it alone.
+  bool* outputs_finite = nullptr;
 
   // The number of leading keys query row `row` of (batch, any head) attends.
   int64_t KeyLimit(int64_t b, int64_t row) const {

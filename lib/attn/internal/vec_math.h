@@ -82,6 +82,21 @@ inline uint16_t ToBFloat16(float x) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// out[c] = in[c] * factor for c < count; returns whether every value
+// written is finite (x * 0 is exactly 0 for finite x, NaN otherwise): the
+// engine's overflow scan of the output, taken as a kernel writes it
+// (AttentionParams::outputs_finite).
+inline bool ScaleIntoFinite(const float* in, int64_t count, float factor,
+                            float* out) {
+  float probe = 0.0f;
+#pragma omp simd reduction(+ : probe)
+  for (int64_t c = 0; c < count; ++c) {
+    out[c] = in[c] * factor;
+    probe += out[c] * 0.0f;
+  }
+  return probe == 0.0f;
+}
+
 inline float FromBFloat16(uint16_t h) {
   return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
 }

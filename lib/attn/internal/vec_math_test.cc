@@ -128,5 +128,26 @@ TEST(VecMathTest, BFloat16PastRangeIsExactlyFiniteToInfinite) {
   }
 }
 
+// The kernels' own overflow scan of their output as they write it: false
+// for exactly the rows holding an infinity or NaN, at any lane, including
+// a finite value scaled past float's range; the values written are the
+// products either way.
+TEST(VecMathTest, ScaleIntoFiniteFindsEveryNonFiniteValue) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float bad : {inf, -inf, nan, 3e38f}) {
+    for (const int at : {-1, 0, 7, 16, 36}) {
+      float row[37], out[37];
+      for (int i = 0; i < 37; ++i) row[i] = 0.25f * i - 4.0f;
+      if (at >= 0) row[at] = bad;
+      const bool finite = ScaleIntoFinite(row, 37, 2.0f, out);
+      EXPECT_EQ(finite, at < 0) << bad << " at " << at;
+      for (int i = 0; i < 37; ++i) {
+        if (!std::isnan(row[i])) EXPECT_EQ(out[i], row[i] * 2.0f) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn::internal::baseline

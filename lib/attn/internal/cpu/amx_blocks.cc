@@ -674,9 +674,10 @@ bool AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
   float* out = p.out + (task.bh * p.lq + task.q0) * p.dv;
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
-    const float* acc = s.acc.data() + r * dvp;
-#pragma omp simd
-    for (int64_t c = 0; c < p.dv; ++c) out[r * p.dv + c] = acc[c] * inverse;
+    if (!ScaleIntoFinite(s.acc.data() + r * dvp, p.dv, inverse,
+                         out + r * p.dv)) {
+      s.wrote_nonfinite = true;
+    }
   }
   return past_range;
 }
@@ -756,7 +757,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
                      : std::numeric_limits<int64_t>::max(),
                  kept, tiles, &keys_past_range);
   }
-  std::atomic<bool> past_range{keys_past_range};
+  std::atomic<bool> past_range{keys_past_range}, nonfinite{false};
   ForEachItem(
       TaskCount(p), call.threads, [] { return AmxScratch{}; },
       [&](int64_t index, AmxScratch& scratch) {
@@ -764,6 +765,9 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
         if (AmxTask(p, ops, task, scratch, nullptr,
                     tiles.empty() ? nullptr : &tiles[task.bh])) {
           past_range.store(true, std::memory_order_relaxed);
+        }
+        if (scratch.wrote_nonfinite) {
+          nonfinite.store(true, std::memory_order_relaxed);
         }
         return true;
       });
@@ -785,6 +789,11 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
       (p.valid.kind == ValidLengths::Kind::kNone && !p.causal);
   if (round_in_place && every_key_read && p.range_checked != nullptr) {
     *p.range_checked = true;
+  }
+  // And the engine's overflow scan of the output: each task checked the
+  // rows it wrote.
+  if (!nonfinite.load() && p.outputs_finite != nullptr) {
+    *p.outputs_finite = true;
   }
   return absl::OkStatus();
 }

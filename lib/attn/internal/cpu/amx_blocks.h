@@ -28,6 +28,8 @@ struct AmxScratch {
   std::vector<float> acc;               // [row][padded dv]
   std::vector<float> max, sum, norms;
   std::vector<int64_t> limit;
+  // Set when an output the kernel wrote is not finite.
+  bool wrote_nonfinite = false;
 };
 
 // Whether the AMX kernel takes the call: a call without weights whose

@@ -218,6 +218,9 @@ struct Scratch {
   std::vector<float> sum;      // kQueryBlock
   std::vector<float> norms;    // key_block
   std::vector<int64_t> limit;  // kQueryBlock
+  // Set by a block that checks what it writes (cpu-fused-blocks) when an
+  // output it wrote is not finite.
+  bool wrote_nonfinite = false;
 };
 
 // A Scratch for the blocked kernels on `p`, whose products read bfloat16
@@ -269,19 +272,30 @@ bool ForEachItem(int64_t items, int threads, const MakeScratch& make_scratch,
 // threads, each thread with blocked-kernel Scratch of its own: the whole run
 // of the implementations that differ only in their block (cpu-fused-blocks,
 // cpu-weights-blocks). Blocks; INTERNAL when a block reports oneDNN failing.
+// Where the block checks its outputs (Scratch::wrote_nonfinite) and every
+// one was finite, says so (AttentionParams::outputs_finite).
 template <typename Block>
 absl::Status RunEveryTask(const CpuCall<AttentionParams>& call,
-                          const Block& block) {
+                          const Block& block, bool block_checks_outputs) {
   const AttentionParams& p = call.params;
   const AttentionOperands operands(call);
   const Operands& ops = operands.get();
+  std::atomic<bool> nonfinite{false};
   const bool ok = ForEachItem(
       TaskCount(p), call.threads,
       [&] { return MakeScratch(p, ops.type == BlockOperands::kBFloat16); },
       [&](int64_t task, Scratch& scratch) {
-        return block(p, ops, TaskAt(p, task), scratch);
+        const bool done = block(p, ops, TaskAt(p, task), scratch);
+        if (scratch.wrote_nonfinite) {
+          nonfinite.store(true, std::memory_order_relaxed);
+        }
+        return done;
       });
   if (!ok) return absl::InternalError("oneDNN matmul failed");
+  if (block_checks_outputs && !nonfinite.load() &&
+      p.outputs_finite != nullptr) {
+    *p.outputs_finite = true;
+  }
   return absl::OkStatus();
 }
 

@@ -130,9 +130,10 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops,
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
-    const float* acc = s.acc.data() + r * p.dv;
-#pragma omp simd
-    for (int64_t c = 0; c < p.dv; ++c) out[r * p.dv + c] = acc[c] * inverse;
+    if (!ScaleIntoFinite(s.acc.data() + r * p.dv, p.dv, inverse,
+                         out + r * p.dv)) {
+      s.wrote_nonfinite = true;
+    }
   }
   return true;
 }
@@ -148,7 +149,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   return RunEveryTask(call, [](const AttentionParams& p, const Operands& ops,
                                const Task& task, Scratch& scratch) {
     return FusedBlock(p, ops, task, scratch);
-  });
+  }, /*block_checks_outputs=*/true);
 }
 
 }  // namespace
