@@ -116,14 +116,18 @@ TEST(SafetensorsTest, MalformedFilesAreRefused) {
                 HasSubstr("must hold whole numbers")) << header;
   }
   // Strict JSON: a name twice, a lone surrogate, invalid UTF-8, nesting
-  // past 64 levels (protobuf's JSON reader, which fuzz/safetensors checks
-  // against, refuses each).
+  // past 64 levels, a byte-order mark whole or in part before the '{'
+  // (protobuf's JSON reader, which fuzz/safetensors checks against, refuses
+  // each).
   for (const std::string& header : {
            std::string(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                        R"("x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})"),
            std::string(R"({"\udc00":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
            std::string("{\"\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}"),
            "{\"__metadata__\":" + std::string(70, '[') + std::string(70, ']') + "}",
+           std::string("\xbb{\"__metadata__\":{\"x\":[0,4]}}"),
+           std::string("\xef\xbb\xbf{\"__metadata__\":{\"x\":[0,4]}}"),
+           std::string("\xbf\xef{\"__metadata__\":{\"x\":[0,4]}}"),
            std::string(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") +
                '\0' + "x",
        }) {
