@@ -62,7 +62,8 @@ absl::StatusOr<GrowingTensor> GrowingTensor::Create(const StoredTensor& tensor,
 }
 
 absl::Status GrowingTensor::Remap(int64_t rows, size_t reserve_bytes) {
-  reserve_bytes = std::max(reserve_bytes, static_cast<size_t>(rows) * row_bytes_);
+  reserve_bytes =
+      std::max(reserve_bytes, static_cast<size_t>(rows) * row_bytes_);
   // The whole reservation at once: past the file's end the mapping shows
   // each row as it is written (views never read further).
   absl::StatusOr<std::shared_ptr<const uint8_t>> mapping =

@@ -81,22 +81,32 @@ bool HasAvx512() {
          __builtin_cpu_supports("avx512vl");
 }
 
+// The worst relative error of `each` (ExpOfEach or Exp2OfEach) against
+// `exact` in double over steps + 1 evenly spaced floats in [lo, hi].
+double WorstRelativeError(
+    std::vector<float> (*each)(const std::vector<float>&),
+    double (*exact)(double), double lo, double hi, int steps) {
+  std::vector<float> args(steps + 1);
+  for (int i = 0; i <= steps; ++i) {
+    args[i] = static_cast<float>(lo + (hi - lo) * i / steps);
+  }
+  const std::vector<float> values = each(args);
+  double worst = 0.0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const double want = exact(static_cast<double>(args[i]));
+    worst = std::max(worst, std::fabs(values[i] - want) / want);
+  }
+  return worst;
+}
+
 TEST(SoftmaxAvx512Test, ExpWithinFourUlp) {
   if (!HasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   // Evenly spaced over the sweeps' range, and densely near 0, where their
   // largest weights are; 64 and 63 at a time so that both paths run.
   for (const auto& [lo, hi] : {std::pair{-87.0, 0.0}, std::pair{-1.0, 0.0}}) {
     for (const int steps : {2'000'063, 999'999}) {
-      std::vector<float> args(steps + 1);
-      for (int i = 0; i <= steps; ++i) {
-        args[i] = static_cast<float>(lo + (hi - lo) * i / steps);
-      }
-      const std::vector<float> exps = ExpOfEach(args);
-      double worst = 0.0;
-      for (size_t i = 0; i < args.size(); ++i) {
-        const double exact = std::exp(static_cast<double>(args[i]));
-        worst = std::max(worst, std::fabs(exps[i] - exact) / exact);
-      }
+      const double worst =
+          WorstRelativeError(ExpOfEach, std::exp, lo, hi, steps);
       EXPECT_LE(worst, 4 * kU) << "[" << lo << ", " << hi << "]";
     }
   }
@@ -130,17 +140,10 @@ TEST(SoftmaxAvx512Test, Exp2ForBFloat16WithinItsError) {
   for (const auto& [lo, hi] :
        {std::pair{-125.5, 12.0}, std::pair{-1.0, 1.0}, std::pair{-3.6, -3.4}}) {
     for (const int steps : {2'000'063, 999'999}) {
-      std::vector<float> args(steps + 1);
-      for (int i = 0; i <= steps; ++i) {
-        args[i] = static_cast<float>(lo + (hi - lo) * i / steps);
-      }
-      const std::vector<float> exps = Exp2OfEach(args);
-      double worst = 0.0;
-      for (size_t i = 0; i < args.size(); ++i) {
-        const double exact = std::exp2(static_cast<double>(args[i]));
-        worst = std::max(worst, std::fabs(exps[i] - exact) / exact);
-      }
-      EXPECT_LE(worst, kExp2ForBFloat16Error) << "[" << lo << ", " << hi << "]";
+      const double worst =
+          WorstRelativeError(Exp2OfEach, std::exp2, lo, hi, steps);
+      EXPECT_LE(worst, kExp2ForBFloat16Error)
+          << "[" << lo << ", " << hi << "]";
       // Tight enough to be worth its 11 instructions: a degree-3 fit would
       // be 7.5e-5 off.
       EXPECT_GE(worst, kExp2ForBFloat16Error / 4)
