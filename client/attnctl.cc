@@ -197,6 +197,11 @@ ABSL_FLAG(int32_t, pool_size, attnctl::kDefaultPoolSize,
 ABSL_FLAG(int32_t, client_threads, 1,
           "load: client threads, each with its own connection and "
           "completion queue.");
+ABSL_FLAG(int32_t, retries, 0,
+          "load: send a call that ended UNAVAILABLE again, the same "
+          "request, at most this many times, 0-10 (its latency counts from "
+          "its first send; the report counts the resends); 0: it fails at "
+          "once.");
 ABSL_FLAG(std::string, output_format, "text", "load: text | json.");
 ABSL_FLAG(bool, allow_remote, false,
           "load: allow a --target that is not loopback (127.0.0.0/8, "
@@ -574,7 +579,9 @@ Load: attnctl load [--rpc RPC] [RPC's request flags] [load flags]
   --rpc health (grpc.health.v1 Check, --service) is the per-call overhead
   baseline: quote RPC figures beside it.
   Each of --client_threads threads has its own connection and completion
-  queue and its share of the concurrency, cap and rate.
+  queue and its share of the concurrency, cap and rate. --retries N sends a
+  call that ended UNAVAILABLE again, up to N times (as a client behind a
+  proxy should: a proxy's GOAWAY can cross a new call); "retried" counts it.
   Reports completed requests, successful requests/s over the measured
   window, latency p50/p90/p99/p99.9/max of successful calls (closed loop:
   from sending; open loop: from the scheduled arrival), errors by status
@@ -871,6 +878,7 @@ absl::Status ReadLoadFlags(const Invocation& invocation,
   load->warmup = absl::GetFlag(FLAGS_warmup);
   load->client_threads = absl::GetFlag(FLAGS_client_threads);
   load->seed = absl::GetFlag(FLAGS_seed);
+  load->retries = absl::GetFlag(FLAGS_retries);
   const std::string format = absl::GetFlag(FLAGS_output_format);
   if (format != "text" && format != "json") {
     return absl::InvalidArgumentError(absl::StrFormat(

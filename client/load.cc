@@ -45,6 +45,7 @@ struct DriverResult {
   int64_t ok = 0;
   std::array<int64_t, 17> errors{};  // by grpc::StatusCode
   std::string first_error;
+  int64_t retried = 0;  // resends of measured calls that ended UNAVAILABLE
   bool completed_any = false;
   Clock::time_point last_completion;
   // Open loop, written by the sender.
@@ -130,6 +131,8 @@ class Driver {
     grpc::Status status;
     Clock::time_point origin;  // latency is measured from here
     bool measured = false;
+    size_t request = 0;  // its index in requests_, sent again on a retry
+    int retries = 0;     // resends so far
   };
 
   static std::shared_ptr<grpc::Channel> Channel(const LoadOptions& options) {
@@ -157,14 +160,21 @@ class Driver {
   void Start(Call* call, Clock::time_point origin, bool measured) {
     call->origin = origin;
     call->measured = measured;
+    call->request = next_request_;
+    call->retries = 0;
+    if (++next_request_ == requests_.size()) next_request_ = 0;
+    Send(call);
+  }
+
+  // Sends the call's request; its completion arrives on cq_ tagged `call`.
+  void Send(Call* call) {
     call->context.emplace();
     if (options_.deadline != absl::InfiniteDuration()) {
       call->context->set_deadline(
           absl::ToChronoTime(absl::Now() + options_.deadline));
     }
     call->reader = stub_.PrepareUnaryCall(&*call->context, method_,
-                                          requests_[next_request_], &cq_);
-    if (++next_request_ == requests_.size()) next_request_ = 0;
+                                          requests_[call->request], &cq_);
     call->reader->StartCall();
     call->reader->Finish(&call->response, &call->status, call);
   }
@@ -209,10 +219,19 @@ class Driver {
     while (cq_.Next(&tag, &ok)) {
       if (tag != &wake_tag_) {
         Call* call = static_cast<Call*>(tag);
-        Record(*call, Clock::now());
+        const bool retry =
+            call->status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+            call->retries < options_.retries;
+        if (!retry) Record(*call, Clock::now());
         call->reader.reset();
         call->context.reset();
         call->response.Clear();
+        if (retry) {
+          ++call->retries;
+          if (call->measured) ++result_.retried;
+          Send(call);  // still in flight, from the same origin
+          continue;
+        }
         if (rate_ == 0 && StartNext(call)) continue;
         absl::MutexLock lock(&mu_);
         --in_flight_;
@@ -368,6 +387,11 @@ absl::Status CheckLoadOptions(const LoadOptions& options) {
     return invalid("duration", "inf needs --requests");
   }
   if (options.requests < 0) return invalid("requests", "must be >= 0");
+  // A server that answers UNAVAILABLE to everything must still end the run.
+  if (options.retries < 0 || options.retries > 10) {
+    return invalid("retries",
+                   absl::StrCat("must be in [0, 10], got ", options.retries));
+  }
   if (options.warmup < absl::ZeroDuration() ||
       options.warmup == absl::InfiniteDuration()) {
     return invalid("warmup", "must be finite and >= 0");
@@ -453,6 +477,7 @@ absl::StatusOr<Report> RunLoad(const LoadOptions& options,
     report.requests += result.requests;
     report.ok += result.ok;
     report.dropped += result.dropped;
+    report.retried += result.retried;
     for (size_t code = 0; code < result.errors.size(); ++code) {
       if (result.errors[code] == 0) continue;
       report.errors[absl::StatusCodeToString(

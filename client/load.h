@@ -14,6 +14,11 @@
 //   so a client that falls behind shows up as latency instead of being
 //   hidden (no coordinated omission).
 //
+// A call that ends UNAVAILABLE may be sent again (LoadOptions::retries):
+// gRPC's own answer for a call that never reached a server that could take
+// it, as when a proxy's GOAWAY crosses a new call. Its latency then counts
+// from its first send, and the report counts the resends.
+//
 // The measured window opens `warmup` after the start: only requests sent at
 // or after it count. Sending stops after `duration` or `requests` measured
 // requests, whichever comes first; the requests still in flight then are
@@ -83,6 +88,9 @@ struct LoadOptions {
   // second thread that sends on schedule.
   int client_threads = 1;
   uint32_t seed = 0;  // of the arrival times
+  // A call that ends UNAVAILABLE is sent again, the same request, at most
+  // this many times, in [0, 10]; 0 counts it as failed at once.
+  int retries = 0;
 };
 
 // INVALID_ARGUMENT when the options are inconsistent (the message names the

@@ -135,6 +135,10 @@ std::string FormatReportText(const Report& report) {
     absl::StrAppendFormat(&text, "errors      %s\n",
                           absl::StrJoin(errors, ", "));
   }
+  if (report.retried > 0) {
+    absl::StrAppendFormat(&text, "retried     %d resends after UNAVAILABLE\n",
+                          report.retried);
+  }
   if (!report.first_error.empty()) {
     absl::StrAppendFormat(&text, "first error %s\n", report.first_error);
   }
@@ -172,8 +176,9 @@ std::string FormatReportJson(const Report& report) {
   for (const auto& [code, count] : report.errors) {
     errors.push_back(absl::StrFormat(R"("%s": %d)", code, count));
   }
-  absl::StrAppendFormat(&json, R"("errors": {%s}, "dropped": %d)",
-                        absl::StrJoin(errors, ", "), report.dropped);
+  absl::StrAppendFormat(&json, R"("errors": {%s}, "dropped": %d, "retried": %d)",
+                        absl::StrJoin(errors, ", "), report.dropped,
+                        report.retried);
   if (!report.first_error.empty()) {
     absl::StrAppendFormat(&json, R"(, "first_error": %s)",
                           JsonString(report.first_error));

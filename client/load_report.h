@@ -59,6 +59,10 @@ struct Report {
   // "CODE: message" of one failed call (the first one a client thread saw,
   // warm-up included), to say why; empty when none failed.
   std::string first_error;
+  // Resends of measured calls that ended UNAVAILABLE (LoadOptions::retries);
+  // a call that succeeded on a resend is in `ok`, its latency from its first
+  // send.
+  int64_t retried = 0;
   // Open loop: measured arrivals that found max_in_flight requests in flight.
   int64_t dropped = 0;
   // Open loop: measured requests sent per second of the sending window (the
@@ -78,7 +82,7 @@ std::string FormatReportText(const Report& report);
 //    "requests": N, "ok": N, "throughput_rps": ...,
 //    "latency_ms": {"p50": ..., "p90": ..., "p99": ..., "p999": ...,
 //                   "max": ..., "mean": ...},
-//    "errors": {"INVALID_ARGUMENT": 3}, "dropped": 0}
+//    "errors": {"INVALID_ARGUMENT": 3}, "dropped": 0, "retried": 0}
 // plus "first_error": "CODE: message" when a call failed.
 // Open loop has "mode": "open", "target_rate", "max_in_flight",
 // "achieved_rate_rps" and "send_lag_ms" (like "latency_ms") instead of

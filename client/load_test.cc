@@ -1,5 +1,7 @@
 #include "client/load.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/support/server_callback.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
@@ -201,6 +204,13 @@ TEST(CheckLoadOptionsTest, RejectsInconsistentOptions) {
   o = options;
   o.warmup = -absl::Seconds(1);
   EXPECT_THAT(message(o), HasSubstr("--warmup"));
+  o = options;
+  o.retries = 10;
+  EXPECT_TRUE(CheckLoadOptions(o).ok());
+  o.retries = 11;
+  EXPECT_THAT(message(o), HasSubstr("--retries: must be in [0, 10], got 11"));
+  o.retries = -1;
+  EXPECT_THAT(message(o), HasSubstr("--retries"));
 }
 
 // --- Reports.
@@ -229,7 +239,7 @@ TEST(FormatReportJsonTest, ClosedLoop) {
             R"("throughput_rps": 199.952, "latency_ms": {"p50": 1.5, )"
             R"("p90": 2.25, "p99": 3.125, "p999": 4.0625, "max": 9.5, )"
             R"("mean": 1.75}, "errors": {"DEADLINE_EXCEEDED": 1, )"
-            R"("INVALID_ARGUMENT": 2}, "dropped": 0})");
+            R"("INVALID_ARGUMENT": 2}, "dropped": 0, "retried": 0})");
 }
 
 TEST(FormatReportJsonTest, OpenLoopWithoutSuccesses) {
@@ -248,6 +258,7 @@ TEST(FormatReportJsonTest, OpenLoopWithoutSuccesses) {
   report.errors = {{"UNAVAILABLE", 10}};
   report.first_error = "UNAVAILABLE: \"db\" \\ down\n";
   report.dropped = 7;
+  report.retried = 3;
   EXPECT_EQ(FormatReportJson(report),
             R"({"rpc": "health", "mode": "open", "target_rate": 2000, )"
             R"("max_in_flight": 4096, "client_threads": 2, "pool_size": 1, )"
@@ -255,7 +266,7 @@ TEST(FormatReportJsonTest, OpenLoopWithoutSuccesses) {
             R"("throughput_rps": 0, "achieved_rate_rps": 1999.5, )"
             R"("latency_ms": null, "send_lag_ms": {"p50": 0.05, "p90": 0.1, )"
             R"("p99": 0.2, "p999": 0.5, "max": 1, "mean": 0.0625}, )"
-            R"("errors": {"UNAVAILABLE": 10}, "dropped": 7, )"
+            R"("errors": {"UNAVAILABLE": 10}, "dropped": 7, "retried": 3, )"
             R"("first_error": "UNAVAILABLE: \"db\" \\ down\u000a"})");
 }
 
@@ -510,6 +521,105 @@ TEST_F(LoadRunTest, OpenLoopDropsArrivalsOverTheCapAndCountsDeadlines) {
   EXPECT_THAT(report->first_error, HasSubstr("DEADLINE_EXCEEDED: "));
   EXPECT_GT(report->dropped, 120);
   EXPECT_GE(report->duration_s, 0.4);
+}
+
+// A server whose every method answers UNAVAILABLE, except each
+// `ok_every`-th call it receives, which it answers OK (its request echoed).
+class SometimesUnavailable : public grpc::CallbackGenericService {
+ public:
+  explicit SometimesUnavailable(int ok_every) : ok_every_(ok_every) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext*) override {
+    const bool ok = (calls_.fetch_add(1) + 1) % ok_every_ == 0;
+    return new Answer(ok);
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  class Answer : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Answer(bool ok) : ok_(ok) { StartRead(&request_); }
+    void OnReadDone(bool) override {
+      if (ok_) {
+        StartWriteAndFinish(&request_, grpc::WriteOptions(),
+                            grpc::Status::OK);
+      } else {
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not now"));
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    const bool ok_;
+    grpc::ByteBuffer request_;
+  };
+  const int ok_every_;
+  std::atomic<int> calls_{0};
+};
+
+// Runs `requests` attention calls, one at a time, against a server that
+// answers OK to every `ok_every`-th call, resending up to `retries` times.
+Report RunAgainstSometimesUnavailable(int ok_every, int retries,
+                                      int requests, int* server_calls) {
+  SometimesUnavailable service(ok_every);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterCallbackGenericService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  PoolOptions pool_options;
+  pool_options.request.generate_missing = true;
+  pool_options.pool_size = 2;
+  absl::StatusOr<RequestPool> pool = BuildRequestPool(pool_options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  LoadOptions options;
+  options.target = absl::StrCat("127.0.0.1:", port);
+  options.warmup = absl::ZeroDuration();
+  options.duration = absl::InfiniteDuration();
+  options.requests = requests;
+  options.retries = retries;
+  absl::StatusOr<Report> report = RunLoad(options, *pool);
+  EXPECT_TRUE(report.ok()) << report.status();
+  server->Shutdown(std::chrono::system_clock::now());
+  *server_calls = service.calls();
+  return report.ok() ? *report : Report();
+}
+
+TEST(LoadRetryTest, ResendsUnavailableCallsAndCountsTheResends) {
+  int server_calls = 0;
+  // Every second call answered: each request fails once, then succeeds.
+  Report report = RunAgainstSometimesUnavailable(
+      /*ok_every=*/2, /*retries=*/1, /*requests=*/50, &server_calls);
+  EXPECT_EQ(report.requests, 50);
+  EXPECT_EQ(report.ok, 50);
+  EXPECT_TRUE(report.errors.empty());
+  EXPECT_EQ(report.retried, 50);
+  EXPECT_EQ(server_calls, 100);
+  EXPECT_THAT(FormatReportText(report),
+              HasSubstr("retried     50 resends after UNAVAILABLE"));
+}
+
+TEST(LoadRetryTest, GivesUpAfterItsRetriesAndWithoutThemAtOnce) {
+  int server_calls = 0;
+  Report report = RunAgainstSometimesUnavailable(
+      /*ok_every=*/1000, /*retries=*/2, /*requests=*/20, &server_calls);
+  EXPECT_EQ(report.requests, 20);
+  EXPECT_EQ(report.ok, 0);
+  EXPECT_EQ(report.errors, (std::map<std::string, int64_t>{
+                               {"UNAVAILABLE", 20}}));
+  EXPECT_EQ(report.retried, 40);
+  EXPECT_EQ(server_calls, 60);
+  EXPECT_THAT(report.first_error, HasSubstr("UNAVAILABLE: not now"));
+
+  report = RunAgainstSometimesUnavailable(
+      /*ok_every=*/2, /*retries=*/0, /*requests=*/20, &server_calls);
+  EXPECT_EQ(report.ok, 10);
+  EXPECT_EQ(report.errors, (std::map<std::string, int64_t>{
+                               {"UNAVAILABLE", 10}}));
+  EXPECT_EQ(report.retried, 0);
+  EXPECT_EQ(server_calls, 20);
 }
 
 TEST_F(LoadRunTest, RefusesToStartWithoutAServer) {
