@@ -218,6 +218,8 @@ struct Scratch {
   std::vector<float> sum;      // kQueryBlock
   std::vector<float> norms;    // key_block
   std::vector<int64_t> limit;  // kQueryBlock
+  std::vector<float> transposed;  // a block's keys as d x keys (avx512
+                                  // float32 products; sized on first use)
   // Set by a block that checks what it writes (cpu-fused-blocks) when an
   // output it wrote is not finite.
   bool wrote_nonfinite = false;
