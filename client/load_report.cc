@@ -176,7 +176,8 @@ std::string FormatReportJson(const Report& report) {
   for (const auto& [code, count] : report.errors) {
     errors.push_back(absl::StrFormat(R"("%s": %d)", code, count));
   }
-  absl::StrAppendFormat(&json, R"("errors": {%s}, "dropped": %d, "retried": %d)",
+  absl::StrAppendFormat(&json,
+                        R"("errors": {%s}, "dropped": %d, "retried": %d)",
                         absl::StrJoin(errors, ", "), report.dropped,
                         report.retried);
   if (!report.first_error.empty()) {
