@@ -2,6 +2,14 @@
 // (attn/internal/cpu/attention_blocks.h): operand copies, the bfloat16 block
 // products below oneDNN's, and per-thread scratch.
 
+// GCC 12's unmasked AVX-512 intrinsics (small_product_avx512.h): see
+// fused_blocks.cc.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -20,6 +28,7 @@
 ATTN_ISA_BEGIN
 #include "attn/internal/vec_math.h"
 #include "attn/internal/cpu/attention_blocks.h"
+#include "attn/internal/cpu/small_product_avx512.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 namespace {
@@ -286,8 +295,60 @@ Scratch MakeScratch(const AttentionParams& p, bool bfloat16) {
   return s;
 }
 
+#if defined(ATTN_ISA_AVX512)
+namespace {
+
+// Whether the avx512 copy runs a float32 product itself: one that gets no
+// compiled primitive, where dnnl_sgemm packed both operands on every call
+// and ran at about half the FMA units' rate (float32 B32 L64 d64, by perf:
+// 51% of the samples in its code; 0.217 -> 0.180-0.189 ms on ours). Timed
+// against sgemm, one thread, d = 64:
+// - below kOwnProductRows rows, transposing the keys costs more than
+//   sgemm's product on them (a stored memory's 1 query x 262,144 keys:
+//   10.9 ms on sgemm, 14.3 on ours; BM_MemoryQuery);
+// - scores over more than kOwnProductKeys keys ran slower on ours (64 x 256:
+//   17.5 us, sgemm 14.1), scores over 64 faster (3.6 us, 4.2), and the
+//   second product faster or level at every size tried (64 x 256 keys:
+//   11.9 us, 12.5; 128 x 512: 54.5, 56.1);
+// - full blocks stay on their compiled primitives, which ran them faster
+//   (float32 B8 L512: 2.27 ms, 2.55 on ours).
+bool RunsOwnFloat32Product(const BlockProduct& product, bool recurring) {
+  return product.operands == BlockOperands::kFloat32 && !recurring &&
+         product.m >= kOwnProductRows &&
+         (!product.transpose_b || product.n <= kOwnProductKeys);
+}
+
+bool OwnFloat32Product(const BlockProduct& product, const float* a,
+                       const float* b, float* c) {
+  int64_t ldb = product.ldb;
+  if (product.transpose_b) {  // b is [n x k]: lay it out as [k x n]
+    // Rows a power of two apart would share cache sets: 16 floats more.
+    const int64_t ld = product.n + 16;
+    thread_local std::vector<float> transposed;
+    if (static_cast<int64_t>(transposed.size()) < product.k * ld) {
+      transposed.resize(product.k * ld);
+    }
+    TransposeBlock(b, product.n, product.k, product.ldb, transposed.data(),
+                   ld);
+    b = transposed.data();
+    ldb = ld;
+  }
+  SmallProduct(product.m, product.n, product.k, a, product.lda, b, ldb, c,
+               product.ldc, product.accumulate);
+  return true;
+}
+
+}  // namespace
+#endif
+
 bool Product(const Operands& ops, const BlockProduct& product, bool recurring,
              const void* a, const void* b, float* c) {
+#if defined(ATTN_ISA_AVX512)
+  if (RunsOwnFloat32Product(product, recurring)) {
+    return OwnFloat32Product(product, static_cast<const float*>(a),
+                             static_cast<const float*>(b), c);
+  }
+#endif
   if (product.operands == BlockOperands::kBFloat16 &&
       (ops.own_products || product.m <= kFewRows)) {
     return BFloat16Product(product, static_cast<const uint16_t*>(a),

@@ -46,6 +46,10 @@ inline constexpr int64_t kManyKeys = 16 * kKeyBlock;
 // sgemm): oneDNN binds a run-time-shaped bfloat16 primitive per key block,
 // microseconds that a single query's block (1 x 256 x 64) does not repay.
 inline constexpr int64_t kFewRows = 4;
+// The fewest rows of a float32 product the avx512 copy runs on its own,
+// and the most keys of a scores product it does (Product()).
+inline constexpr int64_t kOwnProductRows = 16;
+inline constexpr int64_t kOwnProductKeys = 64;
 
 inline constexpr float kNegativeInfinity =
     -std::numeric_limits<float>::infinity();
@@ -218,8 +222,6 @@ struct Scratch {
   std::vector<float> sum;      // kQueryBlock
   std::vector<float> norms;    // key_block
   std::vector<int64_t> limit;  // kQueryBlock
-  std::vector<float> transposed;  // a block's keys as d x keys (avx512
-                                  // float32 products; sized on first use)
   // Set by a block that checks what it writes (cpu-fused-blocks) when an
   // output it wrote is not finite.
   bool wrote_nonfinite = false;
@@ -230,8 +232,12 @@ struct Scratch {
 Scratch MakeScratch(const AttentionParams& p, bool bfloat16);
 
 // One block product of the attention kernels: widened to float32 for
-// bfloat16 operands with few rows (or Operands::own_products), else
-// oneDNN's (attn/internal/block_matmul.h). False when oneDNN fails.
+// bfloat16 operands with few rows (or Operands::own_products); in the
+// avx512 copy, float32 products of kOwnProductRows rows or more that are
+// not `recurring` (scores over at most kOwnProductKeys keys) on its own
+// register-blocked product (small_product_avx512.h); else oneDNN's
+// (attn/internal/block_matmul.h).
+// False when oneDNN fails.
 bool Product(const Operands& ops, const BlockProduct& product, bool recurring,
              const void* a, const void* b, float* c);
 

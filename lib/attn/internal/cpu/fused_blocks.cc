@@ -1,8 +1,7 @@
 // cpu-fused-blocks: attention without weights as FlashAttention's online
 // softmax. Each task owns up to 128 query rows of one batch entry and head
 // and walks 256-key blocks with running row maxima and sums; the two
-// products per block run on oneDNN (attn/internal/block_matmul.h), or, for
-// the avx512 copy's smaller float32 blocks, on small_product_avx512.h.
+// products per block run on Product() (attention_blocks.h).
 
 // GCC 12's unmasked AVX-512 intrinsics (softmax_avx512.h) pass
 // _mm512_undefined_*() as their masked-off source, which
@@ -32,53 +31,9 @@ ATTN_ISA_BEGIN
 #include "attn/internal/cpu/attention_blocks.h"
 #include "attn/internal/cpu/fused_blocks.h"
 #include "attn/internal/cpu/kernel_copy.h"
-#include "attn/internal/cpu/small_product_avx512.h"
 #include "attn/internal/cpu/softmax_avx512.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
-
-namespace {
-
-#if defined(ATTN_ISA_AVX512)
-// Below it, transposing a block's keys costs more than sgemm's product on
-// them (a stored memory's 1 query x 262,144 keys: 10.9 ms on sgemm, 14.3 on
-// ours; 16 queries: 24.4 and 23.2; BM_MemoryQuery).
-constexpr int64_t kOwnProductRows = 16;
-#endif
-
-// One of the block's two products. The avx512 copy runs float32 blocks
-// that get no compiled primitive on its own register-blocked product
-// (small_product_avx512.h; float32 B32 L64 d64 0.217 -> 0.180-0.189 ms),
-// the scores' keys transposed first. Full blocks stay on their compiled
-// primitives, which ran them faster (float32 B8 L512: 2.27 ms, 2.55 on
-// ours); everything else runs on Product().
-bool BlockProductOf(const Operands& ops, const BlockProduct& product,
-                    bool recurring, const void* a, const void* b, float* c,
-                    [[maybe_unused]] Scratch& s) {
-#if defined(ATTN_ISA_AVX512)
-  if (ops.type == BlockOperands::kFloat32 && !recurring &&
-      product.m >= kOwnProductRows) {
-    const float* b_rows = static_cast<const float*>(b);
-    int64_t ldb = product.ldb;
-    if (product.transpose_b) {  // b is [n x k]: lay it out as [k x n]
-      if (static_cast<int64_t>(s.transposed.size()) < product.k * product.n) {
-        s.transposed.resize(product.k * product.n);
-      }
-      TransposeBlock(b_rows, product.n, product.k, product.ldb,
-                     s.transposed.data(), product.n);
-      b_rows = s.transposed.data();
-      ldb = product.n;
-    }
-    SmallProduct(product.m, product.n, product.k,
-                 static_cast<const float*>(a), product.lda, b_rows, ldb, c,
-                 product.ldc, product.accumulate);
-    return true;
-  }
-#endif
-  return Product(ops, product, recurring, a, b, c);
-}
-
-}  // namespace
 
 bool FusedBlock(const AttentionParams& p, const Operands& ops,
                 const Task& task, Scratch& s, const KeyShare* share) {
@@ -118,8 +73,8 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops,
          (rows >= min_compiled_rows && key_end >= kManyKeys));
     BlockProduct scores{ops.type, /*transpose_b=*/true, /*accumulate=*/false,
                         rows, count, p.d, p.d, p.d, block};
-    if (!BlockProductOf(ops, scores, recurring, q, ops.At(k, j0 * p.d),
-                        s.scores.data(), s)) {
+    if (!Product(ops, scores, recurring, q, ops.At(k, j0 * p.d),
+                 s.scores.data())) {
       return false;
     }
     if (p.score == ScoreKind::kGaussian) {
@@ -162,8 +117,8 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops,
                         rows, p.dv, count, block, p.dv, p.dv};
     const void* probabilities = bf16 ? static_cast<const void*>(s.rounded.data())
                                      : static_cast<const void*>(s.scores.data());
-    if (!BlockProductOf(ops, pooled, recurring, probabilities,
-                        ops.At(v, j0 * p.dv), s.acc.data(), s)) {
+    if (!Product(ops, pooled, recurring, probabilities, ops.At(v, j0 * p.dv),
+                 s.acc.data())) {
       return false;
     }
   }

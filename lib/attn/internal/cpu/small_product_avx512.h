@@ -1,8 +1,9 @@
-// Float32 block products written for AVX-512, for the avx512 copy of
-// cpu-fused-blocks' blocks that do not repay a compiled oneDNN primitive
-// (a call's 64 x 64 blocks, say). There, dnnl_sgemm packed both operands
-// on every call and ran its product at about half the FMA units' rate
-// (float32 B32 L64 d64, by perf: 51% of the samples in its code).
+// Float32 block products written for AVX-512, for the avx512 copy of the
+// attention kernels' products that do not repay a compiled oneDNN
+// primitive (a call's 64 x 64 blocks, say; Product() in
+// attention_blocks.h). There, dnnl_sgemm packed both operands on every
+// call and ran its product at about half the FMA units' rate (float32 B32
+// L64 d64, by perf: 51% of the samples in its code).
 //
 // The product is register-blocked: a tile of up to 6 rows x 64 columns is
 // 24 accumulators, each step loads a row of B once and broadcasts one
