@@ -166,31 +166,16 @@ inline void SmallProduct(int64_t m, int64_t n, int64_t depth, const float* a,
       TileOfWidth<kTileRows>(vectors, a + i0 * lda, lda, panel, ldb, depth,
                              c + i0 * ldc + j0, ldc, accumulate, last);
     }
-    const float* a_rest = a + i0 * lda;
-    float* c_rest = c + i0 * ldc + j0;
-    switch (m - i0) {
-      case 1:
-        TileOfWidth<1>(vectors, a_rest, lda, panel, ldb, depth, c_rest, ldc,
-                       accumulate, last);
-        break;
-      case 2:
-        TileOfWidth<2>(vectors, a_rest, lda, panel, ldb, depth, c_rest, ldc,
-                       accumulate, last);
-        break;
-      case 3:
-        TileOfWidth<3>(vectors, a_rest, lda, panel, ldb, depth, c_rest, ldc,
-                       accumulate, last);
-        break;
-      case 4:
-        TileOfWidth<4>(vectors, a_rest, lda, panel, ldb, depth, c_rest, ldc,
-                       accumulate, last);
-        break;
-      case 5:
-        TileOfWidth<5>(vectors, a_rest, lda, panel, ldb, depth, c_rest, ldc,
-                       accumulate, last);
-        break;
-      default:
-        break;
+    // The last rows, fewer than a tile's, by their count.
+    using RestTile = void (*)(int, const float*, int64_t, const float*,
+                              int64_t, int64_t, float*, int64_t, bool,
+                              __mmask16);
+    static constexpr RestTile kRestTiles[kTileRows] = {
+        nullptr,         TileOfWidth<1>, TileOfWidth<2>,
+        TileOfWidth<3>, TileOfWidth<4>, TileOfWidth<5>};
+    if (i0 < m) {
+      kRestTiles[m - i0](vectors, a + i0 * lda, lda, panel, ldb, depth,
+                         c + i0 * ldc + j0, ldc, accumulate, last);
     }
   }
 }
