@@ -136,7 +136,7 @@ done
 # when nginx reloads, its old workers send GOAWAY, and a call the client
 # sent as the GOAWAY crossed it is refused unprocessed; gRPC 1.51's client
 # answers it UNAVAILABLE ("GOAWAY received") instead of retrying it itself
-# (about 1 call in 100 reloads here, at ~10,000 calls/s).
+# (one call in about 1,200 reloads here, at ~10,000 calls/s).
 load() {
   "$attnctl" --target="$1" --deadline=30s load --rpc=attention \
     --concurrency=16 --client_threads=2 --duration="${2}s" --retries=1 \
