@@ -134,9 +134,10 @@ done
 # load TARGET SECONDS OUT: closed-loop attention load, 16 in flight. A call
 # that ends UNAVAILABLE is sent once more, as a client behind a proxy should:
 # when nginx reloads, its old workers send GOAWAY, and a call the client
-# sent as the GOAWAY crossed it is refused unprocessed; gRPC 1.51's client
-# answers it UNAVAILABLE ("GOAWAY received") instead of retrying it itself
-# (one call in about 1,200 reloads here, at ~10,000 calls/s).
+# sent as the GOAWAY crossed it can come back UNAVAILABLE ("GOAWAY
+# received") from gRPC 1.51's client instead of being retried by it (one
+# call in about 1,200 reloads here, at ~10,000 calls/s). Every attnserve
+# RPC is safe to send again.
 load() {
   "$attnctl" --target="$1" --deadline=30s load --rpc=attention \
     --concurrency=16 --client_threads=2 --duration="${2}s" --retries=1 \
