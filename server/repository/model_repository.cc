@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
@@ -408,13 +409,28 @@ bool IsLeftover(const std::string& entry, std::string* model, bool* old) {
 
 // Writes `bytes` as the new file `path`: every write, the fsync and the
 // close checked; the file is closed whatever failed.
-absl::Status WriteDurably(FileSystem& fs, const std::string& path,
-                          absl::string_view bytes) {
+// Writes a new file `path` with what `contents` hands to its writer, in
+// as many pieces as it likes, then fsyncs and closes it; the first error.
+absl::Status WriteDurably(
+    FileSystem& fs, const std::string& path,
+    absl::FunctionRef<absl::Status(
+        absl::FunctionRef<absl::Status(absl::string_view)>)>
+        contents) {
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewWritableFile(path));
-  absl::Status status = file->Append(bytes);
+  absl::Status status = contents(
+      [&](absl::string_view piece) { return file->Append(piece); });
   if (status.ok()) status = file->Sync();
   absl::Status closed = file->Close();
   return status.ok() ? closed : status;
+}
+
+absl::Status WriteDurably(FileSystem& fs, const std::string& path,
+                          absl::string_view bytes) {
+  return WriteDurably(
+      fs, path,
+      [&](absl::FunctionRef<absl::Status(absl::string_view)> write) {
+        return write(bytes);
+      });
 }
 
 // The answer for a save of `name` that failed at `step` with the file
@@ -694,18 +710,17 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   const RepositoryModel& model = *written;
   const std::string folder = dir_ + "/" + name;
   // What could not be read back is not written. Bytes the tensors were
-  // parsed from are that already, and are written as they are.
-  std::string serialized;
-  if (model.weights_file == nullptr) {
-    serialized = SerializeSafetensors(model.tensors);
-  }
-  const absl::string_view weights = model.weights_file != nullptr
-                                        ? model.weights_file->bytes()
-                                        : absl::string_view(serialized);
-  if (static_cast<int64_t>(weights.size()) > max_model_bytes_) {
+  // parsed from are that already, and are written as they are; tensors are
+  // written piece by piece from where they lie (a grown memory's mapped
+  // rows too), never whole in memory.
+  const int64_t weights_size =
+      model.weights_file != nullptr
+          ? static_cast<int64_t>(model.weights_file->bytes().size())
+          : SafetensorsSize(model.tensors);
+  if (weights_size > max_model_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         field, " '", name, "': weights.safetensors would hold ",
-        weights.size(), " bytes, over the limit of ", max_model_bytes_,
+        weights_size, " bytes, over the limit of ", max_model_bytes_,
         " (--max_model_bytes); the model is unchanged"));
   }
   // A fresh hidden folder; a name taken (a leftover of an earlier process
@@ -728,7 +743,13 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   };
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config, &config_text);
-  status = WriteDurably(*fs_, temporary + "/weights.safetensors", weights);
+  status = WriteDurably(
+      *fs_, temporary + "/weights.safetensors",
+      [&](absl::FunctionRef<absl::Status(absl::string_view)> write) {
+        return model.weights_file != nullptr
+                   ? write(model.weights_file->bytes())
+                   : WriteSafetensors(model.tensors, write);
+      });
   if (!status.ok()) return abandon("writing weights.safetensors", status);
   status = WriteDurably(*fs_, temporary + "/config.pbtxt", config_text);
   if (!status.ok()) return abandon("writing config.pbtxt", status);
@@ -779,7 +800,7 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   // Committed. The old version is garbage now; Load removes it if this
   // does not.
   if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
-  written->stored_bytes = static_cast<int64_t>(weights.size());
+  written->stored_bytes = weights_size;
   written->appended_files = 0;
   written->last_rows_file = 0;
   written->last_eviction_file = 0;

@@ -69,6 +69,44 @@ TEST(SafetensorsTest, NamesThatNeedEscapingRoundTrip) {
   EXPECT_EQ(parsed->size(), 2u);
 }
 
+// A file over several pieces (a float32 tensor of 12 MiB, a bfloat16 one
+// and a small one) is handed over in pieces of at most kSafetensorsPiece
+// that add up to SerializeSafetensors' bytes exactly; a failed piece stops
+// the writing and is its answer.
+TEST(SafetensorsTest, WrittenInPiecesAsSerialized) {
+  auto floats = std::make_shared<std::vector<float>>(3 << 20);
+  for (size_t i = 0; i < floats->size(); ++i) (*floats)[i] = 0.25f * (i % 97);
+  auto halves = std::make_shared<std::vector<uint16_t>>(1000, 0x3f80);
+  std::map<std::string, StoredTensor> tensors;
+  tensors["big"] = StoredTensor({3 << 10, 1 << 10}, floats->data(), floats);
+  tensors["half"] = StoredTensor({1000}, halves->data(), halves);
+  tensors["small"] = StoredTensor({2}, floats->data() + 5, floats);
+  const std::string whole = SerializeSafetensors(tensors);
+  EXPECT_EQ(SafetensorsSize(tensors), static_cast<int64_t>(whole.size()));
+
+  std::string joined;
+  size_t largest = 0;
+  int pieces = 0;
+  ASSERT_TRUE(WriteSafetensors(tensors, [&](absl::string_view piece) {
+                ++pieces;
+                largest = std::max(largest, piece.size());
+                joined.append(piece.data(), piece.size());
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_EQ(joined, whole);
+  EXPECT_GE(pieces, 4);  // the head, two of "big", "small", "half"
+  EXPECT_LE(largest, kSafetensorsPiece);
+
+  int calls = 0;
+  const absl::Status failed =
+      WriteSafetensors(tensors, [&](absl::string_view) {
+        return ++calls == 2 ? absl::ResourceExhaustedError("disk full")
+                            : absl::OkStatus();
+      });
+  EXPECT_EQ(failed, absl::ResourceExhaustedError("disk full"));
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(SafetensorsTest, MalformedFilesAreRefused) {
   EXPECT_THAT(std::string(ParseSafetensors("abc").status().message()),
               HasSubstr("shorter than its header"));

@@ -310,10 +310,12 @@ absl::string_view BytesOf(const StoredTensor& tensor) { return tensor.bytes(); }
 // F32 tensors first, then BF16 ones: after the header (8-byte aligned),
 // every value then lies on its own type's boundary, with the data left
 // contiguous as the format's other readers require.
+// The 8-byte length and the JSON header (padded to 8 bytes) of `tensors`
+// in that order, and the data's size.
 template <typename TensorMap>
-std::string Serialize(const TensorMap& tensors) {
+std::string HeadOf(const TensorMap& tensors, uint64_t* data_size) {
   std::string header = "{";
-  std::string data;
+  uint64_t offset = 0;
   for (const char* dtype : {"F32", "BF16"}) {
     for (const auto& [name, tensor] : tensors) {
       if (std::strcmp(DtypeOf(tensor), dtype) != 0) continue;
@@ -322,19 +324,55 @@ std::string Serialize(const TensorMap& tensors) {
       for (int64_t dim : tensor.shape) {
         absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
       }
-      const absl::string_view bytes = BytesOf(tensor);
+      const uint64_t size = BytesOf(tensor).size();
       absl::StrAppend(&header, "\"", JsonEscaped(name), "\":{\"dtype\":\"",
                       dtype, "\",\"shape\":[", shape, "],\"data_offsets\":[",
-                      data.size(), ",", data.size() + bytes.size(), "]}");
-      data.append(bytes.data(), bytes.size());
+                      offset, ",", offset + size, "]}");
+      offset += size;
     }
   }
   header += "}";
   while (header.size() % 8 != 0) header += " ";  // the format's alignment
   const uint64_t size = header.size();
-  std::string bytes(8, '\0');
-  std::memcpy(bytes.data(), &size, 8);
-  return bytes + header + data;
+  std::string head(8, '\0');
+  std::memcpy(head.data(), &size, 8);
+  *data_size = offset;
+  return head + header;
+}
+
+template <typename TensorMap>
+absl::Status WriteInPieces(
+    const TensorMap& tensors,
+    absl::FunctionRef<absl::Status(absl::string_view)> write) {
+  uint64_t data_size = 0;
+  if (absl::Status status = write(HeadOf(tensors, &data_size)); !status.ok()) {
+    return status;
+  }
+  for (const char* dtype : {"F32", "BF16"}) {
+    for (const auto& [name, tensor] : tensors) {
+      if (std::strcmp(DtypeOf(tensor), dtype) != 0) continue;
+      const absl::string_view bytes = BytesOf(tensor);
+      for (size_t at = 0; at < bytes.size(); at += kSafetensorsPiece) {
+        if (absl::Status status = write(bytes.substr(at, kSafetensorsPiece));
+            !status.ok()) {
+          return status;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename TensorMap>
+std::string Serialize(const TensorMap& tensors) {
+  std::string bytes;
+  uint64_t data_size = 0;
+  bytes.reserve(HeadOf(tensors, &data_size).size() + data_size);
+  WriteInPieces(tensors, [&](absl::string_view piece) {
+    bytes.append(piece.data(), piece.size());
+    return absl::OkStatus();
+  }).IgnoreError();  // appending to a string does not fail
+  return bytes;
 }
 
 }  // namespace
@@ -347,6 +385,18 @@ std::string SerializeSafetensors(
 std::string SerializeSafetensors(
     const std::map<std::string, StoredTensor>& tensors) {
   return Serialize(tensors);
+}
+
+int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors) {
+  uint64_t data_size = 0;
+  const uint64_t head = HeadOf(tensors, &data_size).size();
+  return static_cast<int64_t>(head + data_size);
+}
+
+absl::Status WriteSafetensors(
+    const std::map<std::string, StoredTensor>& tensors,
+    absl::FunctionRef<absl::Status(absl::string_view)> write) {
+  return WriteInPieces(tensors, write);
 }
 
 }  // namespace attnserve

@@ -7,10 +7,13 @@
 #define ATTNSERVE_SERVER_REPOSITORY_SAFETENSORS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attn/tensor.h"
@@ -49,6 +52,20 @@ std::string SerializeSafetensors(
     const std::map<std::string, attn::Tensor>& tensors);
 std::string SerializeSafetensors(
     const std::map<std::string, StoredTensor>& tensors);
+
+// The most bytes WriteSafetensors hands over at once.
+inline constexpr size_t kSafetensorsPiece = size_t{8} << 20;
+
+// The size of SerializeSafetensors(tensors), without making it.
+int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors);
+
+// Hands the same bytes to `write` in order, in pieces of at most
+// kSafetensorsPiece (the header first, then each tensor's values read where
+// they lie), so that a file of any size is written without a copy of it in
+// memory. Stops at `write`'s first error and returns it.
+absl::Status WriteSafetensors(
+    const std::map<std::string, StoredTensor>& tensors,
+    absl::FunctionRef<absl::Status(absl::string_view)> write);
 
 }  // namespace attnserve
 
