@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "attn/cpu_isa.h"
 #include "attn/internal/isa.h"
 #include "gtest/gtest.h"
 
@@ -43,12 +44,7 @@ ATTN_ISA_END
 namespace attn::internal::avx512 {
 namespace {
 
-bool HasAvx512() {
-  return __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl");
-}
+bool HasAvx512() { return DetectCpuIsa() >= CpuIsa::kAvx512; }
 
 std::vector<float> Uniform(int64_t count, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);

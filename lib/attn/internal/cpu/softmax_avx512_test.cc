@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "attn/cpu_isa.h"
 #include "attn/internal/isa.h"
 #include "gtest/gtest.h"
 
@@ -74,12 +75,7 @@ namespace {
 
 constexpr double kU = 0x1p-24;
 
-bool HasAvx512() {
-  return __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl");
-}
+bool HasAvx512() { return DetectCpuIsa() >= CpuIsa::kAvx512; }
 
 // The worst relative error of `each` (ExpOfEach or Exp2OfEach) against
 // `exact` in double over steps + 1 evenly spaced floats in [lo, hi].
