@@ -53,11 +53,20 @@
 #    guarded access as a race. The pass compiles Abseil's synchronisation
 #    sources (absl/synchronization/*.cc, and the LowLevelAlloc they allocate
 #    thread identities with; not SpinLock, whose inline fast path is
-#    compiled into the uninstrumented libraries) from Debian's own source package
+#    compiled into the uninstrumented libraries) and absl/status/status.cc
+#    from Debian's own source package
 #    of the installed version, against the installed headers, with
 #    -fsanitize=thread, and links them into the test binaries ahead of the
 #    shared libraries, so that they interpose: every absl::Mutex, ours and
-#    gRPC's, is then annotated for TSan. The source comes from Debian's
+#    gRPC's, is then annotated for TSan. status.cc for the same reason: an
+#    error absl::Status is a shared, reference-counted rep whose copies
+#    increment the count inline (instrumented) but whose last release
+#    (UnrefNonInlined: an acquire load or an acq_rel decrement, then the
+#    delete) lives in the library. Uninstrumented, that hand-over is
+#    invisible, and a status copied on one thread and dropped last on
+#    another is reported as the delete racing the increment (seen once in
+#    CI, in call_runner_test: the worker's status dropped after the test
+#    thread had copied the answer). The source comes from Debian's
 #    mirror (apt-get source with a private, temporary apt state: the
 #    system's apt configuration is not touched) once, and is cached in the
 #    build tree.
@@ -198,8 +207,10 @@ build_tsan_abseil() {
   version=$(dpkg-query -W -f='${Version}' libabsl-dev 2>/dev/null) ||
     { log "tsan: libabsl-dev is not installed" >&2; return 1; }
   package=$(dpkg-query -W -f='${source:Package}' libabsl-dev)
-  local archive=$out/libabsl_synchronization_tsan.a
-  if [[ -f $archive && "$(cat "$out/version" 2>/dev/null)" == "$version" ]]; then
+  local archive=$out/libabsl_tsan.a
+  # The stamp names the sources too: a build with a different set is redone.
+  local stamp="$version: synchronization low_level_alloc status"
+  if [[ -f $archive && "$(cat "$out/version" 2>/dev/null)" == "$stamp" ]]; then
     echo "$archive"
     return 0
   fi
@@ -240,7 +251,8 @@ build_tsan_abseil() {
   tarball=$(find "$out/src" -maxdepth 1 -name "${package}_*.orig.tar.*" | head -n 1)
   [[ -n "$tarball" ]] || { log "tsan: no orig tarball in $out/src" >&2; return 1; }
   tar -xf "$tarball" -C "$out/src" --wildcards \
-    '*/absl/synchronization/*.cc' '*/absl/base/internal/low_level_alloc.cc' ||
+    '*/absl/synchronization/*.cc' '*/absl/base/internal/low_level_alloc.cc' \
+    '*/absl/status/status.cc' ||
     return 1
   local src=()
   local file
@@ -263,32 +275,63 @@ build_tsan_abseil() {
     [[ -f $object ]] || { cat "$out/compile.log" >&2; return 1; }
   done
   ar rcs "$archive" "${objects[@]}" || return 1
-  echo "$version" >"$out/version"
+  echo "$stamp" >"$out/version"
   echo "$archive"
 }
 
 # Proves the set-up before trusting its silence: with the instrumented
 # Abseil linked as the tests link it, a counter bumped from two threads
-# under an absl::Mutex is not reported, and one bumped without it is.
+# under an absl::Mutex is not reported, nor an error status copied on one
+# thread and released last on another (ordered only by its own reference
+# count: the flag between them is relaxed, no synchronisation), and a
+# counter bumped without the mutex is.
 tsan_canary() {
   local dir=$1/canary abseil=$2 absl_libs=$3 tsan_options=$4
   mkdir -p "$dir"
   cat >"$dir/canary.cc" <<'CANARY'
+#include <atomic>
 #include <thread>
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 absl::Mutex mu;
 long guarded = 0, unguarded = 0;
+absl::Status handed ABSL_GUARDED_BY(mu);
+std::atomic<bool> released{false};
 void Bump(bool race) {
   for (int i = 0; i < 1000; ++i) {
     { absl::MutexLock lock(&mu); ++guarded; }
     if (race) ++unguarded;
   }
 }
+// The other thread hands a copy over, waits (relaxed) until this one has
+// copied and dropped it, then drops the last reference: the rep's delete.
+void DropLast() {
+  const absl::Status mine = absl::InternalError("canary");
+  { absl::MutexLock lock(&mu); handed = mine; }
+  while (!released.load(std::memory_order_relaxed)) std::this_thread::yield();
+}
+bool CopyAndRelease() {
+  absl::Status copy;
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](absl::Status* s) { return !s->ok(); }, &handed));
+    copy = handed;  // the increment, inline
+    handed = absl::OkStatus();
+  }
+  const bool seen = copy.code() == absl::StatusCode::kInternal;
+  copy = absl::OkStatus();
+  released.store(true, std::memory_order_relaxed);
+  return seen;
+}
 int main(int argc, char**) {
   std::thread other(Bump, argc > 1);
   Bump(argc > 1);
   other.join();
-  return guarded == 2000 ? 0 : 1;
+  std::thread dropper(DropLast);
+  const bool seen = CopyAndRelease();
+  dropper.join();
+  return guarded == 2000 && seen ? 0 : 1;
 }
 CANARY
   # shellcheck disable=SC2086  # absl_libs: separate words
@@ -296,7 +339,7 @@ CANARY
     -Wl,--whole-archive "$abseil" -Wl,--no-whole-archive $absl_libs \
     >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; return 1; }
   TSAN_OPTIONS=$tsan_options "$dir/canary" >"$dir/clean.log" 2>&1 ||
-    { log "tsan: canary: absl::Mutex is not visible to TSan:"; head -n 40 "$dir/clean.log"; return 1; }
+    { log "tsan: canary: absl::Mutex or absl::Status is not visible to TSan:"; head -n 40 "$dir/clean.log"; return 1; }
   TSAN_OPTIONS=$tsan_options "$dir/canary" race >"$dir/race.log" 2>&1
   grep -q '^WARNING: ThreadSanitizer: data race' "$dir/race.log" ||
     { log "tsan: canary: TSan missed a plain data race"; return 1; }
@@ -321,6 +364,8 @@ run_tsan() {
   absl_libs+=" -labsl_raw_logging_internal -labsl_stacktrace -labsl_symbolize"
   absl_libs+=" -labsl_debugging_internal -labsl_demangle_internal"
   absl_libs+=" -labsl_time -labsl_time_zone -labsl_int128"
+  absl_libs+=" -labsl_status -labsl_cord -labsl_cordz_info -labsl_strerror"
+  absl_libs+=" -labsl_strings"
   local targets=(batcher_test worker_pool_test admission_test
     call_runner_test mapped_file_test sanitizer_concurrency_test
     residency_test)
