@@ -34,10 +34,16 @@ bool ValidName(const std::string& name) {
 }
 
 // A model folder's numbered files: rows-<n>.safetensors, each an append's
-// rows, and evicted-<n>, each an eviction's record (the highest counts).
+// rows, evicted-<n>, each an eviction's record (the highest counts), and
+// base-<k>.safetensors, each a compaction's (the highest counts).
 constexpr absl::string_view kRowsPrefix = "rows-";
 constexpr absl::string_view kRowsSuffix = ".safetensors";
 constexpr absl::string_view kEvictedPrefix = "evicted-";
+constexpr absl::string_view kBasePrefix = "base-";
+constexpr absl::string_view kWeightsFile = "weights.safetensors";
+// A base's metadata: the highest rows file and eviction record it covers.
+constexpr absl::string_view kBaseRowsFiles = "rows_files";
+constexpr absl::string_view kBaseEvictions = "evictions";
 
 // The number <n> of a file named <prefix><n><suffix>; nullopt for any
 // other name.
@@ -61,10 +67,11 @@ std::string NumberedFileName(absl::string_view prefix, uint64_t number,
   return absl::StrFormat("%s%08d%s", prefix, number, suffix);
 }
 
-// A model folder's rows files and eviction records, each by number.
+// A model folder's rows files, eviction records and bases, each by number.
 struct NumberedFiles {
   std::map<uint64_t, std::string> rows;
   std::map<uint64_t, std::string> evictions;
+  std::map<uint64_t, std::string> bases;
 };
 absl::StatusOr<NumberedFiles> ListNumberedFiles(FileSystem& fs,
                                                 const std::string& folder) {
@@ -78,6 +85,9 @@ absl::StatusOr<NumberedFiles> ListNumberedFiles(FileSystem& fs,
     } else if (std::optional<uint64_t> number =
                    FileNumber(entry.name, kEvictedPrefix, "")) {
       files.evictions[*number] = entry.name;
+    } else if (std::optional<uint64_t> number =
+                   FileNumber(entry.name, kBasePrefix, kRowsSuffix)) {
+      files.bases[*number] = entry.name;
     }
   }
   return files;
@@ -250,42 +260,82 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
         name, "/config.pbtxt: name '", model->config.name(),
         "' differs from its folder's name"));
   }
-  const std::string weights_path = folder + "weights.safetensors";
+  // The rows start from the highest base, if a compaction left one, else
+  // from weights.safetensors; a base may hold what appends grew past
+  // --max_model_bytes.
+  absl::StatusOr<NumberedFiles> numbered = ListNumberedFiles(fs, folder);
+  if (!numbered.ok()) return failed("(the folder)", numbered.status());
+  std::string weights_name(kWeightsFile);
+  int64_t weights_limit = max_model_bytes;
+  absl::string_view limit_name = "--max_model_bytes";
+  if (!numbered->bases.empty()) {
+    model->base_file = numbered->bases.rbegin()->first;
+    weights_name = numbered->bases.rbegin()->second;
+    weights_limit = max_grown_model_bytes;
+    limit_name = "--max_grown_model_bytes";
+  }
+  const std::string weights_path = folder + weights_name;
   absl::StatusOr<std::shared_ptr<const FileBytes>> weights;
   if (map_weights) {
-    weights = fs.MapFile(weights_path, max_model_bytes);
+    weights = fs.MapFile(weights_path, weights_limit);
     if (weights.ok() && !(*weights)->why_copied().empty() &&
         !(*weights)->bytes().empty()) {
-      log(absl::StrCat("'", name, "': weights.safetensors read into memory, ",
-                       (*weights)->why_copied()));
+      log(absl::StrCat("'", name, "': ", weights_name,
+                       " read into memory, ", (*weights)->why_copied()));
     }
   } else {
-    absl::StatusOr<std::string> bytes =
-        fs.ReadFile(weights_path, max_model_bytes);
+    absl::StatusOr<std::string> bytes = fs.ReadFile(weights_path, weights_limit);
     if (bytes.ok()) {
       weights = FileBytesInMemory(*std::move(bytes), "--map_model_weights is off");
     } else {
       weights = bytes.status();
     }
   }
-  if (!weights.ok()) return failed("weights.safetensors", weights.status());
+  if (!weights.ok()) return failed(weights_name, weights.status(), limit_name);
   model->weights_mapped = (*weights)->why_copied().empty();
   model->stored_bytes = static_cast<int64_t>((*weights)->bytes().size());
+  model->base_bytes = model->stored_bytes;
+  // What a base covers: the rows files and eviction records up to these.
+  uint64_t covered_rows_files = 0;
+  uint64_t covered_evictions = 0;
+  if (model->base_file > 0) {
+    absl::StatusOr<SafetensorsMetadata> metadata =
+        ParseSafetensorsMetadata((*weights)->bytes());
+    std::map<std::string, std::string>::const_iterator rows_files, evictions;
+    if (metadata.ok() &&
+        ((rows_files = metadata->find(std::string(kBaseRowsFiles))) ==
+             metadata->end() ||
+         (evictions = metadata->find(std::string(kBaseEvictions))) ==
+             metadata->end() ||
+         !absl::SimpleAtoi(rows_files->second, &covered_rows_files) ||
+         !absl::SimpleAtoi(evictions->second, &covered_evictions))) {
+      metadata = absl::InvalidArgumentError(absl::StrCat(
+          "safetensors: __metadata__ needs '", kBaseRowsFiles, "' and '",
+          kBaseEvictions, "', each a count"));
+    }
+    if (!metadata.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "/", weights_name, ": ", metadata.status().message()));
+    }
+  }
   absl::StatusOr<std::map<std::string, StoredTensor>> tensors =
       ParseSafetensorsShared(*std::move(weights));
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, "/weights.safetensors: ", tensors.status().message()));
+        name, "/", weights_name, ": ", tensors.status().message()));
   }
   model->tensors = *std::move(tensors);
-  absl::StatusOr<NumberedFiles> numbered = ListNumberedFiles(fs, folder);
-  if (!numbered.ok()) return failed("(the folder)", numbered.status());
-  const std::map<uint64_t, std::string>& rows_files = numbered->rows;
-  const std::map<uint64_t, std::string>& evictions = numbered->evictions;
-  if (!rows_files.empty()) model->last_rows_file = rows_files.rbegin()->first;
-  if (!evictions.empty()) {
-    model->last_eviction_file = evictions.rbegin()->first;
-  }
+  // The files the base covers are left over from before it (a compaction
+  // removes them once the base is durable): never read.
+  std::map<uint64_t, std::string> rows_files = std::move(numbered->rows);
+  std::map<uint64_t, std::string> evictions = std::move(numbered->evictions);
+  rows_files.erase(rows_files.begin(),
+                   rows_files.upper_bound(covered_rows_files));
+  evictions.erase(evictions.begin(), evictions.upper_bound(covered_evictions));
+  model->last_rows_file = rows_files.empty() ? covered_rows_files
+                                             : rows_files.rbegin()->first;
+  model->last_eviction_file = evictions.empty() ? covered_evictions
+                                                : evictions.rbegin()->first;
   grown->clear();
   for (const auto& [number, file] : rows_files) {
     // The model's files together stay within the limit.
@@ -383,6 +433,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   if (check) RETURN_IF_ERROR(check(name, *model));
   model->held_memory = std::make_shared<const attn::HeldMemory>(name);
   model->lineage = std::make_shared<const int>(0);
+  model->folder_version = std::make_shared<const int>(0);
   return std::shared_ptr<const RepositoryModel>(std::move(model));
 }
 
@@ -526,9 +577,9 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
                        removed.message()));
     }
   }
-  // Files an interrupted append or eviction left under their hidden names
-  // (.rows-<n>.safetensors.tmp-<id>, .evicted-<n>.tmp-<id>): never read,
-  // removed once old enough.
+  // Files an interrupted append, eviction or compaction left under their
+  // hidden names (.rows-<n>.safetensors.tmp-<id>, .evicted-<n>.tmp-<id>,
+  // .base-<k>.safetensors.tmp-<id>): never read, removed once old enough.
   for (const std::string& model : Folders()) {
     absl::StatusOr<std::vector<FileSystem::Entry>> files =
         fs_->ListDir(dir_ + "/" + model);
@@ -536,7 +587,8 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
     for (const FileSystem::Entry& file : *files) {
       if (file.is_dir ||
           !(absl::StartsWith(file.name, ".rows-") ||
-            absl::StartsWith(file.name, ".evicted-")) ||
+            absl::StartsWith(file.name, ".evicted-") ||
+            absl::StartsWith(file.name, ".base-")) ||
           now - file.modified < older_than) {
         continue;
       }
@@ -545,10 +597,11 @@ void ModelRepository::CleanUpLeftovers(absl::Duration older_than) const {
           fs_->RemoveFile(absl::StrCat(dir_, "/", where));
       Log(removed.ok()
               ? absl::StrCat("removed ", where,
-                             ", left by an interrupted append or eviction")
+                             ", left by an interrupted append, eviction or "
+                             "compaction")
               : absl::StrCat("cannot remove ", where,
-                             " (left by an interrupted append or eviction; "
-                             "ignored): ",
+                             " (left by an interrupted append, eviction or "
+                             "compaction; ignored): ",
                              removed.message()));
     }
   }
@@ -801,6 +854,9 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   // does not.
   if (!aside.empty()) RemoveTree(*fs_, aside).IgnoreError();
   written->stored_bytes = weights_size;
+  written->base_bytes = weights_size;
+  written->base_file = 0;
+  written->folder_version = std::make_shared<const int>(0);
   written->appended_files = 0;
   written->last_rows_file = 0;
   written->last_eviction_file = 0;
@@ -895,7 +951,8 @@ absl::Status ModelRepository::ReplaceModel(
 }
 
 void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
-  if (map_weights_ && model.appended_files == 0 && model.evicted_rows == 0) {
+  if (map_weights_ && model.appended_files == 0 && model.evicted_rows == 0 &&
+      model.base_file == 0) {
     ServeFromWrittenFile(name, &model);
   }
   model.held_memory = std::make_shared<const attn::HeldMemory>(name);
@@ -1095,6 +1152,7 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   appended.files = 1 + grown.appended_files;
   Serve(name, std::move(grown));
   growth.version = Find(name);
+  MaybeCompact(name, *growth.version.lock());
   return appended;
 }
 
@@ -1142,6 +1200,196 @@ absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
   Serve(name, std::move(kept));
   if (growth != nullptr) growth->version = Find(name);
   return Evicted{request.oldest, rows - request.oldest};
+}
+
+absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
+    const std::string& name) {
+  // The version to write, read under the lock; its tensors are immutable
+  // views, so they are written outside it while appends go on.
+  std::shared_ptr<const RepositoryModel> snapshot;
+  uint64_t base_file = 0;
+  std::string folder;
+  std::string temporary;
+  {
+    absl::MutexLock write(&write_mu_);
+    ASSIGN_OR_RETURN(snapshot,
+                     ServedForChange("compact", name, /*may_be_new=*/false));
+    if (snapshot->appended_files == 0 && snapshot->evicted_rows == 0) {
+      return Compacted{};
+    }
+    if (!compacting_.insert(name).second) {
+      return absl::AbortedError(absl::StrCat(
+          "compact '", name, "': a compaction of it is running"));
+    }
+    base_file = snapshot->base_file + 1;
+    folder = absl::StrCat(dir_, "/", name);
+    temporary = absl::StrCat(folder, "/.",
+                             NumberedFileName(kBasePrefix, base_file, kRowsSuffix),
+                             ".tmp-", getpid(), "-", ++saves_);
+  }
+  const std::string file = NumberedFileName(kBasePrefix, base_file, kRowsSuffix);
+  const SafetensorsMetadata metadata = {
+      {std::string(kBaseRowsFiles), absl::StrCat(snapshot->last_rows_file)},
+      {std::string(kBaseEvictions), absl::StrCat(snapshot->last_eviction_file)}};
+  absl::Status status = WriteDurably(
+      *fs_, temporary,
+      [&](absl::FunctionRef<absl::Status(absl::string_view)> write) {
+        return WriteSafetensors(
+            snapshot->tensors,
+            [&](absl::string_view piece) {
+              if (cancel_compactions_.load(std::memory_order_relaxed)) {
+                return absl::CancelledError("the repository is closing");
+              }
+              return write(piece);
+            },
+            metadata);
+      });
+
+  absl::MutexLock write(&write_mu_);
+  compacting_.erase(name);
+  if (!status.ok()) {
+    fs_->RemoveFile(temporary).IgnoreError();
+    return SaveError("compact", name, absl::StrCat("writing ", file), status);
+  }
+  // Committed only over the files it was written from: the same folder,
+  // no eviction record since (its count is from the base before).
+  std::shared_ptr<const RepositoryModel> current = Find(name);
+  if (current == nullptr || current->folder_version != snapshot->folder_version ||
+      current->last_eviction_file != snapshot->last_eviction_file) {
+    fs_->RemoveFile(temporary).IgnoreError();
+    return absl::AbortedError(absl::StrCat(
+        "compact '", name,
+        "': the model was saved, reloaded, unloaded or had rows evicted "
+        "while its base was written; the model is unchanged"));
+  }
+  status = fs_->Rename(temporary, absl::StrCat(folder, "/", file));
+  if (!status.ok()) {
+    fs_->RemoveFile(temporary).IgnoreError();
+    return SaveError("compact", name, absl::StrCat("naming ", file), status);
+  }
+  status = fs_->SyncDir(folder);
+  if (!status.ok()) {
+    // Answered as a failure: the eviction records to come count from the
+    // old base, so the new one must not be found after a crash.
+    fs_->RemoveFile(absl::StrCat(folder, "/", file)).IgnoreError();
+    fs_->SyncDir(folder).IgnoreError();
+    return SaveError("compact", name, "syncing its folder", status);
+  }
+
+  // Durable. The version served now (it may have grown since the snapshot)
+  // starts from the new base: the same rows, counted from there.
+  Compacted compacted;
+  compacted.compacted = true;
+  compacted.base_file = base_file;
+  compacted.rows_files = snapshot->appended_files;
+  compacted.evicted_rows = snapshot->evicted_rows;
+  compacted.bytes = SafetensorsSize(snapshot->tensors, metadata);
+  RepositoryModel rebased = *current;
+  rebased.base_file = base_file;
+  rebased.base_bytes = compacted.bytes;
+  rebased.stored_bytes =
+      compacted.bytes + (current->stored_bytes - snapshot->stored_bytes);
+  rebased.appended_files = current->appended_files - snapshot->appended_files;
+  rebased.evicted_rows = current->evicted_rows - snapshot->evicted_rows;
+  // Published as the same memory (its held identity and lineage kept: no
+  // row moved), and the appends' tensors stay its own.
+  auto published = std::make_shared<const RepositoryModel>(std::move(rebased));
+  if (auto it = growth_.find(name);
+      it != growth_.end() && it->second.version.lock() == current) {
+    it->second.first_row -= snapshot->evicted_rows;
+    it->second.version = published;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    models_[name] = published;
+  }
+
+  // What the base covers is garbage now; a load skips any left (a failed
+  // removal, a kill), and the next compaction removes it.
+  if (absl::StatusOr<NumberedFiles> numbered = ListNumberedFiles(*fs_, folder);
+      numbered.ok()) {
+    std::vector<std::string> covered = {std::string(kWeightsFile)};
+    for (const auto& [number, entry] : numbered->rows) {
+      if (number <= snapshot->last_rows_file) covered.push_back(entry);
+    }
+    for (const auto& [number, entry] : numbered->evictions) {
+      if (number <= snapshot->last_eviction_file) covered.push_back(entry);
+    }
+    for (const auto& [number, entry] : numbered->bases) {
+      if (number < base_file) covered.push_back(entry);
+    }
+    for (const std::string& entry : covered) {
+      fs_->RemoveFile(absl::StrCat(folder, "/", entry)).IgnoreError();
+    }
+    fs_->SyncDir(folder).IgnoreError();
+  }
+  return compacted;
+}
+
+void ModelRepository::MaybeCompact(const std::string& name,
+                                   const RepositoryModel& model) {
+  if (!compaction_.in_background) return;
+  const int64_t rows_bytes = model.stored_bytes - model.base_bytes;
+  const bool due = model.appended_files >= compaction_.max_rows_files ||
+                   (model.appended_files >= compaction_.min_rows_files &&
+                    rows_bytes >= model.base_bytes);
+  if (!due) return;
+  absl::MutexLock lock(&compact_mu_);
+  if (stopping_ || std::find(compact_queue_.begin(), compact_queue_.end(),
+                             name) != compact_queue_.end()) {
+    return;
+  }
+  compact_queue_.push_back(name);
+  if (!compactor_.joinable()) {
+    compactor_ = std::thread([this] { CompactQueued(); });
+  }
+}
+
+void ModelRepository::CompactQueued() {
+  while (true) {
+    std::string name;
+    {
+      absl::MutexLock lock(&compact_mu_);
+      compact_mu_.Await(absl::Condition(
+          +[](ModelRepository* repository)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(repository->compact_mu_) {
+                 return repository->stopping_ ||
+                        !repository->compact_queue_.empty();
+               },
+          this));
+      if (stopping_) return;
+      name = compact_queue_.front();
+      compact_queue_.pop_front();
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<Compacted> compacted = CompactRows(name);
+    const absl::Duration took = absl::Now() - start;
+    if (compacted.ok() && !compacted->compacted) continue;
+    if (compacted.ok()) {
+      Log(absl::StrFormat(
+          "'%s': compacted %d rows files and %d evicted rows into %s "
+          "(%d bytes) in %s",
+          name, compacted->rows_files, compacted->evicted_rows,
+          NumberedFileName(kBasePrefix, compacted->base_file, kRowsSuffix),
+          compacted->bytes, absl::FormatDuration(took)));
+    } else {
+      Log(absl::StrCat("'", name, "': compaction failed (",
+                       compacted.status().ToString(),
+                       "); its files stay as they are"));
+    }
+    if (compaction_.on_done) compaction_.on_done(name, compacted.status(), took);
+  }
+}
+
+ModelRepository::~ModelRepository() {
+  std::thread compactor;
+  {
+    absl::MutexLock lock(&compact_mu_);
+    stopping_ = true;
+    compactor = std::move(compactor_);
+  }
+  cancel_compactions_.store(true, std::memory_order_relaxed);
+  if (compactor.joinable()) compactor.join();
 }
 
 }  // namespace attnserve

@@ -35,8 +35,13 @@
 // files. A model whose config sets `max_rows` keeps only its newest rows
 // that many (MaxRowsOf): an append drops the oldest beyond it, and a load
 // leaves them out of what its files hold. A whole save replaces the
-// folder, rows files and all. docs/repository.md gives the layout and why a
-// kill at any instant leaves every acknowledged append and no partial one.
+// folder, rows files and all. CompactRows folds a model's rows files and
+// eviction records into one file, base-<k>.safetensors, written while the
+// model serves and named only once durable; a load starts from the
+// highest base instead of weights.safetensors and skips the files it
+// covers (its header's metadata says which). docs/repository.md gives the
+// layout and why a kill at any instant leaves every acknowledged append
+// and no partial one.
 //
 // Live model control (Triton's model_repository extension): LoadModel reads
 // a folder again (a new or changed model) and serves it; UnloadModel stops
@@ -52,11 +57,15 @@
 #ifndef ATTNSERVE_SERVER_REPOSITORY_MODEL_REPOSITORY_H_
 #define ATTNSERVE_SERVER_REPOSITORY_MODEL_REPOSITORY_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -93,10 +102,20 @@ struct RepositoryModel {
   // read or saved, and gone with the last reference to this version, so a
   // replaced or unloaded version's device copy goes once its calls end.
   std::shared_ptr<const attn::HeldMemory> held_memory;
-  // The bytes of its files in the repository (weights.safetensors and its
-  // rows files), which --max_model_bytes bounds; 0 for a model not stored.
+  // The bytes of its files in the repository (weights.safetensors or its
+  // base, and its rows files), which --max_grown_model_bytes bounds; 0 for a
+  // model not stored. base_bytes of them are the file its rows start from.
   int64_t stored_bytes = 0;
-  // The rows files appended since its last whole save (AppendRows), and
+  int64_t base_bytes = 0;
+  // The <k> of the base-<k>.safetensors its rows start from (0:
+  // weights.safetensors), so that the next is named without listing.
+  uint64_t base_file = 0;
+  // The files in its folder as a whole save or a load left them: shared by
+  // every version grown from that one by appends, evictions and
+  // compactions, and made anew by the next save or load. A compaction
+  // commits only while the version served has the same.
+  std::shared_ptr<const void> folder_version;
+  // The rows files appended since its base (AppendRows), and
   // the highest <n> of them and of its eviction records in its folder
   // (0: none), so that the next of each is named without listing it.
   int64_t appended_files = 0;
@@ -108,8 +127,9 @@ struct RepositoryModel {
   // (server/execution/operation.h, StoredRequest::lineage). A load, a save
   // or an eviction starts a new one.
   std::shared_ptr<const void> lineage;
-  // The oldest rows evicted since its last whole save (EvictRows): its
-  // growing tensors' row 0 is the row that many after the first saved.
+  // The oldest rows evicted since its base (EvictRows, or a max_rows
+  // window), which its eviction records count: row 0 served is the row
+  // that many after the base's first.
   int64_t evicted_rows = 0;
 };
 
@@ -164,6 +184,24 @@ class ModelRepository {
     // or where a lease is refused, every model is read into the process's
     // own memory. Saved models are served from the file written.
     bool map_weights = true;
+    // When CompactRows runs by itself: on a thread of the repository's
+    // own, after an append that leaves a model with at least
+    // min_rows_files rows files holding together at least as many bytes
+    // as its base (so each row is rewritten about log2 of the model's
+    // growth times), or with max_rows_files of them (a bound on the files
+    // a load reads). Off: only when called.
+    struct Compaction {
+      bool in_background = false;
+      int64_t min_rows_files = 8;
+      int64_t max_rows_files = 4096;
+      // Told of each background compaction that did something or failed:
+      // the model, the outcome (ABORTED when the model changed under it)
+      // and how long it took. Called on the compaction's thread.
+      std::function<void(const std::string& model, const absl::Status&,
+                         absl::Duration took)>
+          on_done;
+    };
+    Compaction compaction;
   };
 
   // Lists the folder, restores or removes leftovers of interrupted saves
@@ -302,6 +340,33 @@ class ModelRepository {
       const std::function<absl::StatusOr<RepositoryModel>(
           const RepositoryModel&)>& change);
 
+  struct Compacted {
+    bool compacted = false;    // false: nothing to fold
+    uint64_t base_file = 0;    // the <k> of the base-<k>.safetensors written
+    int64_t rows_files = 0;    // rows files it folded
+    int64_t evicted_rows = 0;  // evicted rows it left out of the disk
+    int64_t bytes = 0;         // the base's size
+  };
+  // Folds model `name`'s rows files and eviction records into one file,
+  // base-<k>.safetensors, holding every tensor as the version served when
+  // it starts: written under a hidden name outside the write lock (appends,
+  // evictions and calls go on meanwhile), fsynced, then, under the lock,
+  // renamed into place and the folder fsynced; only then are the files it
+  // covers (weights.safetensors, older bases, rows files and eviction
+  // records up to the version it wrote) removed. What is served never
+  // changes, and a load of the folder at any instant gives the same rows.
+  // Nothing to fold (no rows file, no row evicted): OK, compacted false.
+  // ABORTED, with nothing left, when the model was saved, reloaded,
+  // unloaded or had rows evicted while the base was written, or another
+  // compaction of it is running; AppendRows' statuses for an unknown model
+  // and for the file system's failures (the model is then unchanged).
+  // Blocks on file I/O, the base's size in writes.
+  absl::StatusOr<Compacted> CompactRows(const std::string& name);
+
+  // Stops the background compactions (one running is cancelled at its next
+  // write, its hidden file removed).
+  ~ModelRepository();
+
   // Options::max_model_bytes.
   int64_t max_model_bytes() const { return max_model_bytes_; }
 
@@ -313,7 +378,15 @@ class ModelRepository {
         check_model_(options.check_model),
         max_model_bytes_(options.max_model_bytes),
         max_grown_model_bytes_(options.max_grown_model_bytes),
-        map_weights_(options.map_weights) {}
+        map_weights_(options.map_weights),
+        compaction_(options.compaction) {}
+
+  // Queues a background compaction of `model`, served as `name`, when
+  // Options::compaction says it is due.
+  void MaybeCompact(const std::string& name, const RepositoryModel& model)
+      ABSL_LOCKS_EXCLUDED(compact_mu_);
+  // The background compactions' thread.
+  void CompactQueued() ABSL_LOCKS_EXCLUDED(compact_mu_);
 
   // The repository's model folders (not hidden ones), sorted.
   std::vector<std::string> Folders() const;
@@ -388,6 +461,7 @@ class ModelRepository {
   const int64_t max_model_bytes_;
   const int64_t max_grown_model_bytes_;
   const bool map_weights_;
+  const Options::Compaction compaction_;
 
   // Held by SaveModel, LoadModel and UnloadModel for all their work, so
   // that what is on disk and what is served change together, in one order.
@@ -395,6 +469,16 @@ class ModelRepository {
   // Numbers this process's saves, for unique hidden folder names.
   uint64_t saves_ ABSL_GUARDED_BY(write_mu_) = 0;
   std::map<std::string, Growth> growth_ ABSL_GUARDED_BY(write_mu_);
+  // Models a CompactRows is writing a base of now.
+  std::set<std::string> compacting_ ABSL_GUARDED_BY(write_mu_);
+
+  // The background compactions: models due, in order, each once.
+  absl::Mutex compact_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  std::deque<std::string> compact_queue_ ABSL_GUARDED_BY(compact_mu_);
+  bool stopping_ ABSL_GUARDED_BY(compact_mu_) = false;
+  std::thread compactor_ ABSL_GUARDED_BY(compact_mu_);
+  // Read by a compaction's writes (no lock): the repository is going.
+  std::atomic<bool> cancel_compactions_{false};
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const RepositoryModel>> models_

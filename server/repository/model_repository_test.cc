@@ -107,6 +107,53 @@ TEST(SafetensorsTest, WrittenInPiecesAsSerialized) {
   EXPECT_EQ(calls, 2);
 }
 
+// Metadata written with the tensors (a compacted base's, keys and values
+// needing escapes too) reads back exactly, leaves the tensors as they were,
+// and is counted in the size; a file without it has none, and one whose
+// metadata is not an object of strings is refused.
+TEST(SafetensorsTest, MetadataReadsBackBesideTheTensors) {
+  auto floats = std::make_shared<std::vector<float>>(6, 1.5f);
+  std::map<std::string, StoredTensor> tensors;
+  tensors["keys"] = StoredTensor({3, 2}, floats->data(), floats);
+  const SafetensorsMetadata metadata = {{"rows_files", "12"},
+                                        {"odd \"key\"", "a\\b\nc"}};
+  std::string bytes;
+  ASSERT_TRUE(WriteSafetensors(
+                  tensors,
+                  [&](absl::string_view piece) {
+                    bytes.append(piece.data(), piece.size());
+                    return absl::OkStatus();
+                  },
+                  metadata)
+                  .ok());
+  EXPECT_EQ(SafetensorsSize(tensors, metadata),
+            static_cast<int64_t>(bytes.size()));
+  absl::StatusOr<SafetensorsMetadata> read = ParseSafetensorsMetadata(bytes);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, metadata);
+  absl::StatusOr<std::map<std::string, attn::Tensor>> parsed =
+      ParseSafetensors(bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 1u);
+  EXPECT_EQ(parsed->at("keys").shape, (attn::Shape{3, 2}));
+  EXPECT_EQ(parsed->at("keys").data[5], 1.5f);
+
+  read = ParseSafetensorsMetadata(SerializeSafetensors(tensors));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->empty());
+  for (const std::string& header :
+       {std::string(R"({"__metadata__":[1]})"),
+        std::string(R"({"__metadata__":{"n":3}})")}) {
+    std::string file(8, '\0');
+    const uint64_t size = header.size();
+    std::memcpy(file.data(), &size, 8);
+    file += header;
+    EXPECT_EQ(ParseSafetensorsMetadata(file).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << header;
+  }
+}
+
 TEST(SafetensorsTest, MalformedFilesAreRefused) {
   EXPECT_THAT(std::string(ParseSafetensors("abc").status().message()),
               HasSubstr("shorter than its header"));

@@ -164,8 +164,12 @@ struct HeaderReader {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
-    absl::string_view bytes) {
+namespace {
+
+// The file's JSON header, checked to be an object of strict JSON lying
+// inside the file, and where its data begins; INVALID_ARGUMENT otherwise.
+absl::Status ParseHeader(absl::string_view bytes, rapidjson::Document* header,
+                         size_t* data_begin) {
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError("safetensors: shorter than its header");
   }
@@ -180,13 +184,22 @@ absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
   if (std::memchr(bytes.data() + 8, '\0', header_size) != nullptr) {
     return absl::InvalidArgumentError("safetensors: the header is not JSON");
   }
-  rapidjson::Document header;
   HeaderReader reader{bytes.data() + 8, header_size};
-  header.Populate(reader);
-  if (!reader.ok || !header.IsObject() || !StrictJson(header)) {
+  header->Populate(reader);
+  if (!reader.ok || !header->IsObject() || !StrictJson(*header)) {
     return absl::InvalidArgumentError("safetensors: the header is not JSON");
   }
-  const size_t data_begin = 8 + header_size;
+  *data_begin = 8 + header_size;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
+    absl::string_view bytes) {
+  rapidjson::Document header;
+  size_t data_begin = 0;
+  RETURN_IF_ERROR(ParseHeader(bytes, &header, &data_begin));
   const size_t data_size = bytes.size() - data_begin;
   std::map<std::string, SafetensorsEntry> tensors;
   for (const auto& member : header.GetObject()) {
@@ -245,6 +258,31 @@ absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
     tensors[name] = std::move(tensor);
   }
   return tensors;
+}
+
+absl::StatusOr<SafetensorsMetadata> ParseSafetensorsMetadata(
+    absl::string_view bytes) {
+  rapidjson::Document header;
+  size_t data_begin = 0;
+  RETURN_IF_ERROR(ParseHeader(bytes, &header, &data_begin));
+  SafetensorsMetadata metadata;
+  auto it = header.FindMember("__metadata__");
+  if (it == header.MemberEnd()) return metadata;
+  if (!it->value.IsObject()) {
+    return absl::InvalidArgumentError(
+        "safetensors: __metadata__ is not an object");
+  }
+  for (const auto& member : it->value.GetObject()) {
+    const std::string key(member.name.GetString(),
+                          member.name.GetStringLength());
+    if (!member.value.IsString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "safetensors: __metadata__ '", key, "' is not a string"));
+    }
+    metadata[key] = std::string(member.value.GetString(),
+                                member.value.GetStringLength());
+  }
+  return metadata;
 }
 
 absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
@@ -313,13 +351,23 @@ absl::string_view BytesOf(const StoredTensor& tensor) { return tensor.bytes(); }
 // The 8-byte length and the JSON header (padded to 8 bytes) of `tensors`
 // in that order, and the data's size.
 template <typename TensorMap>
-std::string HeadOf(const TensorMap& tensors, uint64_t* data_size) {
+std::string HeadOf(const TensorMap& tensors, const SafetensorsMetadata& metadata,
+                   uint64_t* data_size) {
   std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (const auto& [key, value] : metadata) {
+      if (header.back() != '{') header += ",";
+      absl::StrAppend(&header, "\"", JsonEscaped(key), "\":\"",
+                      JsonEscaped(value), "\"");
+    }
+    header += "}";
+  }
   uint64_t offset = 0;
   for (const char* dtype : {"F32", "BF16"}) {
     for (const auto& [name, tensor] : tensors) {
       if (std::strcmp(DtypeOf(tensor), dtype) != 0) continue;
-      if (header.size() > 1) header += ",";
+      if (header.back() != '{') header += ",";
       std::string shape;
       for (int64_t dim : tensor.shape) {
         absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
@@ -342,10 +390,11 @@ std::string HeadOf(const TensorMap& tensors, uint64_t* data_size) {
 
 template <typename TensorMap>
 absl::Status WriteInPieces(
-    const TensorMap& tensors,
+    const TensorMap& tensors, const SafetensorsMetadata& metadata,
     absl::FunctionRef<absl::Status(absl::string_view)> write) {
   uint64_t data_size = 0;
-  if (absl::Status status = write(HeadOf(tensors, &data_size)); !status.ok()) {
+  if (absl::Status status = write(HeadOf(tensors, metadata, &data_size));
+      !status.ok()) {
     return status;
   }
   for (const char* dtype : {"F32", "BF16"}) {
@@ -367,8 +416,8 @@ template <typename TensorMap>
 std::string Serialize(const TensorMap& tensors) {
   std::string bytes;
   uint64_t data_size = 0;
-  bytes.reserve(HeadOf(tensors, &data_size).size() + data_size);
-  WriteInPieces(tensors, [&](absl::string_view piece) {
+  bytes.reserve(HeadOf(tensors, {}, &data_size).size() + data_size);
+  WriteInPieces(tensors, {}, [&](absl::string_view piece) {
     bytes.append(piece.data(), piece.size());
     return absl::OkStatus();
   }).IgnoreError();  // appending to a string does not fail
@@ -387,16 +436,18 @@ std::string SerializeSafetensors(
   return Serialize(tensors);
 }
 
-int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors) {
+int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors,
+                        const SafetensorsMetadata& metadata) {
   uint64_t data_size = 0;
-  const uint64_t head = HeadOf(tensors, &data_size).size();
+  const uint64_t head = HeadOf(tensors, metadata, &data_size).size();
   return static_cast<int64_t>(head + data_size);
 }
 
 absl::Status WriteSafetensors(
     const std::map<std::string, StoredTensor>& tensors,
-    absl::FunctionRef<absl::Status(absl::string_view)> write) {
-  return WriteInPieces(tensors, write);
+    absl::FunctionRef<absl::Status(absl::string_view)> write,
+    const SafetensorsMetadata& metadata) {
+  return WriteInPieces(tensors, metadata, write);
 }
 
 }  // namespace attnserve

@@ -35,6 +35,12 @@ struct SafetensorsEntry {
 // BF16, offsets that do not hold the shape's values inside the data).
 absl::StatusOr<std::map<std::string, SafetensorsEntry>> ParseSafetensorsIndex(
     absl::string_view bytes);
+// The header's "__metadata__" (the format's string-to-string map); empty
+// without one. The header's errors, and INVALID_ARGUMENT for a
+// "__metadata__" that is not an object of strings.
+using SafetensorsMetadata = std::map<std::string, std::string>;
+absl::StatusOr<SafetensorsMetadata> ParseSafetensorsMetadata(
+    absl::string_view bytes);
 // The file's float32 tensors, copied out of its bytes; the same errors, and
 // INVALID_ARGUMENT for a BF16 tensor.
 absl::StatusOr<std::map<std::string, attn::Tensor>> ParseSafetensors(
@@ -56,16 +62,20 @@ std::string SerializeSafetensors(
 // The most bytes WriteSafetensors hands over at once.
 inline constexpr size_t kSafetensorsPiece = size_t{8} << 20;
 
-// The size of SerializeSafetensors(tensors), without making it.
-int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors);
+// The size of what WriteSafetensors hands over, without making it.
+int64_t SafetensorsSize(const std::map<std::string, StoredTensor>& tensors,
+                        const SafetensorsMetadata& metadata = {});
 
-// Hands the same bytes to `write` in order, in pieces of at most
-// kSafetensorsPiece (the header first, then each tensor's values read where
-// they lie), so that a file of any size is written without a copy of it in
-// memory. Stops at `write`'s first error and returns it.
+// Hands the same bytes as SerializeSafetensors to `write` in order (with
+// `metadata` as the header's "__metadata__" when it is not empty), in
+// pieces of at most kSafetensorsPiece (the header first, then each
+// tensor's values read where they lie), so that a file of any size is
+// written without a copy of it in memory. Stops at `write`'s first error
+// and returns it.
 absl::Status WriteSafetensors(
     const std::map<std::string, StoredTensor>& tensors,
-    absl::FunctionRef<absl::Status(absl::string_view)> write);
+    absl::FunctionRef<absl::Status(absl::string_view)> write,
+    const SafetensorsMetadata& metadata = {});
 
 }  // namespace attnserve
 
