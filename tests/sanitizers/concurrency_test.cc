@@ -337,6 +337,105 @@ TEST(ModelRepositoryConcurrencyTest, AppendsWhileReadReloadedAndUnloaded) {
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
+// Compactions (issue #47), in the background and called, while one memory
+// grows, loses its oldest rows, is read and reloaded: every version read is
+// a run of consecutive rows (row i holds keys i and value -i, from the
+// first not evicted), compactions that lose the race give way (ABORTED),
+// and what is served at the end is what a restart reads.
+TEST(ModelRepositoryConcurrencyTest, CompactionsWhileGrownEvictedAndReloaded) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  ModelRepository::Options options;
+  options.dir = dir;
+  options.log = [](const std::string&) {};
+  options.compaction.in_background = true;
+  options.compaction.min_rows_files = 2;
+  std::atomic<int> background_failures{0};
+  options.compaction.on_done = [&](const std::string&,
+                                   const absl::Status& status, absl::Duration) {
+    if (!status.ok() && !absl::IsAborted(status)) ++background_failures;
+  };
+  std::unique_ptr<ModelRepository> repository =
+      LoadModelRepository(options).value();
+  ModelCatalogue catalogue(repository.get());
+  auto append = [&](int64_t first, int64_t n, bool create) {
+    std::vector<float> keys, values;
+    for (int64_t i = first; i < first + n; ++i) {
+      keys.insert(keys.end(), 2, static_cast<float>(i));
+      values.push_back(-static_cast<float>(i));
+    }
+    return catalogue.Append(
+        /*may_append=*/true, "mem", attn::TensorView{keys.data(), {n, 2}},
+        attn::TensorView{values.data(), {n, 1}},
+        create ? std::optional<MemorySettings>(MemorySettings{}) : std::nullopt);
+  };
+  // Whether `model` holds consecutive rows; its first in *first.
+  auto consecutive = [](const RepositoryModel& model, int64_t* first) {
+    const StoredTensor& keys = model.tensors.at("keys");
+    const StoredTensor& values = model.tensors.at("values");
+    if (values.shape[0] != keys.shape[0] || keys.shape[0] < 1) return false;
+    *first = static_cast<int64_t>(keys.data[0]);
+    for (int64_t i = 0; i < keys.shape[0]; ++i) {
+      const float row = static_cast<float>(*first + i);
+      if (keys.data[2 * i] != row || keys.data[2 * i + 1] != row ||
+          values.data[i] != -row) {
+        return false;
+      }
+    }
+    return true;
+  };
+  ASSERT_TRUE(append(0, 4, /*create=*/true).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> bad_versions{0}, versions_read{0}, compactions{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      std::shared_ptr<const RepositoryModel> model = repository->Find("mem");
+      int64_t first = 0;
+      if (model != nullptr && !consecutive(*model, &first)) ++bad_versions;
+      ++versions_read;
+    }
+  });
+  std::thread changer([&] {  // compactions called, evictions, a reload
+    for (int i = 0; !done.load(); ++i) {
+      absl::StatusOr<ModelRepository::Compacted> compacted =
+          repository->CompactRows("mem");
+      if (compacted.ok()) {
+        compactions += compacted->compacted;
+      } else {
+        EXPECT_TRUE(absl::IsAborted(compacted.status())) << compacted.status();
+      }
+      if (i % 3 == 0) catalogue.Evict(true, "mem", 1).IgnoreError();
+      if (i % 7 == 0) {
+        EXPECT_TRUE(repository->LoadModel("mem").ok());
+      }
+    }
+  });
+  int64_t next = 4;
+  for (int i = 0; i < 80; ++i) {
+    absl::StatusOr<ModelRepository::Appended> appended =
+        append(next, 1 + i % 3, /*create=*/false);
+    ASSERT_TRUE(appended.ok()) << appended.status();
+    next += 1 + i % 3;
+  }
+  done.store(true);
+  reader.join();
+  changer.join();
+  EXPECT_EQ(bad_versions.load(), 0);
+  EXPECT_GT(versions_read.load(), 0);
+  EXPECT_GT(compactions.load(), 0);
+  EXPECT_EQ(background_failures.load(), 0);
+  int64_t first = 0, reread_first = 0;
+  std::shared_ptr<const RepositoryModel> served = repository->Find("mem");
+  ASSERT_TRUE(consecutive(*served, &first));
+  EXPECT_EQ(first + served->tensors.at("keys").shape[0], next);
+  repository.reset();  // stops the background compactions
+  std::unique_ptr<ModelRepository> reread = LoadModelRepository(dir).value();
+  ASSERT_TRUE(consecutive(*reread->Find("mem"), &reread_first));
+  EXPECT_EQ(reread_first, first);
+  EXPECT_EQ(reread->Find("mem")->tensors.at("keys").shape[0], next - first);
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
 // The hot path (counters and histograms bound at start-up) from several
 // threads while the registry and the sampled collector are scraped.
 TEST(MetricsConcurrencyTest, HotPathWhileScraping) {
