@@ -200,6 +200,12 @@ ABSL_FLAG(int64_t, max_grown_model_bytes, 0,
           "An append past it is refused (RESOURCE_EXHAUSTED). Appends are "
           "not one message, so this may be far above --max_model_bytes. "
           "0: half the machine's memory.");
+ABSL_FLAG(bool, compact_rows, true,
+          "Fold a grown model's rows files and eviction records into one "
+          "base file in the background, while it serves, once they hold as "
+          "many bytes as the file its rows start from (or number 4,096): a "
+          "restart then reads few files, and evicted rows leave the disk "
+          "(docs/repository.md#compaction).");
 ABSL_FLAG(bool, map_model_weights, true,
           "Serve each weights.safetensors of --model_repository mapped from "
           "the file under a read lease, not read into the server's memory: "
@@ -501,6 +507,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
       absl::GetFlag(FLAGS_exit_on_model_error);
   config.repository.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   config.repository.map_weights = absl::GetFlag(FLAGS_map_model_weights);
+  config.repository.compaction.in_background =
+      absl::GetFlag(FLAGS_compact_rows);
   if (config.repository.max_model_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_model_bytes must be at least 1, got ",

@@ -111,6 +111,16 @@ int main(int argc, char** argv) {
                               &(*core)->metrics());
   if (!metrics.ok()) return Fail(metrics.status());
 
+  // Background compactions are counted; one that gave way to a change of
+  // its model (ABORTED) is neither done nor refused.
+  config->repository.compaction.on_done =
+      [metrics = &(*core)->metrics()](const std::string& model,
+                                      const absl::Status& status,
+                                      absl::Duration) {
+        if (absl::IsAborted(status)) return;
+        metrics->ModelEvent("compact", !status.ok());
+        if (status.ok()) metrics->Compacted(model);
+      };
   absl::StatusOr<std::unique_ptr<attnserve::ModelRepository>> repository =
       attnserve::LoadModelRepository(config->repository);
   if (!repository.ok()) return Fail(repository.status());

@@ -124,11 +124,12 @@ class SampledCollector : public prometheus::Collectable {
                   &ServiceMetrics::StoredRows::rows},
             Gauge{"attnserve_model_files",
                   "Files a stored model's rows are in: weights.safetensors "
-                  "and a rows file per append since its last whole save.",
+                  "or its compacted base, and a rows file per append since "
+                  "then.",
                   &ServiceMetrics::StoredRows::files},
             Gauge{"attnserve_model_evicted_rows",
                   "Rows evicted from a stored model since its last whole "
-                  "save (still in its files).",
+                  "save or compaction (still in its files).",
                   &ServiceMetrics::StoredRows::evicted_rows}}) {
         prometheus::MetricFamily family{gauge.name, gauge.help,
                                         prometheus::MetricType::Gauge, {}};
@@ -290,7 +291,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
             .Help("Changes to the served models (load, replace: a load, "
                   "upload or save over a served model, unload, save, "
                   "append: rows added to a stored model, evict: its oldest "
-                  "rows dropped), and refused attempts at one, by outcome.")
+                  "rows dropped, compact: its rows files folded into one), "
+                  "and refused or failed attempts at one, by outcome.")
             .Register(registry);
     for (size_t e = 0; e < kModelEvents.size(); ++e) {
       metrics->model_events_[e][0] =
@@ -310,6 +312,12 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
              .Help("Evictions of each stored model's oldest rows that "
                    "succeeded (those of a max_rows window, which come with "
                    "appends, are not counted).")
+             .Register(registry);
+    metrics->compactions_ =
+        &prometheus::BuildCounter()
+             .Name("attnserve_model_compactions_total")
+             .Help("Compactions of each stored model that folded its rows "
+                   "files and eviction records into a new base file.")
              .Register(registry);
     metrics->append_seconds_ =
         &prometheus::BuildHistogram()
@@ -440,6 +448,10 @@ void ServiceMetrics::RowsChanged(const std::string& model, bool evict,
       0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4};
   append_seconds_->Add({{"model", model}}, kBuckets)
       .Observe(absl::ToDoubleSeconds(took));
+}
+
+void ServiceMetrics::Compacted(const std::string& model) {
+  compactions_->Add({{"model", model}}).Increment();
 }
 
 void ServiceMetrics::SetQueueDepthSource(std::function<int()> source) {

@@ -86,7 +86,7 @@ class ServiceMetrics {
   void SetInflightBytesSource(std::function<int64_t()> source);
   // What a stored model that grows holds, sampled on every scrape: its
   // rows, the files they are in, and the rows evicted since its last whole
-  // save.
+  // save or compaction.
   struct StoredRows {
     std::string model;
     int64_t rows = 0;
@@ -99,6 +99,8 @@ class ServiceMetrics {
   // served).
   void RowsChanged(const std::string& model, bool evict,
                    absl::Duration took);
+  // A compaction of `model` that folded its rows files into a new base.
+  void Compacted(const std::string& model);
   // Samples what the GPU holds of stored memories on every scrape
   // (attn::Engine::held_memory_stats; no families when it has none).
   void SetHeldMemorySource(
@@ -127,8 +129,8 @@ class ServiceMetrics {
   void Unauthenticated(bool token_missing);
   // A change to the served models, or a refused attempt at one: `event` is
   // one of kModelEvents (another is not counted).
-  static constexpr std::array<const char*, 6> kModelEvents = {
-      "load", "replace", "unload", "save", "append", "evict"};
+  static constexpr std::array<const char*, 7> kModelEvents = {
+      "load", "replace", "unload", "save", "append", "evict", "compact"};
   void ModelEvent(const std::string& event, bool refused);
   // One computed call of the model named `model` (a stored memory's, or a
   // built-in model's), counted by the backend of the implementation that
@@ -177,6 +179,7 @@ class ServiceMetrics {
   // models first change).
   prometheus::Family<prometheus::Counter>* appends_ = nullptr;
   prometheus::Family<prometheus::Counter>* evictions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* compactions_ = nullptr;
   prometheus::Family<prometheus::Histogram>* append_seconds_ = nullptr;
   // Implementation -> its backend, and the per-model counters made so far.
   absl::flat_hash_map<std::string, std::string> backend_of_;

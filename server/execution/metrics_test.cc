@@ -40,8 +40,8 @@ TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
       ServiceMetrics::Create({{"reference", "reference"}}).value();
   // Every label set is there from the start, at 0.
   std::map<std::string, double> values = ModelEvents(*metrics);
-  // load, replace, unload, save, append, evict; ok and refused.
-  ASSERT_EQ(values.size(), 12u);
+  // load, replace, unload, save, append, evict, compact; ok and refused.
+  ASSERT_EQ(values.size(), 14u);
   for (const auto& [labels, value] : values) EXPECT_EQ(value, 0) << labels;
   metrics->ModelEvent("load", /*refused=*/false);
   metrics->ModelEvent("replace", /*refused=*/true);
@@ -49,8 +49,10 @@ TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
   metrics->ModelEvent("append", /*refused=*/false);
   metrics->ModelEvent("evict", /*refused=*/true);
   metrics->ModelEvent("no such event", /*refused=*/false);
+  metrics->ModelEvent("compact", /*refused=*/true);
   values = ModelEvents(*metrics);
-  EXPECT_EQ(values.size(), 12u);
+  EXPECT_EQ(values.size(), 14u);
+  EXPECT_EQ(values["compact/refused"], 1);
   EXPECT_EQ(values["load/ok"], 1);
   EXPECT_EQ(values["append/ok"], 1);
   EXPECT_EQ(values["evict/refused"], 1);
@@ -58,7 +60,7 @@ TEST(ServiceMetricsTest, ModelEventsAreCountedByEventAndOutcome) {
   EXPECT_EQ(values["replace/ok"], 0);
   double total = 0;
   for (const auto& [labels, value] : values) total += value;
-  EXPECT_EQ(total, 5);
+  EXPECT_EQ(total, 6);
 }
 
 // The value of every sample of family `name`, by its labels joined as
@@ -139,6 +141,7 @@ TEST(ServiceMetricsTest, StoredModelsRowsAppendsAndEvictions) {
   metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(4));
   metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(30));
   metrics->RowsChanged("memory", /*evict=*/true, absl::Milliseconds(3));
+  metrics->Compacted("memory");
   std::map<std::string, double> values;
   for (const auto& collectable : {std::shared_ptr<prometheus::Collectable>(
                                       metrics->registry()),
@@ -168,6 +171,7 @@ TEST(ServiceMetricsTest, StoredModelsRowsAppendsAndEvictions) {
   EXPECT_EQ(values["attnserve_model_rows/net"], 50);
   EXPECT_EQ(values["attnserve_model_appends_total/memory"], 2);
   EXPECT_EQ(values["attnserve_model_evictions_total/memory"], 1);
+  EXPECT_EQ(values["attnserve_model_compactions_total/memory"], 1);
   EXPECT_EQ(values["attnserve_model_append_seconds/memory"], 2);
   EXPECT_NEAR(values["attnserve_model_append_seconds/memory/sum"], 0.034, 1e-9);
 }

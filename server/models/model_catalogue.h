@@ -220,8 +220,8 @@ class ModelCatalogue {
   absl::Status SaveRefittedBandwidth(const std::string& name, float bandwidth);
 
   // Every served model whose kind holds rows (memories, training sets):
-  // its rows, files and rows evicted since its last whole save, for the
-  // metrics.
+  // its rows, files and rows evicted since its last whole save or
+  // compaction, for the metrics.
   struct RowCount {
     std::string model;
     int64_t rows = 0;

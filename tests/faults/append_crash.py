@@ -1,26 +1,30 @@
 #!/usr/bin/env python3
-"""kill -9 during appends: is every acknowledged row still there after the
-restart, in its place, and never a part of an append?
+"""kill -9 during appends, evictions and compactions: is every acknowledged
+row still there after the restart, in its place, every acknowledged
+eviction kept, and never a part of either?
 
     tests/faults/append_crash.py [--rounds=50] [--attnserve=PATH]
                                  [--attnctl=PATH] [--seed=1]
 
-One attnserve over an empty repository. Each round starts it, checks what
-it serves, then appends to the memory `crash` from one client (attnctl
-append, 1 to 512 rows a call, each answered before the next is sent) and
-kills the server with SIGKILL at a random moment 50-600 ms in, most often
-while an append is being written. Row i of the memory has key [i] and value
-[i], and the memory scores with a sharp Gaussian (scale 100), so a query
-[j] answers j exactly when row j holds its own values and nothing else
-does.
+One attnserve over an empty repository, compacting in the background as it
+does by default. Each round starts it, checks what it serves, then changes
+the memory `crash` from one client, each call answered before the next is
+sent: mostly appends (attnctl append, 1 to 512 rows), and one call in five
+an eviction of up to 512 of the oldest rows (attnctl evict). It kills the
+server with SIGKILL at a random moment 50-600 ms in, most often while a
+change is being written (and, as the memory grows, while a compaction
+runs). The value appended as row i is [i] under key [i], and the memory
+scores with a sharp Gaussian (scale 100), so a query [j] answers j exactly
+when the row appended as j holds its own values and nothing else does.
 
 After each restart the server must come up serving, and the memory must
-hold exactly the rows acknowledged so far, or those plus the whole append
-that was in flight when the server died (its answer was lost, not its
-rows): never fewer, never a part of one. A query of each of the last 600
-rows and of up to 1,400 others must answer its own index. The first append
-of the first round makes the memory. Exit 0 when every round passed;
-standard library only; build first.
+hold exactly the rows acknowledged so far (appended, less those evicted),
+or that with the whole change that was in flight when the server died
+applied (its answer was lost, not its effect): never a part of one. A query
+of each of the newest 600 rows and of up to 1,400 others must answer its
+own index. The first append of the first round makes the memory. The end
+says how many compactions ran (the server's log). Exit 0 when every round
+passed; standard library only; build first.
 """
 import argparse
 import json
@@ -105,11 +109,11 @@ def attnctl(tool, port, subcommand, request, workdir, deadline="30s"):
     return done.returncode, body, done.stderr
 
 
-def check_rows(tool, server, rows, rng, workdir):
-    """Queries the last 600 rows and up to 1,400 others; the rows whose
-    answer is not their own index."""
-    wanted = set(range(max(0, rows - 600), rows))
-    wanted.update(rng.sample(range(rows), min(rows, 1400)))
+def check_rows(tool, server, first, end, rng, workdir):
+    """Queries the newest 600 of the rows appended as [first, end) and up to
+    1,400 others; the rows whose answer is not their own index."""
+    wanted = set(range(max(first, end - 600), end))
+    wanted.update(rng.sample(range(first, end), min(end - first, 1400)))
     wanted = sorted(wanted)
     status, body, error = attnctl(tool, server.grpc, "attention", {
         "memory_name": NAME,
@@ -136,10 +140,11 @@ def main():
     os.mkdir(repository)
     log = open(os.path.join(workdir, "server.log"), "ab")
 
-    acknowledged = 0   # rows the server answered OK for, in all
-    in_flight = 0      # rows of the append the kill interrupted, if any
+    # Rows appended as [first, end) are held, as acknowledged so far.
+    first = end = 0
+    in_flight = None   # ("append", n) or ("evict", k): the change the kill cut
     failures = []
-    appends = 0
+    appends = evictions = 0
     for round_number in range(1, args.rounds + 1):
         server = Server(args.attnserve, repository, log)
         if not server.wait_ready():
@@ -147,55 +152,83 @@ def main():
                 round_number, os.path.join(workdir, "server.log")))
             break
         rows = server.served_rows()
-        if rows not in (acknowledged, acknowledged + in_flight):
+        # Before or after the change in flight, whole.
+        outcomes = [(first, end)]
+        if in_flight and in_flight[0] == "append":
+            outcomes.append((first, end + in_flight[1]))
+        elif in_flight:
+            outcomes.append((first + in_flight[1], end))
+        held = [(a, b) for a, b in outcomes if b - a == rows]
+        if not held:
             failures.append("round %d: %d rows served; %d acknowledged%s" % (
-                round_number, rows, acknowledged,
-                " (+%d in flight)" % in_flight if in_flight else ""))
-        elif rows:
-            wrong = check_rows(args.attnctl, server, rows, rng, workdir)
-            if wrong:
-                failures.append("round %d: rows %s do not hold their values" % (
-                    round_number, wrong[:10]))
-        survived = rows - acknowledged
-        acknowledged = rows  # an append whose answer died with the server
-        in_flight = 0
+                round_number, rows, end - first,
+                " (%s of %d in flight)" % in_flight if in_flight else ""))
+        else:
+            survived = held[-1] != outcomes[0]
+            first, end = held[-1]
+            if rows:
+                wrong = check_rows(args.attnctl, server, first, end, rng,
+                                   workdir)
+                if wrong:
+                    failures.append("round %d: rows %s do not hold their "
+                                    "values" % (round_number, wrong[:10]))
+        in_flight = None
 
         # The kill, at a random moment.
         killer = threading.Timer(rng.uniform(0.05, 0.6),
                                  lambda: server.process.send_signal(signal.SIGKILL))
         killer.start()
-        while server.process.poll() is None:
-            n = rng.randint(1, 512)
-            values = [float(i) for i in range(acknowledged, acknowledged + n)]
-            request = {"name": NAME,
-                       "keys": {"shape": [n, 1], "values": values},
-                       "values": {"shape": [n, 1], "values": values}}
-            if acknowledged == 0:
-                request["create"] = {"score": "SCORE_GAUSSIAN", "scale": 100}
-            status, body, error = attnctl(args.attnctl, server.grpc, "append",
-                                          request, workdir)
-            if status == 0:
-                appends += 1
-                first, total = int(body.get("first_row", 0)), int(body["rows"])
-                if first != acknowledged or total != acknowledged + n:
-                    failures.append("round %d: append answered rows %d-%d, "
-                                    "expected %d-%d" % (
-                                        round_number, first, total,
-                                        acknowledged, acknowledged + n))
-                acknowledged = total
-            elif server.process.poll() is not None or "UNAVAILABLE" in error:
-                in_flight = n
-                break
+        while not failures and server.process.poll() is None:
+            if end - first > 2 and rng.random() < 0.2:
+                k = rng.randint(1, min(512, end - first - 1))
+                status, body, error = attnctl(args.attnctl, server.grpc, "evict",
+                                              {"name": NAME, "oldest": k},
+                                              workdir)
+                if status == 0:
+                    evictions += 1
+                    if int(body["rows"]) != end - first - k:
+                        failures.append("round %d: evict answered %s rows, "
+                                        "expected %d" % (round_number,
+                                                         body["rows"],
+                                                         end - first - k))
+                    first += k
+                    continue
+                change = ("evict", k)
             else:
-                failures.append("round %d: append failed: %s" % (
-                    round_number, error.strip()))
-                break
+                n = rng.randint(1, 512)
+                values = [float(i) for i in range(end, end + n)]
+                request = {"name": NAME,
+                           "keys": {"shape": [n, 1], "values": values},
+                           "values": {"shape": [n, 1], "values": values}}
+                if end == 0:
+                    request["create"] = {"score": "SCORE_GAUSSIAN", "scale": 100}
+                status, body, error = attnctl(args.attnctl, server.grpc,
+                                              "append", request, workdir)
+                if status == 0:
+                    appends += 1
+                    at, total = int(body.get("first_row", 0)), int(body["rows"])
+                    if at != end - first or total != end + n - first:
+                        failures.append("round %d: append answered rows %d-%d, "
+                                        "expected %d-%d" % (
+                                            round_number, at, total,
+                                            end - first, end + n - first))
+                    end += n
+                    continue
+                change = ("append", n)
+            if server.process.poll() is not None or "UNAVAILABLE" in error:
+                in_flight = change
+            else:
+                failures.append("round %d: %s failed: %s" % (
+                    round_number, change[0], error.strip()))
+            break
         killer.join()
         server.process.wait()
-        print("round %2d: served %6d rows at the restart (%d of an unanswered "
-              "append), then %6d acknowledged%s" % (
-                  round_number, rows, max(0, survived), acknowledged,
-                  ", killed during an append of %d" % in_flight if in_flight else ""),
+        print("round %2d: served %6d rows at the restart%s, then rows %d-%d "
+              "acknowledged%s" % (
+                  round_number, rows,
+                  " (with the change cut by the kill)" if held and survived else "",
+                  first, end,
+                  ", killed during an %s of %d" % in_flight if in_flight else ""),
               flush=True)
         if failures:
             break
@@ -207,24 +240,33 @@ def main():
             failures.append("the last restart did not come up")
         else:
             rows = server.served_rows()
-            if rows not in (acknowledged, acknowledged + in_flight):
+            outcomes = [end - first]
+            if in_flight:
+                outcomes.append(end - first + (in_flight[1] if in_flight[0] ==
+                                               "append" else -in_flight[1]))
+            if rows not in outcomes:
                 failures.append("last restart: %d rows served; %d acknowledged" % (
-                    rows, acknowledged))
-            elif rows and check_rows(args.attnctl, server, rows, rng, workdir):
+                    rows, end - first))
+            elif rows == end - first and check_rows(args.attnctl, server, first,
+                                                    end, rng, workdir):
                 failures.append("last restart: rows do not hold their values")
             server.process.send_signal(signal.SIGTERM)
             if server.process.wait(timeout=30) != 0:
                 failures.append("the server did not exit 0 on SIGTERM")
     log.close()
-    print("append_crash: %d rounds, %d appends answered OK, %d rows "
-          "acknowledged" % (args.rounds, appends, acknowledged))
+    with open(os.path.join(workdir, "server.log"), errors="replace") as read:
+        compactions = sum("compacted" in line for line in read)
+    print("append_crash: %d rounds, %d appends and %d evictions answered OK, "
+          "rows %d-%d held, %d compactions ran" % (
+              args.rounds, appends, evictions, first, end, compactions))
     if failures:
         for failure in failures:
             print("FAIL " + failure)
         print("append_crash: failed; the server's log: %s" % (
             os.path.join(workdir, "server.log")))
         return 1
-    print("append_crash: passed: 0 acknowledged rows lost, 0 partial appends")
+    print("append_crash: passed: 0 acknowledged rows lost, 0 partial "
+          "changes")
     subprocess.run(["rm", "-rf", workdir])
     return 0
 
