@@ -13,7 +13,7 @@ sent: mostly appends (attnctl append, 1 to 512 rows), and one call in five
 an eviction of up to 512 of the oldest rows (attnctl evict). It kills the
 server with SIGKILL at a random moment 50-600 ms in, most often while a
 change is being written (and, as the memory grows, while a compaction
-runs). The value appended as row i is [i] under key [i], and the memory
+runs). The value appended as row i is [i] x 32 under key [i], and the memory
 scores with a sharp Gaussian (scale 100), so a query [j] answers j exactly
 when the row appended as j holds its own values and nothing else does.
 
@@ -41,6 +41,9 @@ import urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 NAME = "crash"
+# Each value row is its index repeated: wide enough that a compaction of
+# the memory takes long enough for kills to land in it too.
+VALUE_WIDTH = 32
 
 
 def free_port():
@@ -121,7 +124,7 @@ def check_rows(tool, server, first, end, rng, workdir):
     }, workdir)
     if status != 0:
         raise RuntimeError("query failed: " + error.strip())
-    got = body["output"]["values"]
+    got = body["output"]["values"][::VALUE_WIDTH]  # each row's first value
     return [j for j, value in zip(wanted, got) if abs(value - j) > 1e-3 * max(1, j)]
 
 
@@ -145,7 +148,17 @@ def main():
     in_flight = None   # ("append", n) or ("evict", k): the change the kill cut
     failures = []
     appends = evictions = 0
+    cut_compactions = set()  # what compactions cut by a kill left
     for round_number in range(1, args.rounds + 1):
+        # A kill inside a compaction leaves its hidden base, or a base
+        # beside the files it covers (weights.safetensors, an older base).
+        folder = os.path.join(repository, NAME)
+        files = os.listdir(folder) if os.path.isdir(folder) else []
+        bases = [f for f in files if f.startswith("base-")]
+        # (Each stays until a start ten minutes on, or the next compaction.)
+        cut_compactions.update(f for f in files if f.startswith(".base-"))
+        if bases and (len(bases) > 1 or "weights.safetensors" in files):
+            cut_compactions.add(max(bases))
         server = Server(args.attnserve, repository, log)
         if not server.wait_ready():
             failures.append("round %d: the server did not come up (%s)" % (
@@ -196,10 +209,11 @@ def main():
                 change = ("evict", k)
             else:
                 n = rng.randint(1, 512)
-                values = [float(i) for i in range(end, end + n)]
+                keys = [float(i) for i in range(end, end + n)]
                 request = {"name": NAME,
-                           "keys": {"shape": [n, 1], "values": values},
-                           "values": {"shape": [n, 1], "values": values}}
+                           "keys": {"shape": [n, 1], "values": keys},
+                           "values": {"shape": [n, VALUE_WIDTH], "values": [
+                               key for key in keys for _ in range(VALUE_WIDTH)]}}
                 if end == 0:
                     request["create"] = {"score": "SCORE_GAUSSIAN", "scale": 100}
                 status, body, error = attnctl(args.attnctl, server.grpc,
@@ -257,8 +271,9 @@ def main():
     with open(os.path.join(workdir, "server.log"), errors="replace") as read:
         compactions = sum("compacted" in line for line in read)
     print("append_crash: %d rounds, %d appends and %d evictions answered OK, "
-          "rows %d-%d held, %d compactions ran" % (
-              args.rounds, appends, evictions, first, end, compactions))
+          "rows %d-%d held, %d compactions ran, %d cut by a kill" % (
+              args.rounds, appends, evictions, first, end, compactions,
+              len(cut_compactions)))
     if failures:
         for failure in failures:
             print("FAIL " + failure)
