@@ -27,6 +27,8 @@ source bench/serve.sh
 start_server --http_port=0 --model_repository="$out/models"
 "$check" --target="127.0.0.1:$grpc_port" --rows="$rows" --pid="$pid"
 du -sh "$out/models/large" | sed 's/^/on disk: /'
+# The compactions the appends set off (docs/repository.md#compaction).
+{ grep -h "compacted\|compaction failed" "$out/server.log" || true; } | sed 's/^/server: /'
 stop_server
 # A restart reads the rows files back (into scratch files, mapped): how
 # long until it serves, and the same answers.

@@ -381,8 +381,10 @@ class ModelRepository {
         map_weights_(options.map_weights),
         compaction_(options.compaction) {}
 
+  // Whether Options::compaction says `model` is due a compaction.
+  bool CompactionDue(const RepositoryModel& model) const;
   // Queues a background compaction of `model`, served as `name`, when
-  // Options::compaction says it is due.
+  // it is due.
   void MaybeCompact(const std::string& name, const RepositoryModel& model)
       ABSL_LOCKS_EXCLUDED(compact_mu_);
   // The background compactions' thread.
