@@ -252,6 +252,62 @@ class HookedFileSystem : public FileSystem {
   const std::function<void()> hook_;
 };
 
+// A first-in-first-out memory: once the rows its window dropped from the
+// front of the scratch files are as many as it serves, a compaction copies
+// the rows served into fresh ones (so the files do not grow for ever) and
+// serves them as a new memory; rows appended while the base was written
+// come along. Before that, nothing moves.
+TEST(CompactionTest, AWindowedMemoryLeavesItsEvictedRowsBehind) {
+  for (const bool append_meanwhile : {false, true}) {
+    SCOPED_TRACE(append_meanwhile ? "an append while the base is written"
+                                  : "alone");
+    const std::string dir = TempDir("attnserve-compact");
+    ModelCatalogue* catalogue_seen = nullptr;
+    bool armed = false;
+    HookedFileSystem fs([&] {
+      if (!armed) return;
+      armed = false;
+      ASSERT_TRUE(Append(*catalogue_seen, 12, 2, /*create=*/false).ok());
+    });
+    auto repository = LoadModelRepository(OptionsFor(dir, &fs)).value();
+    ModelCatalogue catalogue(repository.get());
+    catalogue_seen = &catalogue;
+    MemorySettings window;
+    window.max_rows = 4;
+    const Rows first = MakeRows(0, 4);
+    ASSERT_TRUE(catalogue
+                    .Append(true, "m", first.key_view(), first.value_view(),
+                            window)
+                    .ok());
+    ASSERT_TRUE(Append(catalogue, 4, 3, /*create=*/false).ok());  // rows 3-6
+    // 3 dropped, 4 served: nothing moves yet.
+    absl::StatusOr<ModelRepository::Compacted> compacted =
+        repository->CompactRows("m");
+    ASSERT_TRUE(compacted.ok()) << compacted.status();
+    EXPECT_EQ(compacted->rows_moved, 0);
+    for (int64_t at = 7; at < 12; ++at) {  // rows 8-11; 8 dropped in all
+      ASSERT_TRUE(Append(catalogue, at, 1, /*create=*/false).ok());
+    }
+    const std::shared_ptr<const RepositoryModel> before = repository->Find("m");
+    armed = append_meanwhile;
+    compacted = repository->CompactRows("m");
+    ASSERT_TRUE(compacted.ok()) << compacted.status();
+    const int64_t first_row = append_meanwhile ? 10 : 8;
+    EXPECT_EQ(compacted->rows_moved, append_meanwhile ? 6 : 4);
+    const std::shared_ptr<const RepositoryModel> after = repository->Find("m");
+    EXPECT_EQ(CheckedRows(*after, first_row), 4);
+    EXPECT_NE(after->tensors.at("keys").data, before->tensors.at("keys").data);
+    EXPECT_NE(after->lineage, before->lineage);
+    EXPECT_NE(after->held_memory, before->held_memory);
+    EXPECT_EQ(CheckedRows(*before, 8), 4);  // a call holding it keeps its rows
+    // Appends go on in the fresh files, and a restart agrees.
+    const int64_t next = first_row + 4;
+    ASSERT_TRUE(Append(catalogue, next, 1, /*create=*/false).ok());
+    EXPECT_EQ(CheckedRows(*repository->Find("m"), first_row + 1), 4);
+    EXPECT_EQ(RowsAfterRestart(dir, first_row + 1), 4);
+  }
+}
+
 // What comes between a base's writing and its commit: an eviction, a
 // whole save, a reload or an unload aborts it, leaving no file; an append
 // does not, and its rows file stays after the base.

@@ -1222,6 +1222,10 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
   uint64_t base_file = 0;
   std::string folder;
   std::string temporary;
+  // The growing tensors to copy afresh, without the rows evicted from their
+  // front: only once those are at least as many as the rows served, so the
+  // copy costs O(1) per row appended.
+  std::vector<std::string> regrow;
   {
     absl::MutexLock write(&write_mu_);
     ASSIGN_OR_RETURN(snapshot,
@@ -1232,6 +1236,18 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
     if (!compacting_.insert(name).second) {
       return absl::AbortedError(
           absl::StrCat("compact '", name, "': a compaction of it is running"));
+    }
+    if (auto it = growth_.find(name);
+        it != growth_.end() && it->second.version.lock() == snapshot &&
+        !it->second.tensors.empty()) {
+      const int64_t evicted = snapshot->evicted_rows - it->second.first_row;
+      const int64_t served =
+          snapshot->tensors.at(it->second.tensors.begin()->first).shape[0];
+      if (evicted > 0 && evicted >= served) {
+        for (const auto& [tensor_name, tensor] : it->second.tensors) {
+          regrow.push_back(tensor_name);
+        }
+      }
     }
     base_file = snapshot->base_file + 1;
     folder = absl::StrCat(dir_, "/", name);
@@ -1259,6 +1275,22 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
             metadata);
       },
       kCompactionSyncBytes);
+  // The fresh copies, from the same immutable views, still outside the lock;
+  // where one cannot be made (a full disk) the old ones serve on.
+  std::map<std::string, GrowingTensor> fresh;
+  if (status.ok()) {
+    const GrowingTensor::OnDisk on_disk{fs_, folder};
+    for (const std::string& tensor_name : regrow) {
+      absl::StatusOr<GrowingTensor> made = GrowingTensor::Create(
+          snapshot->tensors.at(tensor_name), max_grown_model_bytes_,
+          map_weights_ ? &on_disk : nullptr);
+      if (!made.ok()) {
+        fresh.clear();
+        break;
+      }
+      fresh.emplace(tensor_name, *std::move(made));
+    }
+  }
 
   Compacted compacted;
   std::vector<std::string> covered;
@@ -1309,15 +1341,44 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
         compacted.bytes + (current->stored_bytes - snapshot->stored_bytes);
     rebased.appended_files = current->appended_files - snapshot->appended_files;
     rebased.evicted_rows = current->evicted_rows - snapshot->evicted_rows;
-    // Published as the same memory (its held identity and lineage kept: no
-    // row moved), and the appends' tensors stay its own.
+    auto growth = growth_.find(name);
+    if (growth != growth_.end() && growth->second.version.lock() != current) {
+      growth = growth_.end();
+    }
+    // The fresh copies catch up with the rows appended since the snapshot
+    // and serve from now on: the rows moved, so the version is a new
+    // memory for batching and the GPU's copy.
+    bool moved = !fresh.empty() && growth != growth_.end();
+    for (auto& [tensor_name, copy] : fresh) {
+      if (!moved) break;
+      const StoredTensor& now = current->tensors.at(tensor_name);
+      const int64_t added =
+          (current->evicted_rows + now.shape[0]) -
+          (snapshot->evicted_rows + snapshot->tensors.at(tensor_name).shape[0]);
+      // (More appended than it serves: the copy holds none of them; the old
+      // files serve on, and the next compaction copies afresh.)
+      moved = added <= 0 || (added <= now.shape[0] &&
+                             copy.Append(DropRows(now, now.shape[0] - added))
+                                 .ok());
+    }
+    if (moved) {
+      for (auto& [tensor_name, copy] : fresh) {
+        rebased.tensors[tensor_name] =
+            DropRows(copy.View(), rebased.evicted_rows);
+        compacted.rows_moved = copy.rows();
+      }
+      rebased.lineage = std::make_shared<const int>(0);
+      rebased.held_memory = std::make_shared<const attn::HeldMemory>(name);
+      growth->second.tensors = std::move(fresh);
+      growth->second.first_row = 0;
+    } else if (growth != growth_.end()) {
+      growth->second.first_row -= snapshot->evicted_rows;
+    }
+    // Published as the same memory where no row moved (its held identity
+    // and lineage kept), and the appends' tensors stay its own.
     auto published =
         std::make_shared<const RepositoryModel>(std::move(rebased));
-    if (auto it = growth_.find(name);
-        it != growth_.end() && it->second.version.lock() == current) {
-      it->second.first_row -= snapshot->evicted_rows;
-      it->second.version = published;
-    }
+    if (growth != growth_.end()) growth->second.version = published;
     {
       absl::MutexLock lock(&mu_);
       models_[name] = published;

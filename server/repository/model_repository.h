@@ -346,6 +346,9 @@ class ModelRepository {
     int64_t rows_files = 0;    // rows files it folded
     int64_t evicted_rows = 0;  // evicted rows it left out of the disk
     int64_t bytes = 0;         // the base's size
+    // Rows copied into fresh scratch files, leaving behind the rows evicted
+    // from the front of those served (0: none moved).
+    int64_t rows_moved = 0;
   };
   // Folds model `name`'s rows files and eviction records into one file,
   // base-<k>.safetensors, holding every tensor as the version served when
@@ -355,6 +358,11 @@ class ModelRepository {
   // covers (weights.safetensors, older bases, rows files and eviction
   // records up to the version it wrote) removed. What is served never
   // changes, and a load of the folder at any instant gives the same rows.
+  // Where the rows evicted from the front of the appended rows' scratch
+  // files are at least as many as the rows served, those are copied into
+  // fresh ones too (outside the lock), so a first-in-first-out memory's
+  // files do not grow for ever; the version then serves from them, with
+  // the same rows but a new identity.
   // Nothing to fold (no rows file, no row evicted): OK, compacted false.
   // ABORTED, with nothing left, when the model was saved, reloaded,
   // unloaded or had rows evicted while the base was written, or another
