@@ -23,7 +23,7 @@
 #include "server/repository/fault_injection_file_system.h"
 #include "server/repository/model_repository.h"
 #include "server/repository/test_folders.h"
-#include "server/repository/test_rows.h"
+#include "server/models/test_rows.h"
 
 namespace attnserve {
 namespace {

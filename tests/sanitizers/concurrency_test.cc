@@ -254,6 +254,21 @@ TEST(ModelRepositoryConcurrencyTest, UploadsReloadsAndUnloadsOfOneModel) {
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
+// Appends rows [first, first + n) to memory "mem" (making it when
+// `create`): row i holds keys [i, i] and value -i.
+absl::StatusOr<ModelRepository::Appended> AppendIndexedRows(
+    ModelCatalogue& catalogue, int64_t first, int64_t n, bool create) {
+  std::vector<float> keys, values;
+  for (int64_t i = first; i < first + n; ++i) {
+    keys.insert(keys.end(), 2, static_cast<float>(i));
+    values.push_back(-static_cast<float>(i));
+  }
+  return catalogue.Append(
+      /*may_append=*/true, "mem", attn::TensorView{keys.data(), {n, 2}},
+      attn::TensorView{values.data(), {n, 1}},
+      create ? std::optional<MemorySettings>(MemorySettings{}) : std::nullopt);
+}
+
 // Appends to one memory while it is read, reloaded from disk and unloaded
 // (issue #47): the grown buffers are written past the end of every version
 // a reader holds, so every version read is a whole prefix of the rows (row
@@ -265,17 +280,8 @@ TEST(ModelRepositoryConcurrencyTest, AppendsWhileReadReloadedAndUnloaded) {
   std::unique_ptr<ModelRepository> repository =
       LoadModelRepository(dir).value();
   ModelCatalogue catalogue(repository.get());
-  // Rows [first, first + n).
   auto append = [&](int64_t first, int64_t n, bool create) {
-    std::vector<float> keys, values;
-    for (int64_t i = first; i < first + n; ++i) {
-      keys.insert(keys.end(), 2, static_cast<float>(i));
-      values.push_back(-static_cast<float>(i));
-    }
-    return catalogue.Append(
-        /*may_append=*/true, "mem", attn::TensorView{keys.data(), {n, 2}},
-        attn::TensorView{values.data(), {n, 1}},
-        create ? std::optional<MemorySettings>(MemorySettings{}) : std::nullopt);
+    return AppendIndexedRows(catalogue, first, n, create);
   };
   // The rows of `model`, or -1 if one does not hold its index.
   auto checked_rows = [](const RepositoryModel& model) -> int64_t {
@@ -359,15 +365,7 @@ TEST(ModelRepositoryConcurrencyTest, CompactionsWhileGrownEvictedAndReloaded) {
       LoadModelRepository(options).value();
   ModelCatalogue catalogue(repository.get());
   auto append = [&](int64_t first, int64_t n, bool create) {
-    std::vector<float> keys, values;
-    for (int64_t i = first; i < first + n; ++i) {
-      keys.insert(keys.end(), 2, static_cast<float>(i));
-      values.push_back(-static_cast<float>(i));
-    }
-    return catalogue.Append(
-        /*may_append=*/true, "mem", attn::TensorView{keys.data(), {n, 2}},
-        attn::TensorView{values.data(), {n, 1}},
-        create ? std::optional<MemorySettings>(MemorySettings{}) : std::nullopt);
+    return AppendIndexedRows(catalogue, first, n, create);
   };
   // Whether `model` holds consecutive rows; its first in *first.
   auto consecutive = [](const RepositoryModel& model, int64_t* first) {

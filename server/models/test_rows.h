@@ -2,8 +2,8 @@
 // i holds keys all i and values all -i, so that any row's place can be
 // read back, and a repository over a folder of it.
 // Test-only; thread-compatible (plain functions).
-#ifndef ATTNSERVE_SERVER_REPOSITORY_TEST_ROWS_H_
-#define ATTNSERVE_SERVER_REPOSITORY_TEST_ROWS_H_
+#ifndef ATTNSERVE_SERVER_MODELS_TEST_ROWS_H_
+#define ATTNSERVE_SERVER_MODELS_TEST_ROWS_H_
 
 #include <cstdint>
 #include <memory>
@@ -105,4 +105,4 @@ inline std::unique_ptr<ModelRepository> Seeded(const std::string& dir,
 
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_SERVER_REPOSITORY_TEST_ROWS_H_
+#endif  // ATTNSERVE_SERVER_MODELS_TEST_ROWS_H_
