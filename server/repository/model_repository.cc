@@ -228,14 +228,17 @@ namespace {
 // Reads and checks the model in folder `dir`/`name`, its weights mapped
 // when `map_weights` and the file allows, then extended by its rows files
 // in order, in `grown` (the tensors they extend; left empty when there are
-// none). Messages name the files as `name`/<file>, relative to the
-// repository; `log` gets why a file that could have been mapped was copied.
+// none). `covered` gets the files its base covers, which it skipped (left
+// by a compaction a kill cut short). Messages name the files as
+// `name`/<file>, relative to the repository; `log` gets why a file that
+// could have been mapped was copied.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     FileSystem& fs, const std::string& dir, const std::string& name,
     const ModelRepository::CheckModel& check, int64_t max_model_bytes,
     int64_t max_grown_model_bytes, bool map_weights,
     const std::function<void(const std::string&)>& log,
-    std::map<std::string, GrowingTensor>* grown) {
+    std::map<std::string, GrowingTensor>* grown,
+    std::vector<std::string>* covered) {
   auto model = std::make_shared<RepositoryModel>();
   auto failed = [&](const std::string& file, const absl::Status& status,
                     absl::string_view limit = "--max_model_bytes") {
@@ -331,9 +334,21 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   // removes them once the base is durable): never read.
   std::map<uint64_t, std::string> rows_files = std::move(numbered->rows);
   std::map<uint64_t, std::string> evictions = std::move(numbered->evictions);
-  rows_files.erase(rows_files.begin(),
-                   rows_files.upper_bound(covered_rows_files));
-  evictions.erase(evictions.begin(), evictions.upper_bound(covered_evictions));
+  covered->clear();
+  auto skip = [&](std::map<uint64_t, std::string>& files, uint64_t last) {
+    while (!files.empty() && files.begin()->first <= last) {
+      covered->push_back(files.begin()->second);
+      files.erase(files.begin());
+    }
+  };
+  skip(rows_files, covered_rows_files);
+  skip(evictions, covered_evictions);
+  if (model->base_file > 0) {
+    skip(numbered->bases, model->base_file - 1);
+    if (fs.Stat(folder + std::string(kWeightsFile)).ok()) {
+      covered->push_back(std::string(kWeightsFile));
+    }
+  }
   model->last_rows_file = rows_files.empty() ? covered_rows_files
                                              : rows_files.rbegin()->first;
   model->last_eviction_file = evictions.empty() ? covered_evictions
@@ -642,13 +657,15 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   repository->CleanUpLeftovers(options.remove_leftovers_after);
   for (const std::string& name : repository->Folders()) {
     std::map<std::string, GrowingTensor> grown;
+    std::vector<std::string> covered;
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
         ReadModel(*fs, options.dir, name, options.check_model,
                   options.max_model_bytes, options.max_grown_model_bytes,
                   options.map_weights,
                   [&](const std::string& note) { repository->Log(note); },
-                  &grown);
+                  &grown, &covered);
     absl::MutexLock write(&repository->write_mu_);
+    if (model.ok()) repository->RemoveCovered(name, covered);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
       repository->KeepGrowth(name, *model, std::move(grown), 0);
@@ -683,11 +700,16 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
         "model_name: no folder '", name, "' in the model repository"));
   }
   std::map<std::string, GrowingTensor> grown;
+  std::vector<std::string> covered;
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
                 max_grown_model_bytes_, map_weights_,
-                [this](const std::string& note) { Log(note); }, &grown);
-  if (model.ok()) KeepGrowth(name, *model, std::move(grown), 0);
+                [this](const std::string& note) { Log(note); }, &grown,
+                &covered);
+  if (model.ok()) {
+    KeepGrowth(name, *model, std::move(grown), 0);
+    RemoveCovered(name, covered);
+  }
   absl::MutexLock lock(&mu_);
   if (!model.ok()) {
     // What serves stays (a half-copied folder never takes a model away),
@@ -1417,6 +1439,19 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
   }
   fs_->SyncDir(folder).IgnoreError();
   return compacted;
+}
+
+void ModelRepository::RemoveCovered(const std::string& name,
+                                    const std::vector<std::string>& covered) {
+  if (covered.empty()) return;
+  int removed = 0;
+  for (const std::string& file : covered) {
+    removed += fs_->RemoveFile(absl::StrCat(dir_, "/", name, "/", file)).ok();
+  }
+  fs_->SyncDir(absl::StrCat(dir_, "/", name)).IgnoreError();
+  Log(absl::StrCat("'", name, "': removed ", removed, " of ", covered.size(),
+                   " files its base covers, left by an interrupted "
+                   "compaction"));
 }
 
 bool ModelRepository::CompactionDue(const RepositoryModel& model) const {

@@ -389,6 +389,11 @@ class ModelRepository {
         map_weights_(options.map_weights),
         compaction_(options.compaction) {}
 
+  // Removes files of folder `name` that its base covers (ReadModel skipped
+  // them), best effort, and logs it.
+  void RemoveCovered(const std::string& name,
+                     const std::vector<std::string>& covered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Whether Options::compaction says `model` is due a compaction.
   bool CompactionDue(const RepositoryModel& model) const;
   // Queues a background compaction of `model`, served as `name`, when
