@@ -203,8 +203,9 @@ ABSL_FLAG(int64_t, max_grown_model_bytes, 0,
 ABSL_FLAG(bool, compact_rows, true,
           "Fold a grown model's rows files and eviction records into one "
           "base file in the background, while it serves, once they hold as "
-          "many bytes as the file its rows start from (or number 4,096): a "
-          "restart then reads few files, and evicted rows leave the disk "
+          "many bytes as the file its rows start from (or number 4,096), or "
+          "once the rows evicted hold half of its files: a restart then "
+          "reads few files, and evicted rows leave the disk "
           "(docs/repository.md#compaction).");
 ABSL_FLAG(bool, map_model_weights, true,
           "Serve each weights.safetensors of --model_repository mapped from "

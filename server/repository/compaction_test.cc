@@ -568,5 +568,34 @@ TEST(CompactionTest, RunsInTheBackgroundWhenDue) {
   EXPECT_EQ(RowsAfterRestart(dir), 16);
 }
 
+// Evictions alone set one off too, once the rows evicted hold half of
+// what the model's files hold: those rows then leave the disk.
+TEST(CompactionTest, EvictionsSetOneOffOnceHalfTheBytesAreEvicted) {
+  const std::string dir = TempDir("attnserve-compact");
+  ModelRepository::Options options = OptionsFor(dir);
+  options.compaction.in_background = true;
+  absl::Notification reported;
+  absl::Status outcome = absl::UnknownError("not reported");
+  options.compaction.on_done = [&](const std::string&,
+                                   const absl::Status& status, absl::Duration) {
+    if (reported.HasBeenNotified()) return;
+    outcome = status;
+    reported.Notify();
+  };
+  auto repository = LoadModelRepository(options).value();
+  ModelCatalogue catalogue(repository.get());
+  ASSERT_TRUE(Append(catalogue, 0, 64).ok());
+  ASSERT_TRUE(catalogue.Evict(true, "m", 20).ok());  // under a third
+  EXPECT_FALSE(reported.WaitForNotificationWithTimeout(absl::Seconds(1)))
+      << "compacted before it was due";
+  ASSERT_TRUE(catalogue.Evict(true, "m", 20).ok());  // 40 of 64
+  ASSERT_TRUE(reported.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(outcome.ok()) << outcome;
+  EXPECT_EQ(Files(dir), (std::set<std::string>{"base-00000001.safetensors",
+                                               "config.pbtxt"}));
+  EXPECT_EQ(CheckedRows(*repository->Find("m"), 40), 24);
+  EXPECT_EQ(RowsAfterRestart(dir, 40), 24);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -200,7 +200,10 @@ absl::Status DropOldestRows(const std::string& where,
     }
   }
   for (const std::string& name : tensors) {
-    model->tensors[name] = DropRows(model->tensors[name], rows);
+    StoredTensor& tensor = model->tensors[name];
+    model->evicted_bytes +=
+        static_cast<int64_t>(tensor.bytes().size()) / tensor.shape[0] * rows;
+    tensor = DropRows(tensor, rows);
   }
   model->evicted_rows += rows;
   return absl::OkStatus();
@@ -895,6 +898,7 @@ absl::Status ModelRepository::WriteModelFolder(absl::string_view field,
   written->last_rows_file = 0;
   written->last_eviction_file = 0;
   written->evicted_rows = 0;
+  written->evicted_bytes = 0;
   return absl::OkStatus();
 }
 
@@ -1232,7 +1236,9 @@ absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
     growth = &it->second;
   }
   Serve(name, std::move(kept));
-  if (growth != nullptr) growth->version = Find(name);
+  std::shared_ptr<const RepositoryModel> served = Find(name);
+  if (growth != nullptr) growth->version = served;
+  MaybeCompact(name, *served);
   return Evicted{request.oldest, rows - request.oldest};
 }
 
@@ -1363,6 +1369,7 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
         compacted.bytes + (current->stored_bytes - snapshot->stored_bytes);
     rebased.appended_files = current->appended_files - snapshot->appended_files;
     rebased.evicted_rows = current->evicted_rows - snapshot->evicted_rows;
+    rebased.evicted_bytes = current->evicted_bytes - snapshot->evicted_bytes;
     auto growth = growth_.find(name);
     if (growth != growth_.end() && growth->second.version.lock() != current) {
       growth = growth_.end();
@@ -1458,7 +1465,9 @@ bool ModelRepository::CompactionDue(const RepositoryModel& model) const {
   const int64_t rows_bytes = model.stored_bytes - model.base_bytes;
   return model.appended_files >= compaction_.max_rows_files ||
          (model.appended_files >= compaction_.min_rows_files &&
-          rows_bytes >= model.base_bytes);
+          rows_bytes >= model.base_bytes) ||
+         (model.evicted_bytes > 0 &&
+          2 * model.evicted_bytes >= model.stored_bytes);
 }
 
 void ModelRepository::MaybeCompact(const std::string& name,

@@ -131,6 +131,8 @@ struct RepositoryModel {
   // window), which its eviction records count: row 0 served is the row
   // that many after the base's first.
   int64_t evicted_rows = 0;
+  // Their bytes, as they were stored (what a compaction would leave out).
+  int64_t evicted_bytes = 0;
 };
 
 // A model's `max_rows` config parameter (a positive integer; 0 when it
@@ -185,11 +187,12 @@ class ModelRepository {
     // own memory. Saved models are served from the file written.
     bool map_weights = true;
     // When CompactRows runs by itself: on a thread of the repository's
-    // own, after an append that leaves a model with at least
+    // own, after an append or eviction that leaves a model with at least
     // min_rows_files rows files holding together at least as many bytes
     // as its base (so each row is rewritten about log2 of the model's
-    // growth times), or with max_rows_files of them (a bound on the files
-    // a load reads). Off: only when called.
+    // growth times), with max_rows_files of them (a bound on the files a
+    // load reads), or with rows evicted holding at least half of what its
+    // files hold. Off: only when called.
     struct Compaction {
       bool in_background = false;
       int64_t min_rows_files = 8;
