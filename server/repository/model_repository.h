@@ -124,8 +124,9 @@ struct RepositoryModel {
   // Shared by the versions of a model that grew from this one by appends
   // alone, each holding the rows of the one before in the same places: a
   // batch may read the newest of them for calls on any
-  // (server/execution/operation.h, StoredRequest::lineage). A load, a save
-  // or an eviction starts a new one.
+  // (server/execution/operation.h, StoredRequest::lineage). A load, a
+  // save, an eviction, or a compaction that copies the rows afresh starts a
+  // new one.
   std::shared_ptr<const void> lineage;
   // The oldest rows evicted since its base (EvictRows, or a max_rows
   // window), which its eviction records count: row 0 served is the row
