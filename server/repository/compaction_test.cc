@@ -308,14 +308,16 @@ TEST(CompactionTest, AWindowedMemoryLeavesItsEvictedRowsBehind) {
   }
 }
 
-// What comes between a base's writing and its commit: an eviction, a
-// whole save, a reload or an unload aborts it, leaving no file; an append
-// does not, and its rows file stays after the base.
-TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItAndAnAppendDoesNot) {
+// What comes between a base's writing and its commit: a whole save, a
+// reload or an unload aborts it, leaving no file; an append or an eviction
+// does not, and its file stays beside the base (the eviction's record
+// counting from the base before, which the new one's metadata names).
+TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItOrStaysBesideIt) {
   struct Case {
     std::string what;
     std::function<void(ModelRepository&, ModelCatalogue&)> change;
     bool aborts;
+    std::string left_beside;  // the file the change made, when kept
     int64_t first_row;  // served after it
     int64_t rows;
   };
@@ -324,17 +326,17 @@ TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItAndAnAppendDoesNot) {
        [](ModelRepository&, ModelCatalogue& catalogue) {
          ASSERT_TRUE(catalogue.Evict(true, "m", 1).ok());
        },
-       true, 1, 5},
+       false, "evicted-00000002", 2, 4},
       {"append",
        [](ModelRepository&, ModelCatalogue& catalogue) {
          ASSERT_TRUE(Append(catalogue, 6, 2, /*create=*/false).ok());
        },
-       false, 0, 8},
+       false, "rows-00000004.safetensors", 1, 7},
       {"reload",
        [](ModelRepository& repository, ModelCatalogue&) {
          ASSERT_TRUE(repository.LoadModel("m").ok());
        },
-       true, 0, 6},
+       true, "", 1, 5},
       {"whole save",
        [](ModelRepository& repository, ModelCatalogue&) {
          const Rows rows = MakeRows(0, 2);
@@ -346,12 +348,12 @@ TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItAndAnAppendDoesNot) {
                                         .value())
                          .ok());
        },
-       true, 0, 2},
+       true, "", 0, 2},
       {"unload",
        [](ModelRepository& repository, ModelCatalogue&) {
          ASSERT_TRUE(repository.UnloadModel("m").ok());
        },
-       true, 0, 6},
+       true, "", 1, 5},
   };
   for (const Case& test : cases) {
     SCOPED_TRACE(test.what);
@@ -369,7 +371,8 @@ TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItAndAnAppendDoesNot) {
     repository_seen = repository.get();
     catalogue_seen = &catalogue;
     ran = true;  // not while growing
-    Grow(catalogue, 3, 3);  // rows 0-5
+    Grow(catalogue, 3, 3);                             // rows 0-5
+    ASSERT_TRUE(catalogue.Evict(true, "m", 1).ok());  // rows 1-5
     ran = false;
     absl::StatusOr<ModelRepository::Compacted> compacted =
         repository->CompactRows("m");
@@ -388,14 +391,27 @@ TEST(CompactionTest, AChangeWhileTheBaseIsWrittenAbortsItAndAnAppendDoesNot) {
     } else {
       ASSERT_TRUE(compacted.ok()) << compacted.status();
       EXPECT_EQ(compacted->rows_files, 3);
-      EXPECT_EQ(Files(dir), (std::set<std::string>{
-                                "base-00000001.safetensors", "config.pbtxt",
-                                "rows-00000004.safetensors"}));
+      EXPECT_EQ(Files(dir),
+                (std::set<std::string>{"base-00000001.safetensors",
+                                       "config.pbtxt", test.left_beside}));
     }
     if (auto served = repository->Find("m"); served != nullptr) {
       EXPECT_EQ(CheckedRows(*served, test.first_row), test.rows);
     }
     EXPECT_EQ(RowsAfterRestart(dir, test.first_row), test.rows);
+    if (!test.aborts) {
+      // Changes after the base count from it, before and after a restart,
+      // and the next compaction folds them all.
+      ASSERT_TRUE(Append(catalogue, test.first_row + test.rows, 1,
+                         /*create=*/false)
+                      .ok());
+      ASSERT_TRUE(catalogue.Evict(true, "m", 2).ok());
+      EXPECT_EQ(CheckedRows(*repository->Find("m"), test.first_row + 2),
+                test.rows - 1);
+      EXPECT_EQ(RowsAfterRestart(dir, test.first_row + 2), test.rows - 1);
+      ASSERT_TRUE(repository->CompactRows("m").ok());
+      EXPECT_EQ(RowsAfterRestart(dir, test.first_row + 2), test.rows - 1);
+    }
   }
 }
 

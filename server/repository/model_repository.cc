@@ -43,9 +43,14 @@ constexpr absl::string_view kBasePrefix = "base-";
 constexpr absl::string_view kWeightsFile = "weights.safetensors";
 // A base is fsynced every this many bytes as it is written (WriteDurably).
 constexpr int64_t kCompactionSyncBytes = int64_t{64} << 20;
-// A base's metadata: the highest rows file and eviction record it covers.
+// A base's metadata: the highest rows file and eviction record it covers,
+// and the base its rows were written from with the rows evicted from that
+// one before them (an eviction record written while it was being written
+// counts from there).
 constexpr absl::string_view kBaseRowsFiles = "rows_files";
 constexpr absl::string_view kBaseEvictions = "evictions";
+constexpr absl::string_view kBasePrevious = "previous_base";
+constexpr absl::string_view kBasePreviousEvicted = "previous_evicted_rows";
 
 // The number <n> of a file named <prefix><n><suffix>; nullopt for any
 // other name.
@@ -147,14 +152,16 @@ StoredTensor DropRows(const StoredTensor& tensor, int64_t rows) {
 }
 
 // An eviction record (the highest-numbered evicted-<n> of a folder): the
-// rows evicted since the last whole save, and the tensors they are
-// dropped from.
+// rows evicted since the base it names (0, or no line: weights.safetensors),
+// and the tensors they are dropped from.
 struct Eviction {
   int64_t rows = 0;
+  uint64_t base = 0;
   std::vector<std::string> tensors;
 };
 std::string SerializeEviction(const Eviction& eviction) {
   std::string text = absl::StrCat("rows ", eviction.rows, "\n");
+  if (eviction.base > 0) absl::StrAppend(&text, "base ", eviction.base, "\n");
   for (const std::string& tensor : eviction.tensors) {
     absl::StrAppend(&text, "tensor ", tensor, "\n");
   }
@@ -162,16 +169,20 @@ std::string SerializeEviction(const Eviction& eviction) {
 }
 absl::StatusOr<Eviction> ParseEviction(absl::string_view text) {
   Eviction eviction;
-  bool counted = false;
+  bool counted = false, based = false;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     if (absl::ConsumePrefix(&line, "rows ") && !counted &&
         absl::SimpleAtoi(line, &eviction.rows) && eviction.rows >= 0) {
       counted = true;
+    } else if (absl::ConsumePrefix(&line, "base ") && !based &&
+               absl::SimpleAtoi(line, &eviction.base)) {
+      based = true;
     } else if (absl::ConsumePrefix(&line, "tensor ") && !line.empty()) {
       eviction.tensors.emplace_back(line);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("line '", line, "' is not 'rows <n>' or 'tensor <name>'"));
+          absl::StrCat("line '", line,
+                       "' is not 'rows <n>', 'base <k>' or 'tensor <name>'"));
     }
   }
   if (!counted || eviction.tensors.empty()) {
@@ -303,23 +314,29 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   model->weights_mapped = (*weights)->why_copied().empty();
   model->stored_bytes = static_cast<int64_t>((*weights)->bytes().size());
   model->base_bytes = model->stored_bytes;
-  // What a base covers: the rows files and eviction records up to these.
+  // What a base covers: the rows files and eviction records up to these;
+  // and the base before it, with the rows evicted from that one before its
+  // first row (what a record counting from that base counts first).
   uint64_t covered_rows_files = 0;
   uint64_t covered_evictions = 0;
+  uint64_t previous_base = 0;
+  int64_t previous_evicted = 0;
   if (model->base_file > 0) {
     absl::StatusOr<SafetensorsMetadata> metadata =
         ParseSafetensorsMetadata((*weights)->bytes());
-    std::map<std::string, std::string>::const_iterator rows_files, evictions;
-    if (metadata.ok() &&
-        ((rows_files = metadata->find(std::string(kBaseRowsFiles))) ==
-             metadata->end() ||
-         (evictions = metadata->find(std::string(kBaseEvictions))) ==
-             metadata->end() ||
-         !absl::SimpleAtoi(rows_files->second, &covered_rows_files) ||
-         !absl::SimpleAtoi(evictions->second, &covered_evictions))) {
+    auto count = [&](absl::string_view key, auto* value) {
+      auto it = metadata->find(std::string(key));
+      return it != metadata->end() && absl::SimpleAtoi(it->second, value) &&
+             *value >= 0;
+    };
+    if (metadata.ok() && !(count(kBaseRowsFiles, &covered_rows_files) &&
+                           count(kBaseEvictions, &covered_evictions) &&
+                           count(kBasePrevious, &previous_base) &&
+                           count(kBasePreviousEvicted, &previous_evicted))) {
       metadata = absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: __metadata__ needs '", kBaseRowsFiles, "' and '",
-          kBaseEvictions, "', each a count"));
+          "safetensors: __metadata__ needs '", kBaseRowsFiles, "', '",
+          kBaseEvictions, "', '", kBasePrevious, "' and '",
+          kBasePreviousEvicted, "', each a count"));
     }
     if (!metadata.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -428,6 +445,19 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     if (!evicted.ok()) return failed(file, evicted.status());
     where = absl::StrCat(name, "/", file);
     absl::StatusOr<Eviction> recorded = ParseEviction(*evicted);
+    // A record written while the base was (it names the base before)
+    // counts the rows evicted before the base's first row too.
+    if (recorded.ok() && recorded->base != model->base_file) {
+      if (model->base_file > 0 && recorded->base == previous_base &&
+          recorded->rows >= previous_evicted) {
+        recorded->rows -= previous_evicted;
+      } else {
+        recorded = absl::InvalidArgumentError(absl::StrCat(
+            "counts from base ", recorded->base, ", not from the model's ",
+            model->base_file == 0 ? std::string("weights.safetensors")
+                                  : weights_name));
+      }
+    }
     if (!recorded.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ", recorded.status().message()));
@@ -1218,7 +1248,8 @@ absl::StatusOr<ModelRepository::Evicted> ModelRepository::EvictRows(
   RETURN_IF_ERROR(WriteIntoFolder(
       "evict", name,
       NumberedFileName(kEvictedPrefix, kept.last_eviction_file, ""),
-      SerializeEviction(Eviction{kept.evicted_rows, tensors})));
+      SerializeEviction(
+          Eviction{kept.evicted_rows, kept.base_file, tensors})));
   // The record before it says less; loads read the highest only (one left
   // by a failed removal is never read).
   if (current->last_eviction_file > 0) {
@@ -1288,7 +1319,10 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
   const SafetensorsMetadata metadata = {
       {std::string(kBaseRowsFiles), absl::StrCat(snapshot->last_rows_file)},
       {std::string(kBaseEvictions),
-       absl::StrCat(snapshot->last_eviction_file)}};
+       absl::StrCat(snapshot->last_eviction_file)},
+      {std::string(kBasePrevious), absl::StrCat(snapshot->base_file)},
+      {std::string(kBasePreviousEvicted),
+       absl::StrCat(snapshot->evicted_rows)}};
   absl::Status status = WriteDurably(
       *fs_, temporary,
       [&](absl::FunctionRef<absl::Status(absl::string_view)> write) {
@@ -1329,17 +1363,17 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
       fs_->RemoveFile(temporary).IgnoreError();
       return SaveError("compact", name, absl::StrCat("writing ", file), status);
     }
-    // Committed only over the files it was written from: the same folder,
-    // no eviction record since (its count is from the base before).
+    // Committed only over the files it was written from (the same folder).
+    // Eviction records written since count from the base before, which the
+    // new one's metadata names, with the rows evicted before its first.
     std::shared_ptr<const RepositoryModel> current = Find(name);
     if (current == nullptr ||
-        current->folder_version != snapshot->folder_version ||
-        current->last_eviction_file != snapshot->last_eviction_file) {
+        current->folder_version != snapshot->folder_version) {
       fs_->RemoveFile(temporary).IgnoreError();
       return absl::AbortedError(absl::StrCat(
           "compact '", name,
-          "': the model was saved, reloaded, unloaded or had rows evicted "
-          "while its base was written; the model is unchanged"));
+          "': the model was saved, reloaded or unloaded while its base was "
+          "written; the model is unchanged"));
     }
     status = fs_->Rename(temporary, absl::StrCat(folder, "/", file));
     if (!status.ok()) {

@@ -30,9 +30,9 @@
 // weights.safetensors and then every rows file in the order of <n>, which
 // extend its tensors along their first dimension. EvictRows drops a
 // model's oldest rows by writing a small file the same way, evicted-<n>:
-// the rows evicted since the last whole save and the tensors they are
-// dropped from, which a load applies (the highest <n>) after the rows
-// files. A model whose config sets `max_rows` keeps only its newest rows
+// the rows evicted since the base it names (weights.safetensors, or a
+// compaction's base-<k>) and the tensors they are dropped from, which a
+// load applies (the highest <n>) after the rows files. A model whose config sets `max_rows` keeps only its newest rows
 // that many (MaxRowsOf): an append drops the oldest beyond it, and a load
 // leaves them out of what its files hold. A whole save replaces the
 // folder, rows files and all. CompactRows folds a model's rows files and
@@ -368,9 +368,11 @@ class ModelRepository {
   // files do not grow for ever; the version then serves from them, with
   // the same rows but a new identity.
   // Nothing to fold (no rows file, no row evicted): OK, compacted false.
-  // ABORTED, with nothing left, when the model was saved, reloaded,
-  // unloaded or had rows evicted while the base was written, or another
-  // compaction of it is running; AppendRows' statuses for an unknown model
+  // An eviction while the base is written stays beside it (its record
+  // counts from the base before, which the new base's metadata names).
+  // ABORTED, with nothing left, when the model was saved, reloaded or
+  // unloaded while the base was written, or another compaction of it is
+  // running; AppendRows' statuses for an unknown model
   // and for the file system's failures (the model is then unchanged).
   // Blocks on file I/O, the base's size in writes.
   absl::StatusOr<Compacted> CompactRows(const std::string& name);
