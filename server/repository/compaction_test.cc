@@ -45,6 +45,16 @@ void Grow(ModelCatalogue& catalogue, int64_t n, int appends) {
   }
 }
 
+// Memory m of rows 0 to n - 1 that keeps its newest `max_rows`.
+void MakeWindowed(ModelCatalogue& catalogue, int64_t n, int64_t max_rows) {
+  MemorySettings window;
+  window.max_rows = max_rows;
+  const Rows rows = MakeRows(0, n);
+  ASSERT_TRUE(
+      catalogue.Append(true, "m", rows.key_view(), rows.value_view(), window)
+          .ok());
+}
+
 TEST(CompactionTest, FoldsRowsFilesAndEvictionsIntoOneBase) {
   const std::string dir = TempDir("attnserve-compact");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
@@ -125,13 +135,7 @@ TEST(CompactionTest, AMaxRowsWindowHoldsAcrossABase) {
   const std::string dir = TempDir("attnserve-compact");
   auto repository = LoadModelRepository(OptionsFor(dir)).value();
   ModelCatalogue catalogue(repository.get());
-  MemorySettings window;
-  window.max_rows = 5;
-  const Rows first = MakeRows(0, 3);
-  ASSERT_TRUE(catalogue
-                  .Append(true, "m", first.key_view(), first.value_view(),
-                          window)
-                  .ok());
+  MakeWindowed(catalogue, 3, /*max_rows=*/5);
   for (int64_t at = 3; at < 9; at += 2) {
     ASSERT_TRUE(Append(catalogue, at, 2, /*create=*/false).ok());
   }
@@ -272,13 +276,7 @@ TEST(CompactionTest, AWindowedMemoryLeavesItsEvictedRowsBehind) {
     auto repository = LoadModelRepository(OptionsFor(dir, &fs)).value();
     ModelCatalogue catalogue(repository.get());
     catalogue_seen = &catalogue;
-    MemorySettings window;
-    window.max_rows = 4;
-    const Rows first = MakeRows(0, 4);
-    ASSERT_TRUE(catalogue
-                    .Append(true, "m", first.key_view(), first.value_view(),
-                            window)
-                    .ok());
+    MakeWindowed(catalogue, 4, /*max_rows=*/4);
     ASSERT_TRUE(Append(catalogue, 4, 3, /*create=*/false).ok());  // rows 3-6
     // 3 dropped, 4 served: nothing moves yet.
     absl::StatusOr<ModelRepository::Compacted> compacted =
