@@ -98,9 +98,11 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
       break;
   }
   request.return_weights = true;
+  request.return_log_sum_exp = true;  // checked last, below
   auto expected = reference_->ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
   ASSERT_EQ(expected->implementation, "reference");
+  request.return_log_sum_exp = false;
   auto with_weights = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(with_weights.ok()) << with_weights.status();
   EXPECT_EQ(with_weights->implementation, "cpu-weights-blocks");
@@ -139,6 +141,31 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
                                  (row + 1) * c.dv));
         }
       }
+    }
+  }
+
+  // Asked for the rows' log-sum-exp too (attn/pieces.h), with and without
+  // the weights: the same answers, and the log-sum-exp within its bound of
+  // the reference's; exactly -inf for a row with no key.
+  request.return_log_sum_exp = true;
+  for (const bool weights : {true, false}) {
+    request.return_weights = weights;
+    auto got = optimized_->ScaledDotProductAttention(request);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->implementation,
+              weights ? "cpu-weights-blocks" : "cpu-key-shares");
+    EXPECT_TRUE(WithinBounds(got->output, expected->output, bounds.output));
+    if (weights) {
+      EXPECT_TRUE(
+          WithinBounds(got->weights, expected->weights, bounds.weights));
+    }
+    ASSERT_EQ(got->log_sum_exp.shape, expected->log_sum_exp.shape);
+    EXPECT_TRUE(WithinBounds(got->log_sum_exp, expected->log_sum_exp,
+                             bounds.log_sum_exp));
+    for (size_t row = 0; row < expected->log_sum_exp.data.size(); ++row) {
+      ASSERT_EQ(got->log_sum_exp.data[row] == -INFINITY,
+                expected->log_sum_exp.data[row] == -INFINITY)
+          << "row " << row << ": " << got->log_sum_exp.data[row];
     }
   }
 }

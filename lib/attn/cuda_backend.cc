@@ -287,6 +287,10 @@ absl::StatusOr<const char*> CudaBackend::ScaledDotProductAttention(
   // K and V as bfloat16 bits (a memory stored rounded): precision is then
   // bfloat16, so they are the operands as they are.
   const bool bits = p.k_bfloat16 != nullptr;
+  if (p.log_sum_exp != nullptr) {
+    return absl::UnimplementedError(
+        "cuda: calls that ask for the log-sum-exp run on the CPU");
+  }
   const ElementType type = OperandType(p.precision);
   if (p.score == ScoreKind::kGaussian && type != ElementType::kFloat32) {
     return absl::UnimplementedError(

@@ -267,6 +267,31 @@ TEST(CudaRoutingTest, SmallCallsStayOnTheCpu) {
   EXPECT_EQ(run(128), "cuda");      // 4.2 Mflop
 }
 
+TEST(CudaRoutingTest, LogSumExpCallsRunOnTheCpu) {
+  REQUIRE_GPU();
+  // The GPU kernels keep no per-row log-sum-exp to give (attn/pieces.h):
+  // such a call runs on the CPU, the same call without it on the GPU.
+  EngineOptions options;
+  options.device = Device::kCuda;
+  auto engine = Engine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 rng(18);
+  const Tensor q = RandomNormal(rng, {1, 128, 64});
+  const Tensor k = RandomNormal(rng, {1, 128, 64});
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = request.values = k.view();
+  request.return_log_sum_exp = true;
+  auto with = (*engine)->ScaledDotProductAttention(request);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->backend, "onednn-cpu");
+  EXPECT_EQ(with->log_sum_exp.shape, (Shape{1, 128}));
+  request.return_log_sum_exp = false;
+  auto without = (*engine)->ScaledDotProductAttention(request);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->backend, "cuda");
+}
+
 // ---- attention ------------------------------------------------------------
 
 enum class Mask { kNone, kPerBatch, kPerRow, kCausal, kCausalPerRow };

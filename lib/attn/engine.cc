@@ -259,6 +259,17 @@ absl::StatusOr<OpResult> Engine::ScaledDotProductAttention(
   };
   OpResult result;
   RETURN_IF_ERROR(AllocateOutputs(&plan, &result));
+  if (request.return_log_sum_exp) {
+    // The output's shape without its last axis: one per query row.
+    const Shape rows(plan.output_shape.begin(), plan.output_shape.end() - 1);
+    try {
+      result.log_sum_exp = Tensor::Uninitialized(rows);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate the log-sum-exp output ", ShapeToString(rows)));
+    }
+    plan.params.log_sum_exp = result.log_sum_exp.data.data();
+  }
   const absl::Status ran =
       Dispatch(plan.params, &Backend::ScaledDotProductAttention,
                {request.queries, request.keys, request.values}, &result,

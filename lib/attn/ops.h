@@ -49,6 +49,12 @@ struct AttentionRequest {
   std::optional<float> scale;
   ScoreKind score = ScoreKind::kDotProduct;
   bool return_weights = false;
+  // Also return each query row's log-sum-exp (OpResult::log_sum_exp,
+  // (B, Lq) or (B, H, Lq)): log sum_j exp(scale * score_j) over the keys the
+  // row attends, -inf for a row that attends none. With it, calls over the
+  // pieces of one memory merge into the answer over all of them
+  // (attn/pieces.h).
+  bool return_log_sum_exp = false;
   Precision precision = Precision::kFloat32;
   // Keys and values held as bfloat16 (their bits, row-major, in the shapes
   // of `keys` and `values`, whose data must then be null): a memory stored
@@ -113,6 +119,9 @@ struct FitBandwidthRequest {
 struct OpResult {
   Tensor output;
   Tensor weights;
+  // Attention's per-row log-sum-exp when requested
+  // (AttentionRequest::return_log_sum_exp), else empty.
+  Tensor log_sum_exp;
   // The implementation that ran, e.g. "cpu-lane", "onednn-matmul",
   // "reference" (one of its backend's Backend::implementation_names()).
   std::string implementation;

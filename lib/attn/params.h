@@ -121,6 +121,12 @@ struct AttentionParams {
   // scan of the output for overflowed rows (attn/engine.cc's redo on the
   // reference). A kernel that did not look leaves it alone.
   bool* outputs_finite = nullptr;
+  // Where not null, (batch, heads, lq) floats for each query row's
+  // log sum_j exp(scale * score_j) over the keys it attends (-inf for
+  // none), with the score as AttentionRequest defines it (the Gaussian's
+  // -|q|^2 / 2 included). A CPU implementation that does not write it
+  // declines the call; a backend that cannot answers UNIMPLEMENTED.
+  float* log_sum_exp = nullptr;
 
   // The number of leading keys query row `row` of (batch, any head) attends.
   int64_t KeyLimit(int64_t b, int64_t row) const {

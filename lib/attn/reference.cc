@@ -15,10 +15,11 @@ float Operand(float value, Precision precision) {
 }
 
 // Softmax of scores[0, limit) into probabilities; empty when limit == 0.
-void SoftmaxPrefix(const std::vector<double>& scores, int64_t limit,
-                   std::vector<double>* probabilities) {
+// Returns log sum_j exp(scores[j]) over the prefix (-inf when it is empty).
+double SoftmaxPrefix(const std::vector<double>& scores, int64_t limit,
+                     std::vector<double>* probabilities) {
   probabilities->assign(scores.size(), 0.0);
-  if (limit == 0) return;
+  if (limit == 0) return -std::numeric_limits<double>::infinity();
   double max_score = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < limit; ++j) max_score = std::max(max_score, scores[j]);
   double sum = 0.0;
@@ -27,6 +28,7 @@ void SoftmaxPrefix(const std::vector<double>& scores, int64_t limit,
     sum += (*probabilities)[j];
   }
   for (int64_t j = 0; j < limit; ++j) (*probabilities)[j] /= sum;
+  return max_score + std::log(sum);
 }
 
 // Writes probabilities to `weights` (if non-null) and sum_j p_j v_j to `out`.
@@ -134,7 +136,11 @@ absl::StatusOr<const char*> ReferenceBackend::ScaledDotProductAttention(
           }
           scores[j] = p.scale * acc;
         }
-        SoftmaxPrefix(scores, limit, &probabilities);
+        const double log_sum_exp =
+            SoftmaxPrefix(scores, limit, &probabilities);
+        if (p.log_sum_exp != nullptr) {
+          p.log_sum_exp[bh * p.lq + i] = static_cast<float>(log_sum_exp);
+        }
         Pool(probabilities, v, p.dv, p.precision,
              p.out + (bh * p.lq + i) * p.dv,
              p.weights == nullptr ? nullptr

@@ -20,12 +20,16 @@ constexpr double kFlushFloor = 0x1p-120;
 // the exact weights. Writes p_bound[0, limit) and, when dv > 0, adds the
 // row's pooling bound to out_bound[0, dv) for values value(j, c), whose
 // product may round the probabilities by `probability_rounding` relative.
+// Returns the largest relative error of the row's evaluation alone (rho_j
+// without the perturbation), for a log-sum-exp bound. `merge_factor`
+// multiplies every (1 + rho_j): a merge of pieces' answers
+// (AttentionBounds' piece_error).
 template <typename Value>
-void SoftmaxRow(const std::vector<double>& score, int64_t limit,
-                double max_error, const float* p, float* p_bound,
-                int64_t dv, const Value& value, const float* out_exact,
-                float* out_bound, double probability_rounding = 0.0,
-                double exponential_error = 0.0) {
+double SoftmaxRow(const std::vector<double>& score, int64_t limit,
+                  double max_error, const float* p, float* p_bound,
+                  int64_t dv, const Value& value, const float* out_exact,
+                  float* out_bound, double probability_rounding = 0.0,
+                  double exponential_error = 0.0, double merge_factor = 1.0) {
   double max_score = -INFINITY, min_score = INFINITY;
   for (int64_t j = 0; j < limit; ++j) {
     max_score = std::max(max_score, score[j]);
@@ -36,12 +40,15 @@ void SoftmaxRow(const std::vector<double>& score, int64_t limit,
   const double perturbation = std::expm1(2.0 * max_error);
   const double range = max_score - min_score;
   std::vector<double> out(dv, 0.0);
+  double largest_evaluation = 0.0;
   for (int64_t j = 0; j < limit; ++j) {
     const double argument = kU * (std::fabs(score[j] - max_score) + range);
+    const double evaluated =
+        (1.0 + evaluation) * (1.0 + argument) * (1.0 + exponential_error);
+    largest_evaluation = std::max(largest_evaluation, evaluated - 1.0);
     // The last u: the reference's own rounding of p_j to float.
-    const double rho = (1.0 + perturbation) * (1.0 + evaluation) *
-                           (1.0 + argument) * (1.0 + exponential_error) -
-                       1.0 + kU;
+    const double rho =
+        (1.0 + perturbation) * evaluated * merge_factor - 1.0 + kU;
     p_bound[j] = static_cast<float>(p[j] * rho + kFlushFloor);
     for (int64_t c = 0; c < dv; ++c) {
       out[c] += std::fabs(value(j, c)) *
@@ -54,6 +61,7 @@ void SoftmaxRow(const std::vector<double>& score, int64_t limit,
     out_bound[c] = static_cast<float>(out[c] * (1.0 + 4 * kU) +
                                       kU * std::fabs(out_exact[c]));
   }
+  return largest_evaluation;
 }
 
 ErrorBounds ZerosLike(const OpResult& exact) {
@@ -86,8 +94,12 @@ double Gamma(int64_t n) {
 }
 
 ErrorBounds AttentionBounds(const AttentionRequest& request,
-                            const OpResult& exact) {
+                            const OpResult& exact, double piece_error) {
   ErrorBounds bounds = ZerosLike(exact);
+  if (!exact.log_sum_exp.empty()) {
+    bounds.log_sum_exp = Tensor::Zeros(exact.log_sum_exp.shape);
+  }
+  const double merge_factor = std::exp(2.0 * piece_error) * (1.0 + 2 * kU);
   const auto plan = ValidateAttention(request);
   if (!Usable(plan, exact, true)) return bounds;
   const AttentionParams& p = plan->params;
@@ -131,12 +143,25 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
           max_error = std::max(max_error,
                                Gamma(p.d + 2) * p.scale * (abs_dot + half_norm));
         }
-        SoftmaxRow(score, limit, max_error, &exact.weights.data[row * p.lk],
-                   &bounds.weights.data[row * p.lk], p.dv,
-                   [&](int64_t j, int64_t c) { return operand(v[j * p.dv + c]); },
-                   &exact.output.data[row * p.dv],
-                   &bounds.output.data[row * p.dv], probability_rounding,
-                   exponential_error);
+        const double evaluation = SoftmaxRow(
+            score, limit, max_error, &exact.weights.data[row * p.lk],
+            &bounds.weights.data[row * p.lk], p.dv,
+            [&](int64_t j, int64_t c) { return operand(v[j * p.dv + c]); },
+            &exact.output.data[row * p.dv], &bounds.output.data[row * p.dv],
+            probability_rounding, exponential_error,
+            piece_error > 0.0 ? merge_factor : 1.0);
+        if (bounds.log_sum_exp.empty() || limit == 0) continue;
+        double bound = max_error + evaluation / (1.0 - evaluation) +
+                       probability_rounding + piece_error +
+                       kU * std::fabs(exact.log_sum_exp.data[row]);
+        if (gaussian) {
+          double squares = 0.0;
+          for (int64_t c = 0; c < p.d; ++c) {
+            squares += operand(q[c]) * static_cast<double>(operand(q[c]));
+          }
+          bound += kU * p.scale * squares / 2.0;
+        }
+        bounds.log_sum_exp.data[row] = static_cast<float>(bound);
       }
     }
   }

@@ -42,6 +42,7 @@ double Gamma(int64_t n);
 struct ErrorBounds {
   Tensor weights;  // shape of exact.weights (empty for BatchMatmul)
   Tensor output;   // shape of exact.output
+  Tensor log_sum_exp;  // shape of exact.log_sum_exp (attention, if asked)
 };
 
 // Scaled dot-product or Gaussian-score attention, at the request's precision
@@ -52,8 +53,22 @@ struct ErrorBounds {
 // error:
 // E <= gamma(d + 2) max_j scale (sum_c |q_c k_jc| [+ sum_c k_jc^2 / 2 for the
 // Gaussian score, which the kernels compute as q.k - |k|^2 / 2]).
+//
+// The log-sum-exp l of a row (AttentionRequest::return_log_sum_exp) is
+// log sum_j exp(s_j (1 + ...)): off by at most E, plus the evaluation's
+// relative error e of its sum (the terms above but the perturbation), as
+// e / (1 - e), plus 2^-8 for bfloat16 calls (a kernel may sum the rounded
+// probabilities), plus u |l| for its rounding to float (and, for the
+// Gaussian score, u scale |q|^2 / 2 for the -|q|^2 / 2 put back in double).
+//
+// `piece_error`: the answer is a merge of calls over pieces of the keys
+// (attn/pieces.h) whose log-sum-exps were each off by at most piece_error.
+// A merged weight's factor exp(l_i - L) is then off by exp(2 piece_error),
+// and the pieces' weights and outputs were rounded to float before the
+// merge (2u): every rho_j grows to (1 + rho_j) exp(2 piece_error) (1 + 2u)
+// - 1, outputs alike, and L is off by piece_error + u |L|.
 ErrorBounds AttentionBounds(const AttentionRequest& request,
-                            const OpResult& exact);
+                            const OpResult& exact, double piece_error = 0.0);
 
 // Masked softmax: scores are the inputs, E = 0.
 ErrorBounds MaskedSoftmaxBounds(const MaskedSoftmaxRequest& request,

@@ -798,10 +798,16 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   return absl::OkStatus();
 }
 
+// Its calls, but for those that ask for the log-sum-exp: cpu-key-shares
+// runs those, on these tiles.
+bool Takes(const CpuCall<AttentionParams>& call) {
+  return call.params.log_sum_exp == nullptr && AmxBlocksTake(call);
+}
+
 }  // namespace
 
-const CpuImplementation<AttentionParams> kAmxBlocks = {
-    "cpu-amx-blocks", AmxBlocksTake, Run};
+const CpuImplementation<AttentionParams> kAmxBlocks = {"cpu-amx-blocks", Takes,
+                                                       Run};
 
 }  // namespace attn::internal::ATTN_ISA_NAMESPACE
 ATTN_ISA_END

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -265,6 +266,21 @@ AttentionOperands::AttentionOperands(const CpuCall<AttentionParams>& call) {
     operands_ = Operands{BlockOperands::kFloat32, emulated_.q, emulated_.k,
                          emulated_.v};
   }
+}
+
+float RowLogSumExp(const AttentionParams& p, const Operands& ops, int64_t row,
+                   float max, double sum) {
+  if (!(sum > 0.0)) return -std::numeric_limits<float>::infinity();
+  double log_sum_exp = static_cast<double>(max) * p.scale + std::log(sum);
+  if (p.score == ScoreKind::kGaussian) {
+    double squares = 0.0;
+    for (int64_t c = 0; c < p.d; ++c) {
+      const double x = ops.Load(ops.q, row * p.d + c);
+      squares += x * x;
+    }
+    log_sum_exp -= p.scale * squares / 2.0;
+  }
+  return static_cast<float>(log_sum_exp);
 }
 
 int64_t RowLimits(const AttentionParams& p, const Task& task, int64_t* limit) {

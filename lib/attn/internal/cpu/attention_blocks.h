@@ -197,6 +197,14 @@ inline Task TaskAt(const AttentionParams& p, int64_t index) {
 // limit[r] = p.KeyLimit(b, q0 + r), and returns the largest.
 int64_t RowLimits(const AttentionParams& p, const Task& task, int64_t* limit);
 
+// AttentionParams::log_sum_exp of query row `row` (bh * lq + i), from the
+// raw-score max and the sum of exp((score - max) * scale) a kernel kept
+// (a sum of 0: no key, -inf). In double; for the Gaussian score it puts
+// back the -|q|^2 / 2 the kernels leave out of their scores (constant along
+// a row, it cancels in the softmax), of q as the products read it.
+float RowLogSumExp(const AttentionParams& p, const Operands& ops, int64_t row,
+                   float max, double sum);
+
 // A share of one task's keys, [begin, end) with begin a multiple of
 // kKeyBlock, for calls with fewer tasks than threads (cpu-key-shares): the
 // pass over a share leaves each row's raw-score max, sum of exponentials

@@ -140,9 +140,10 @@ bool FusedBlock(const AttentionParams& p, const Operands& ops,
 
 namespace {
 
-// Every call without weights.
+// Every call without weights, but for those that ask for the log-sum-exp
+// (cpu-key-shares runs those, on these blocks).
 bool Takes(const CpuCall<AttentionParams>& call) {
-  return call.params.weights == nullptr;
+  return call.params.weights == nullptr && call.params.log_sum_exp == nullptr;
 }
 
 absl::Status Run(const CpuCall<AttentionParams>& call) {

@@ -3,7 +3,7 @@
 // (attn/internal/cpu/implementation.h). The one place the order is written;
 // compiled into every instruction set's copy of the kernels. A specialised
 // kernel comes before the general one it beats where it applies, and each
-// list ends in one that takes every call of its operation.
+// list ends in one that takes every call the ones before it leave.
 
 #include <algorithm>
 #include <cstdint>
@@ -31,10 +31,11 @@ const CpuImplementation<BatchMatmulParams>* const kBatchMatmulOrder[] = {
 
 const CpuImplementation<AttentionParams>* const kAttentionOrder[] = {
     &kWeightsBlocks,  // "cpu-weights-blocks": the weights are asked for
-    &kKeyShares,      // "cpu-key-shares": fewer tasks than threads, many keys
+    &kKeyShares,      // "cpu-key-shares": fewer tasks than threads, many
+                      // keys; or the log-sum-exp asked for
     &kAmxBlocks,      // "cpu-amx-blocks": bfloat16 on AMX tiles (avx512 copy)
     &kLaneAttention,  // "cpu-lane": 2-64 query rows over many keys
-    &kFusedBlocks,    // "cpu-fused-blocks": every call without weights
+    &kFusedBlocks,    // "cpu-fused-blocks": every call left
 };
 
 const CpuImplementation<AdditiveAttentionParams>* const kAdditiveOrder[] = {

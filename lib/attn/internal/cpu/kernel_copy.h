@@ -28,9 +28,15 @@ extern const CpuImplementation<AdditiveAttentionParams> kAdditiveAttention;
 extern const CpuImplementation<NadarayaWatsonParams> kRegression;
 
 // Softmax of scale * row[0, limit) in place (scale > 0); row[limit, columns)
-// = 0. A row with limit 0 becomes all zeros. (masked_softmax.cc)
-void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
-                          float scale);
+// = 0. A row with limit 0 becomes all zeros. Returns the raw max and the sum
+// of exp((x - max) * scale) it normalised by (-inf and 0 for limit 0), for
+// a log-sum-exp. (masked_softmax.cc)
+struct RowSoftmax {
+  float max;
+  float sum;
+};
+RowSoftmax SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
+                                float scale);
 
 // Runs body(task) for task in [0, tasks) on `threads` OpenMP threads, with
 // dynamic scheduling (causal and valid-length masks make tasks uneven).

@@ -34,20 +34,22 @@ namespace {
 // How many shares each task's keys are cut into: enough for every thread
 // to have one, each of at least kMinKeysPerShare keys (attn/work.h: the
 // server asks it which memories are long enough); 1 for a call with
-// weights or with as many tasks as threads.
+// weights or with as many tasks as threads, or too few keys.
 int64_t SharesPerTask(const CpuCall<AttentionParams>& call) {
   const AttentionParams& p = call.params;
   const int64_t tasks = TaskCount(p);
   if (p.weights != nullptr || tasks >= call.threads) return 1;
-  return std::min<int64_t>((call.threads + tasks - 1) / tasks,
-                           p.lk / kMinKeysPerShare);
+  return std::max<int64_t>(1, std::min<int64_t>(
+                                  (call.threads + tasks - 1) / tasks,
+                                  p.lk / kMinKeysPerShare));
 }
 
 // out = the shares' outputs, each rescaled from its own max to the row's,
-// over the sum of their sums rescaled alike (0 for a row with no key).
+// over the sum of their sums rescaled alike (0 for a row with no key); and
+// the row's log-sum-exp where the call asks for it.
 template <typename ShareOf>
-void MergeKeyShares(const AttentionParams& p, int64_t tasks, int64_t shares,
-                    const ShareOf& share_of) {
+void MergeKeyShares(const AttentionParams& p, const Operands& ops,
+                    int64_t tasks, int64_t shares, const ShareOf& share_of) {
   for (int64_t index = 0; index < tasks; ++index) {
     const Task task = TaskAt(p, index);
     for (int64_t r = 0; r < task.rows; ++r) {
@@ -71,14 +73,21 @@ void MergeKeyShares(const AttentionParams& p, int64_t tasks, int64_t shares,
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma omp simd
       for (int64_t c = 0; c < p.dv; ++c) out[c] *= inverse;
+      if (p.log_sum_exp != nullptr) {
+        const int64_t row = task.bh * p.lq + task.q0 + r;
+        p.log_sum_exp[row] = RowLogSumExp(p, ops, row, max, sum);
+      }
     }
   }
 }
 
 // A call without weights whose tasks are fewer than its threads, over at
-// least 2 x kMinKeysPerShare keys.
+// least 2 x kMinKeysPerShare keys; and every call without weights that asks
+// for the log-sum-exp, which the merge gives (one share per task where
+// there are tasks enough).
 bool Takes(const CpuCall<AttentionParams>& call) {
-  return SharesPerTask(call) > 1;
+  if (call.params.weights != nullptr) return false;
+  return call.params.log_sum_exp != nullptr || SharesPerTask(call) > 1;
 }
 
 // A thread's buffers: its shares run on the AMX kernel, the lane kernel or
@@ -136,7 +145,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
         return FusedBlock(p, ops, task, scratch.blocks, &share);
       });
   if (!ok) return absl::InternalError("oneDNN matmul failed");
-  MergeKeyShares(p, tasks, shares, share_of);
+  MergeKeyShares(p, ops, tasks, shares, share_of);
   return absl::OkStatus();
 }
 

@@ -762,8 +762,18 @@ void LaneTask(const AttentionParams& p, const Operands& ops, const Task& task,
   LaneAttention(pass, s);
 }
 
-const CpuImplementation<AttentionParams> kLaneAttention = {
-    "cpu-lane", LaneAttentionTakes, Run};
+namespace {
+
+// Its calls, but for those that ask for the log-sum-exp: cpu-key-shares
+// runs those, in these lanes.
+bool Takes(const CpuCall<AttentionParams>& call) {
+  return call.params.log_sum_exp == nullptr && LaneAttentionTakes(call);
+}
+
+}  // namespace
+
+const CpuImplementation<AttentionParams> kLaneAttention = {"cpu-lane", Takes,
+                                                           Run};
 
 }  // namespace attn::internal::ATTN_ISA_NAMESPACE
 ATTN_ISA_END

@@ -17,15 +17,16 @@ ATTN_ISA_BEGIN
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
-void SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
-                          float scale) {
+RowSoftmax SoftmaxPrefixInPlace(float* row, int64_t limit, int64_t columns,
+                                float scale) {
+  RowSoftmax softmax = {-std::numeric_limits<float>::infinity(), 0.0f};
   if (limit > 0) {
-    const float max =
-        MaxOf(row, limit, -std::numeric_limits<float>::infinity());
-    const float sum = ExpShiftedAndSum(row, limit, max, scale);
-    Scale(row, limit, 1.0f / sum);
+    softmax.max = MaxOf(row, limit, -std::numeric_limits<float>::infinity());
+    softmax.sum = ExpShiftedAndSum(row, limit, softmax.max, scale);
+    Scale(row, limit, 1.0f / softmax.sum);
   }
   std::fill(row + limit, row + columns, 0.0f);
+  return softmax;
 }
 
 namespace {

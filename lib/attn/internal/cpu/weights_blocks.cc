@@ -2,7 +2,8 @@
 // scores of a block of query rows go straight into the weights output (row
 // stride lk), are normalised there, and the output is one product with the
 // values (of the weights rounded to bfloat16 when the products are): no
-// scratch beyond the output the caller asked for.
+// scratch beyond the output the caller asked for. It gives the rows'
+// log-sum-exp too where the call asks for it.
 
 #include <algorithm>
 #include <atomic>
@@ -50,7 +51,12 @@ bool WeightsBlock(const AttentionParams& p, const Operands& ops,
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    SoftmaxPrefixInPlace(weights + r * p.lk, s.limit[r], p.lk, p.scale);
+    const RowSoftmax softmax =
+        SoftmaxPrefixInPlace(weights + r * p.lk, s.limit[r], p.lk, p.scale);
+    if (p.log_sum_exp != nullptr) {
+      const int64_t row = task.bh * p.lq + task.q0 + r;
+      p.log_sum_exp[row] = RowLogSumExp(p, ops, row, softmax.max, softmax.sum);
+    }
   }
   if (key_end == 0) {
     std::fill(out, out + rows * p.dv, 0.0f);
