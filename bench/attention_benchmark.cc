@@ -23,6 +23,7 @@
 
 #include "attn/bfloat16.h"
 #include "attn/engine.h"
+#include "attn/pieces.h"
 #include "attn/testing/random.h"
 #include "benchmark/benchmark.h"
 
@@ -291,6 +292,76 @@ void BM_MemoryQuery(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The same memory cut into `pieces` pieces of about equal rows (rows
+// appended at different times), each attended alone asking for its rows'
+// log-sum-exp, and the answers merged (attn/pieces.h), on one thread.
+// pieces 0: the same rows in one call that asks for nothing more, as a
+// memory in one piece runs; BM_MemoryQuery's arguments otherwise.
+void BM_MemoryPieces(benchmark::State& state) {
+  const int64_t queries = state.range(0), n = state.range(1), d = 64;
+  const int64_t pieces = state.range(2);
+  const bool bfloat16 = state.range(3) != 0;
+  std::mt19937 rng(0);
+  const Tensor q = RandomNormal(rng, {1, queries, d});
+  const Tensor k = RandomNormal(rng, {1, n, d});
+  const Tensor v = RandomNormal(rng, {1, n, d});
+  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
+  for (size_t i = 0; i < k_bits.size(); ++i) {
+    k_bits[i] = BFloat16Bits(k.data[i]);
+    v_bits[i] = BFloat16Bits(v.data[i]);
+  }
+  // The request over rows [begin, end).
+  auto over = [&](int64_t begin, int64_t end) {
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = TensorView{k.data.data() + begin * d, {1, end - begin, d}};
+    request.values = TensorView{v.data.data() + begin * d, {1, end - begin, d}};
+    if (bfloat16) {
+      request.precision = Precision::kBFloat16;
+      request.keys.data = request.values.data = nullptr;
+      request.keys_bfloat16 = k_bits.data() + begin * d;
+      request.values_bfloat16 = v_bits.data() + begin * d;
+    }
+    return request;
+  };
+  static Engine* const engine = [] {
+    EngineOptions options;
+    options.max_threads = 1;
+    return Engine::Create(options).value().release();
+  }();
+  std::vector<AttentionRequest> requests;
+  for (int64_t i = 0; i < std::max<int64_t>(pieces, 1); ++i) {
+    requests.push_back(over(n * i / std::max<int64_t>(pieces, 1),
+                            n * (i + 1) / std::max<int64_t>(pieces, 1)));
+    requests.back().return_log_sum_exp = pieces > 0;
+  }
+  std::vector<OpResult> answers(requests.size());
+  std::vector<AttentionPiece> views(requests.size());
+  for (auto _ : state) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto answer = engine->ScaledDotProductAttention(requests[i]);
+      if (!answer.ok()) {
+        state.SkipWithError(answer.status().ToString().c_str());
+        return;
+      }
+      answers[i] = *std::move(answer);
+      views[i] = {answers[i].output.view(), answers[i].log_sum_exp.view(), {}};
+    }
+    if (pieces > 0) {
+      auto merged = MergeAttentionPieces(views);
+      if (!merged.ok()) {
+        state.SkipWithError(merged.status().ToString().c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(merged);
+    }
+    benchmark::DoNotOptimize(answers);
+  }
+  state.counters["memory_GBps"] = benchmark::Counter(
+      2.0 * n * d * (bfloat16 ? 2 : 4) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The core's arithmetic ceiling, for BM_MemoryQuery's GFLOPs to be read
 // against: twelve independent chains of float32 FMAs, 512-bit where the CPU
 // has AVX-512 and 256-bit where it has AVX2 alone (arg 0), or of
@@ -501,6 +572,20 @@ BENCHMARK(BM_MemoryQuery)
     ->Args({16, 262144, 1, 2})
     ->Args({32, 262144, 0, 2})
     ->Args({32, 262144, 1, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MemoryPieces)
+    ->ArgNames({"Q", "N", "pieces", "bf16"})
+    ->Args({1, 262144, 0, 0})
+    ->Args({1, 262144, 1, 0})
+    ->Args({1, 262144, 2, 0})
+    ->Args({1, 262144, 8, 0})
+    ->Args({16, 262144, 0, 0})
+    ->Args({16, 262144, 2, 0})
+    ->Args({16, 262144, 8, 0})
+    ->Args({64, 262144, 0, 1})
+    ->Args({64, 262144, 2, 1})
+    ->Args({64, 262144, 8, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ArithmeticPeak)
