@@ -100,6 +100,29 @@ absl::StatusOr<NumberedFiles> ListNumberedFiles(FileSystem& fs,
   return files;
 }
 
+// What a base numbered `base_file` covers in `files`, taken out of it: the
+// rows files up to `last_rows_file`, the eviction records up to
+// `last_eviction` and the bases before it. A compaction removes them once
+// the base is durable; a load skips any a kill left, then removes them.
+// (weights.safetensors, which every base covers too, is not numbered: the
+// callers add it.)
+std::vector<std::string> TakeCoveredFiles(NumberedFiles& files,
+                                          uint64_t base_file,
+                                          uint64_t last_rows_file,
+                                          uint64_t last_eviction) {
+  std::vector<std::string> covered;
+  auto take = [&](std::map<uint64_t, std::string>& numbered, uint64_t last) {
+    while (!numbered.empty() && numbered.begin()->first <= last) {
+      covered.push_back(numbered.begin()->second);
+      numbered.erase(numbered.begin());
+    }
+  };
+  take(files.rows, last_rows_file);
+  take(files.evictions, last_eviction);
+  if (base_file > 0) take(files.bases, base_file - 1);
+  return covered;
+}
+
 // Checks that `rows` extend `tensors`: each names one of them, with its
 // type and its dimensions after the first, and all have one first
 // dimension n >= 1, which it returns. INVALID_ARGUMENT starting with
@@ -352,23 +375,13 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   model->tensors = *std::move(tensors);
   // The files the base covers are left over from before it (a compaction
   // removes them once the base is durable): never read.
-  std::map<uint64_t, std::string> rows_files = std::move(numbered->rows);
-  std::map<uint64_t, std::string> evictions = std::move(numbered->evictions);
-  covered->clear();
-  auto skip = [&](std::map<uint64_t, std::string>& files, uint64_t last) {
-    while (!files.empty() && files.begin()->first <= last) {
-      covered->push_back(files.begin()->second);
-      files.erase(files.begin());
-    }
-  };
-  skip(rows_files, covered_rows_files);
-  skip(evictions, covered_evictions);
-  if (model->base_file > 0) {
-    skip(numbered->bases, model->base_file - 1);
-    if (fs.Stat(folder + std::string(kWeightsFile)).ok()) {
-      covered->push_back(std::string(kWeightsFile));
-    }
+  *covered = TakeCoveredFiles(*numbered, model->base_file, covered_rows_files,
+                              covered_evictions);
+  if (model->base_file > 0 && fs.Stat(folder + std::string(kWeightsFile)).ok()) {
+    covered->push_back(std::string(kWeightsFile));
   }
+  const std::map<uint64_t, std::string>& rows_files = numbered->rows;
+  const std::map<uint64_t, std::string>& evictions = numbered->evictions;
   model->last_rows_file = rows_files.empty() ? covered_rows_files
                                              : rows_files.rbegin()->first;
   model->last_eviction_file = evictions.empty() ? covered_evictions
@@ -1451,16 +1464,9 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
     // removal, a kill), and the next compaction removes it.
     absl::StatusOr<NumberedFiles> numbered = ListNumberedFiles(*fs_, folder);
     if (!numbered.ok()) return compacted;
+    covered = TakeCoveredFiles(*numbered, base_file, snapshot->last_rows_file,
+                               snapshot->last_eviction_file);
     covered.push_back(std::string(kWeightsFile));
-    for (const auto& [number, entry] : numbered->rows) {
-      if (number <= snapshot->last_rows_file) covered.push_back(entry);
-    }
-    for (const auto& [number, entry] : numbered->evictions) {
-      if (number <= snapshot->last_eviction_file) covered.push_back(entry);
-    }
-    for (const auto& [number, entry] : numbered->bases) {
-      if (number < base_file) covered.push_back(entry);
-    }
   }
   // Removed a few at a time under the write lock, so that appends wait
   // for no more than those (thousands of removals took 0.3 s), and only
