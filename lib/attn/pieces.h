@@ -33,8 +33,8 @@ namespace attn {
 struct AttentionPiece {
   TensorView output;       // (..., Lq, v)
   TensorView log_sum_exp;  // (..., Lq): the output's shape without v
-  TensorView weights;      // (..., Lq, n_i); empty (no data, no shape) when
-                           // the pieces were asked for none
+  TensorView weights;      // (..., Lq, n_i); no shape (an empty Tensor's
+                           // view) when the pieces were asked for none
 };
 
 struct MergedAttention {

@@ -398,5 +398,28 @@ TEST(MergeAttentionPiecesTest, RefusesPiecesThatDoNotFit) {
   }
 }
 
+// Merged weights past kMaxTensorElements are refused before anything is
+// allocated or read: two pieces' weights views claim 2^30 + 1 keys each
+// (their data, never read, is one float).
+TEST(MergeAttentionPiecesTest, RefusesWeightsPastTheElementLimit) {
+  const Tensor out = Tensor::Zeros({1, 1, 2});
+  const Tensor lse = Tensor::Zeros({1, 1});
+  const float never_read = 0.0f;
+  const int64_t keys = (int64_t{1} << 30) + 1;
+  const AttentionPiece piece{out.view(), lse.view(),
+                             TensorView{&never_read, {1, 1, keys}}};
+  auto merged = MergeAttentionPieces({piece, piece});
+  ASSERT_FALSE(merged.ok());
+  EXPECT_EQ(merged.status().code(), absl::StatusCode::kResourceExhausted)
+      << merged.status();
+  // One of them alone fits.
+  const Tensor small = Tensor::Zeros({1, 1, 3});
+  auto fits = MergeAttentionPieces(
+      {{out.view(), lse.view(), small.view()},
+       {out.view(), lse.view(), small.view()}});
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->weights.shape, (Shape{1, 1, 6}));
+}
+
 }  // namespace
 }  // namespace attn
