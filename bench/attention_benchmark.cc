@@ -236,35 +236,46 @@ void BM_NadarayaWatson(benchmark::State& state) {
   state.counters["extra_MiB"] = extra;
 }
 
-// Queries against a stored memory, as the server runs them (one batch entry,
-// one thread): Q query rows of d = 64 against N keys and values held as
-// float32, or as bfloat16 bits (a memory stored as BF16, computed in
-// bfloat16). memory_GBps: the keys' and values' bytes read per second.
-void BM_MemoryQuery(benchmark::State& state) {
-  const int64_t queries = state.range(0), n = state.range(1), d = 64;
-  const bool bfloat16 = state.range(2) != 0;
-  std::mt19937 rng(0);
-  const Tensor q = RandomNormal(rng, {1, queries, d});
-  const Tensor k = RandomNormal(rng, {1, n, d});
-  const Tensor v = RandomNormal(rng, {1, n, d});
-  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-  for (size_t i = 0; i < k_bits.size(); ++i) {
-    k_bits[i] = BFloat16Bits(k.data[i]);
-    v_bits[i] = BFloat16Bits(v.data[i]);
+// A stored memory of N keys and values (d = v = 64) and Q queries for it,
+// seeded; the keys and values also as bfloat16 bits (a memory stored as
+// BF16).
+struct Memory {
+  static constexpr int64_t kDepth = 64;
+  Memory(int64_t queries, int64_t n) {
+    std::mt19937 rng(0);
+    q = RandomNormal(rng, {1, queries, kDepth});
+    k = RandomNormal(rng, {1, n, kDepth});
+    v = RandomNormal(rng, {1, n, kDepth});
+    k_bits.resize(k.data.size());
+    v_bits.resize(v.data.size());
+    for (size_t i = 0; i < k_bits.size(); ++i) {
+      k_bits[i] = BFloat16Bits(k.data[i]);
+      v_bits[i] = BFloat16Bits(v.data[i]);
+    }
   }
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
-  if (bfloat16) {
-    request.precision = Precision::kBFloat16;
-    request.keys.data = request.values.data = nullptr;
-    request.keys_bfloat16 = k_bits.data();
-    request.values_bfloat16 = v_bits.data();
+  // The queries over rows [begin, end), read as float32 or as the bfloat16
+  // bits (computed in bfloat16).
+  AttentionRequest Over(int64_t begin, int64_t end, bool bfloat16) const {
+    const int64_t d = kDepth;
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = TensorView{k.data.data() + begin * d, {1, end - begin, d}};
+    request.values = TensorView{v.data.data() + begin * d, {1, end - begin, d}};
+    if (bfloat16) {
+      request.precision = Precision::kBFloat16;
+      request.keys.data = request.values.data = nullptr;
+      request.keys_bfloat16 = k_bits.data() + begin * d;
+      request.values_bfloat16 = v_bits.data() + begin * d;
+    }
+    return request;
   }
-  // One thread (a server worker's default), or two: the call's keys shared
-  // out between them.
-  const int threads = state.range(3);
+  Tensor q, k, v;
+  std::vector<uint16_t> k_bits, v_bits;
+};
+
+// An engine of one thread (a server worker's default) or two (a call's keys
+// shared out between them), made once.
+Engine& MemoryEngine(int threads) {
   static Engine* const engines[2] = {
       [] {
         EngineOptions options;
@@ -276,9 +287,22 @@ void BM_MemoryQuery(benchmark::State& state) {
         options.max_threads = 2;
         return Engine::Create(options).value().release();
       }()};
-  Engine* const engine = engines[threads == 2 ? 1 : 0];
+  return *engines[threads == 2 ? 1 : 0];
+}
+
+// Queries against a stored memory, as the server runs them (one batch entry,
+// one or two threads): Q query rows of d = 64 against N keys and values held
+// as float32, or as bfloat16 bits (a memory stored as BF16, computed in
+// bfloat16). memory_GBps: the keys' and values' bytes read per second.
+void BM_MemoryQuery(benchmark::State& state) {
+  const int64_t queries = state.range(0), n = state.range(1);
+  const int64_t d = Memory::kDepth;
+  const bool bfloat16 = state.range(2) != 0;
+  const Memory memory(queries, n);
+  const AttentionRequest request = memory.Over(0, n, bfloat16);
+  Engine& engine = MemoryEngine(state.range(3));
   for (auto _ : state) {
-    auto result = engine->ScaledDotProductAttention(request);
+    auto result = engine.ScaledDotProductAttention(request);
     if (!result.ok()) state.SkipWithError(result.status().ToString().c_str());
     benchmark::DoNotOptimize(result);
   }
@@ -298,48 +322,23 @@ void BM_MemoryQuery(benchmark::State& state) {
 // pieces 0: the same rows in one call that asks for nothing more, as a
 // memory in one piece runs; BM_MemoryQuery's arguments otherwise.
 void BM_MemoryPieces(benchmark::State& state) {
-  const int64_t queries = state.range(0), n = state.range(1), d = 64;
+  const int64_t queries = state.range(0), n = state.range(1);
   const int64_t pieces = state.range(2);
   const bool bfloat16 = state.range(3) != 0;
-  std::mt19937 rng(0);
-  const Tensor q = RandomNormal(rng, {1, queries, d});
-  const Tensor k = RandomNormal(rng, {1, n, d});
-  const Tensor v = RandomNormal(rng, {1, n, d});
-  std::vector<uint16_t> k_bits(k.data.size()), v_bits(v.data.size());
-  for (size_t i = 0; i < k_bits.size(); ++i) {
-    k_bits[i] = BFloat16Bits(k.data[i]);
-    v_bits[i] = BFloat16Bits(v.data[i]);
-  }
-  // The request over rows [begin, end).
-  auto over = [&](int64_t begin, int64_t end) {
-    AttentionRequest request;
-    request.queries = q.view();
-    request.keys = TensorView{k.data.data() + begin * d, {1, end - begin, d}};
-    request.values = TensorView{v.data.data() + begin * d, {1, end - begin, d}};
-    if (bfloat16) {
-      request.precision = Precision::kBFloat16;
-      request.keys.data = request.values.data = nullptr;
-      request.keys_bfloat16 = k_bits.data() + begin * d;
-      request.values_bfloat16 = v_bits.data() + begin * d;
-    }
-    return request;
-  };
-  static Engine* const engine = [] {
-    EngineOptions options;
-    options.max_threads = 1;
-    return Engine::Create(options).value().release();
-  }();
+  const Memory memory(queries, n);
+  Engine& engine = MemoryEngine(1);
+  const int64_t calls = std::max<int64_t>(pieces, 1);
   std::vector<AttentionRequest> requests;
-  for (int64_t i = 0; i < std::max<int64_t>(pieces, 1); ++i) {
-    requests.push_back(over(n * i / std::max<int64_t>(pieces, 1),
-                            n * (i + 1) / std::max<int64_t>(pieces, 1)));
+  for (int64_t i = 0; i < calls; ++i) {
+    requests.push_back(
+        memory.Over(n * i / calls, n * (i + 1) / calls, bfloat16));
     requests.back().return_log_sum_exp = pieces > 0;
   }
   std::vector<OpResult> answers(requests.size());
   std::vector<AttentionPiece> views(requests.size());
   for (auto _ : state) {
     for (size_t i = 0; i < requests.size(); ++i) {
-      auto answer = engine->ScaledDotProductAttention(requests[i]);
+      auto answer = engine.ScaledDotProductAttention(requests[i]);
       if (!answer.ok()) {
         state.SkipWithError(answer.status().ToString().c_str());
         return;
@@ -358,7 +357,7 @@ void BM_MemoryPieces(benchmark::State& state) {
     benchmark::DoNotOptimize(answers);
   }
   state.counters["memory_GBps"] = benchmark::Counter(
-      2.0 * n * d * (bfloat16 ? 2 : 4) * 1e-9,
+      2.0 * n * Memory::kDepth * (bfloat16 ? 2 : 4) * 1e-9,
       benchmark::Counter::kIsIterationInvariantRate);
 }
 

@@ -16,7 +16,8 @@
 // any grouping: a replica may merge its own pieces, and whoever asked the
 // replicas merge their answers.
 //
-// In double, rounded once to float at the end. Beyond the pieces' own
+// A pure function of its arguments (thread-safe, blocking only for its own
+// arithmetic). In double, rounded once to float at the end. Beyond the pieces' own
 // errors, a weight's error grows by those of l_i and L (each that of the
 // row's sum of exponentials, plus float's rounding of the value l_i);
 // attn/testing/error_bounds.h derives the bound the tests hold it to.
