@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
   (*core)->metrics().SetStoredRowsSource([&catalogue] {
     std::vector<attnserve::ServiceMetrics::StoredRows> rows;
     for (const auto& count : catalogue.RowCounts()) {
-      rows.push_back({count.model, count.rows, count.files, count.evicted_rows});
+      rows.push_back({count.model, count.rows, count.files, count.evicted_rows,
+                      count.pieces});
     }
     return rows;
   });

@@ -151,4 +151,42 @@ absl::StatusOr<MergedAttention> MergeAttentionPieces(
   return merged;
 }
 
+absl::StatusOr<OpResult> AttendInPieces(
+    Engine& engine, absl::Span<const AttentionRequest> pieces) {
+  if (pieces.empty()) {
+    return absl::InvalidArgumentError("pieces: at least one is needed");
+  }
+  std::vector<OpResult> answers;
+  answers.reserve(pieces.size());
+  size_t largest = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    AttentionRequest call = pieces[i];
+    call.return_log_sum_exp = true;
+    ASSIGN_OR_RETURN(OpResult answer, engine.ScaledDotProductAttention(call));
+    answers.push_back(std::move(answer));
+    if (pieces[i].keys.num_elements() > pieces[largest].keys.num_elements()) {
+      largest = i;
+    }
+  }
+  if (answers.size() == 1 && pieces.front().return_log_sum_exp) {
+    return std::move(answers.front());
+  }
+  std::vector<AttentionPiece> views;
+  views.reserve(answers.size());
+  for (const OpResult& answer : answers) {
+    views.push_back({answer.output.view(), answer.log_sum_exp.view(),
+                     answer.weights.view()});
+  }
+  ASSIGN_OR_RETURN(MergedAttention merged, MergeAttentionPieces(views));
+  OpResult result;
+  result.output = std::move(merged.output);
+  result.weights = std::move(merged.weights);
+  if (pieces.front().return_log_sum_exp) {
+    result.log_sum_exp = std::move(merged.log_sum_exp);
+  }
+  result.implementation = std::move(answers[largest].implementation);
+  result.backend = std::move(answers[largest].backend);
+  return result;
+}
+
 }  // namespace attn

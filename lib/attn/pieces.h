@@ -16,8 +16,9 @@
 // any grouping: a replica may merge its own pieces, and whoever asked the
 // replicas merge their answers.
 //
-// A pure function of its arguments (thread-safe, blocking only for its own
-// arithmetic). In double, rounded once to float at the end. Beyond the pieces' own
+// MergeAttentionPieces is a pure function of its arguments (thread-safe,
+// blocking only for its own arithmetic); AttendInPieces runs the pieces on
+// an engine first. In double, rounded once to float at the end. Beyond the pieces' own
 // errors, a weight's error grows by those of l_i and L (each that of the
 // row's sum of exponentials, plus float's rounding of the value l_i);
 // attn/testing/error_bounds.h derives the bound the tests hold it to.
@@ -26,6 +27,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attn/engine.h"
+#include "attn/ops.h"
 #include "attn/tensor.h"
 
 namespace attn {
@@ -57,6 +60,17 @@ struct MergedAttention {
 // kMaxTensorElements or cannot be allocated.
 absl::StatusOr<MergedAttention> MergeAttentionPieces(
     absl::Span<const AttentionPiece> pieces);
+
+// One call over a memory in pieces: `pieces` (at least one) are the call
+// over each piece's keys and values, alike in everything else (queries,
+// score, scale, masks, precision, return_weights). Runs each on `engine`
+// with its log-sum-exp, in order, and merges them: the output, the weights
+// (when asked for) over every piece's keys in order, and the log-sum-exp
+// when pieces[0] asks for it. The implementation and backend reported are
+// those of the piece with the most keys. A piece's failure is returned as
+// the engine gave it; MergeAttentionPieces' statuses otherwise.
+absl::StatusOr<OpResult> AttendInPieces(Engine& engine,
+                                        absl::Span<const AttentionRequest> pieces);
 
 }  // namespace attn
 

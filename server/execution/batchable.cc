@@ -11,6 +11,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "attn/pieces.h"
 #include "attn/status_macros.h"
 #include "attn/validate.h"
 #include "server/execution/call_runner.h"
@@ -289,6 +290,16 @@ struct RowsMember {
   const LibraryRequest* request;
   attn::Shape output_shape;
   attn::Shape weights_shape;
+  // A memory in pieces: the request over each (StoredRequest::pieces).
+  // Null or empty: `request` alone.
+  const std::vector<LibraryRequest>* pieces = nullptr;
+
+  // The calls over its memory: its pieces', or its request alone.
+  absl::Span<const LibraryRequest> calls() const {
+    return pieces != nullptr && !pieces->empty()
+               ? absl::Span<const LibraryRequest>(*pieces)
+               : absl::Span<const LibraryRequest>(request, 1);
+  }
 };
 
 // The number of keys a member's rows attend to: a stored memory's rows
@@ -297,12 +308,27 @@ int64_t KeyRows(const attn::AttentionRequest& r) {
   return r.keys.rank() >= 2 ? r.keys.shape[r.keys.rank() - 2] : 0;
 }
 int64_t KeyRows(const attn::NadarayaWatsonRequest&) { return 0; }
+template <typename LibraryRequest>
+int64_t KeyRows(const RowsMember<LibraryRequest>& member) {
+  int64_t keys = 0;
+  for (const LibraryRequest& call : member.calls()) keys += KeyRows(call);
+  return keys;
+}
+
+absl::StatusOr<attn::OpResult> RunCalls(
+    attn::Engine& engine, absl::Span<const attn::AttentionRequest> calls) {
+  return calls.size() == 1 ? RunLibrary(engine, calls.front())
+                           : attn::AttendInPieces(engine, calls);
+}
 
 // The members' rows as one request to `like`'s operands; computed elements
 // are useful ones (nothing is padded). Attention over versions of one
 // lineage (server/execution/operation.h, StoredRequest) reads the newest
 // member's keys, each member's rows masked to its own version's keys by
-// per-row valid lengths, and each takes back its own weights' columns.
+// per-row valid lengths, and each takes back its own weights' columns. A
+// memory in pieces runs one such call per piece of the newest member's,
+// each member's rows masked to the keys of its own version that piece
+// holds (its rows are a prefix of the newest's), merged by log-sum-exp.
 template <typename LibraryRequest>
 Results StackRows(attn::Engine& engine,
                   const std::vector<RowsMember<LibraryRequest>>& members,
@@ -310,9 +336,9 @@ Results StackRows(attn::Engine& engine,
   const RowsMember<LibraryRequest>* newest = &members.front();
   bool key_rows_differ = false;
   for (const auto& member : members) {
-    const int64_t keys = KeyRows(*member.request);
-    key_rows_differ |= keys != KeyRows(*newest->request);
-    if (keys > KeyRows(*newest->request)) newest = &member;
+    const int64_t keys = KeyRows(member);
+    key_rows_differ |= keys != KeyRows(*newest);
+    if (keys > KeyRows(*newest)) newest = &member;
   }
   const LibraryRequest& like = *newest->request;
   const attn::TensorView& like_rows = QueryRows(like);
@@ -328,23 +354,38 @@ Results StackRows(attn::Engine& engine,
     CopyFloats(own.data, RowCount(own) * width, rows.data() + offset * width);
     offset += RowCount(own);
   }
-  LibraryRequest combined = like;
-  QueryRows(combined) = rows.view();
-  std::vector<int32_t> key_limits;
-  if constexpr (std::is_same_v<LibraryRequest, attn::AttentionRequest>) {
-    if (key_rows_differ) {
-      for (const auto& member : members) {
-        key_limits.insert(key_limits.end(),
-                          RowCount(QueryRows(*member.request)),
-                          static_cast<int32_t>(KeyRows(*member.request)));
+  std::vector<LibraryRequest> calls;
+  std::vector<std::vector<int32_t>> key_limits;
+  int64_t first_key = 0;  // the piece's first key in the newest memory
+  for (const LibraryRequest& piece : newest->calls()) {
+    LibraryRequest& call = calls.emplace_back(piece);
+    QueryRows(call) = rows.view();
+    if constexpr (std::is_same_v<LibraryRequest, attn::AttentionRequest>) {
+      const int64_t piece_keys = KeyRows(piece);
+      if (key_rows_differ) {
+        std::vector<int32_t>& limits = key_limits.emplace_back();
+        for (const auto& member : members) {
+          limits.insert(limits.end(), RowCount(QueryRows(*member.request)),
+                        static_cast<int32_t>(std::clamp<int64_t>(
+                            KeyRows(member) - first_key, 0, piece_keys)));
+        }
+        call.valid_lens = attn::LengthsView{limits.data(), {1, total}};
       }
-      combined.valid_lens = attn::LengthsView{key_limits.data(), {1, total}};
+      first_key += piece_keys;
     }
   }
-  absl::StatusOr<attn::OpResult> all = RunLibrary(engine, combined);
+  absl::StatusOr<attn::OpResult> all;
+  if constexpr (std::is_same_v<LibraryRequest, attn::AttentionRequest>) {
+    all = RunCalls(engine, calls);
+  } else {
+    all = RunLibrary(engine, calls.front());
+  }
   if (!all.ok()) return {};
-  work->computed_elements = work->useful_elements =
-      Rules<LibraryRequest>::WorkElements(combined);
+  work->computed_elements = work->useful_elements = 0;
+  for (const LibraryRequest& call : calls) {
+    work->computed_elements += Rules<LibraryRequest>::WorkElements(call);
+  }
+  work->useful_elements = work->computed_elements;
   const int64_t output_width =
       total > 0 ? static_cast<int64_t>(all->output.data.size()) / total : 0;
   const int64_t weights_width =
@@ -359,7 +400,7 @@ Results StackRows(attn::Engine& engine,
     if (!all->weights.empty()) {
       // A member of an older version takes its own keys' columns.
       const int64_t own_width =
-          key_rows_differ ? KeyRows(*member.request) : weights_width;
+          key_rows_differ ? KeyRows(member) : weights_width;
       result.weights = SlicePadded(all->weights, offset, count, 1, own_width,
                                    1, weights_width, member.weights_shape);
     }
@@ -693,6 +734,11 @@ struct Rules<StoredRequest> : NothingHashed {
     return std::visit(Visitor{version, lineage, wide_engine}, r.request);
   }
   static int64_t WorkElements(const Request& r) {
+    int64_t elements = 0;
+    for (const attn::AttentionRequest& piece : r.pieces) {
+      elements += Rules<attn::AttentionRequest>::WorkElements(piece);
+    }
+    if (!r.pieces.empty()) return elements;
     return std::visit(
         [](const auto& library) {
           return Rules<std::decay_t<decltype(library)>>::WorkElements(library);
@@ -707,8 +753,14 @@ struct Rules<StoredRequest> : NothingHashed {
           using LibraryRequest = std::decay_t<decltype(like)>;
           std::vector<RowsMember<LibraryRequest>> rows;
           for (const Request* r : members) {
-            rows.push_back({&std::get<LibraryRequest>(r->request),
-                            r->output_shape, r->weights_shape});
+            RowsMember<LibraryRequest>& member =
+                rows.emplace_back(RowsMember<LibraryRequest>{
+                    &std::get<LibraryRequest>(r->request), r->output_shape,
+                    r->weights_shape});
+            if constexpr (std::is_same_v<LibraryRequest,
+                                         attn::AttentionRequest>) {
+              member.pieces = &r->pieces;
+            }
           }
           return StackRows(engine, rows, work);
         },

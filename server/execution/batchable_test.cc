@@ -290,6 +290,111 @@ TEST_F(BatchableTest, StoredAttentionOverOneLineageMasksEachCallToItsRows) {
   }
 }
 
+// Issue #47: a grown memory held in pieces (its base's rows, then those
+// appended since; StoredRequest::pieces). Calls on versions of one lineage,
+// held in one piece, two or three, share a class and one pass per piece of
+// the newest, each call's rows masked to the keys of its own version that
+// piece holds, the pieces merged by log-sum-exp. Each answer, stacked or
+// alone, is within its merge's bound of the reference over its version's
+// rows in one piece, weights over all of them in row order.
+TEST_F(BatchableTest, StoredAttentionInPiecesMergesEachCallOverItsRows) {
+  const int64_t n = 70, d = 8, dv = 5;
+  const attn::Tensor keys = RandomNormal(rng_, {1, n, d});
+  const attn::Tensor values = RandomNormal(rng_, {1, n, dv});
+  const int lineage = 0;
+  // Each version's pieces, by rows: one piece alone is held contiguous.
+  const std::vector<std::vector<int64_t>> versions = {
+      {30}, {30, 15}, {30, 40}, {30, 22}, {30, 20, 20}};
+  for (attn::ScoreKind score :
+       {attn::ScoreKind::kDotProduct, attn::ScoreKind::kGaussian}) {
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "gaussian " << (score == attn::ScoreKind::kGaussian)
+                   << " weights " << weights);
+      std::vector<OperationRequest> requests;
+      std::vector<int64_t> version_rows;
+      for (size_t i = 0; i < versions.size(); ++i) {
+        attn::AttentionRequest attention;
+        attention.queries = Normal({1, 3, d});
+        attention.score = score;
+        attention.return_weights = weights;
+        StoredRequest stored{attention, &versions[i], &lineage, {1, 3, dv}, {}};
+        int64_t first = 0;
+        for (int64_t rows : versions[i]) {
+          attn::AttentionRequest piece = attention;
+          piece.keys = attn::TensorView{keys.data.data() + first * d,
+                                        {1, rows, d}};
+          piece.values = attn::TensorView{values.data.data() + first * dv,
+                                          {1, rows, dv}};
+          stored.pieces.push_back(piece);
+          first += rows;
+        }
+        stored.request = stored.pieces.front();
+        if (stored.pieces.size() == 1) stored.pieces.clear();
+        stored.weights_shape = {1, 3, first};
+        version_rows.push_back(first);
+        requests.push_back(std::move(stored));
+        EXPECT_EQ(ClassifyForBatching(requests.back())->key,
+                  ClassifyForBatching(requests.front())->key);
+      }
+      std::vector<const OperationRequest*> pointers;
+      for (const OperationRequest& r : requests) pointers.push_back(&r);
+      CombinedWork work;
+      std::vector<absl::StatusOr<attn::OpResult>> results =
+          RunTogether(*engine_, pointers, &work);
+      EXPECT_EQ(work.combined_requests, static_cast<int>(versions.size()));
+      // One pass over each of the newest version's pieces (70 keys).
+      EXPECT_EQ(work.computed_elements,
+                3 * static_cast<int64_t>(versions.size()) * n);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << "version of " << version_rows[i]);
+        ASSERT_TRUE(results[i].ok()) << results[i].status();
+        const StoredRequest& stored = std::get<StoredRequest>(requests[i]);
+        attn::AttentionRequest whole =
+            std::get<attn::AttentionRequest>(stored.request);
+        whole.keys = attn::TensorView{keys.data.data(), {1, version_rows[i], d}};
+        whole.values =
+            attn::TensorView{values.data.data(), {1, version_rows[i], dv}};
+        whole.return_weights = true;
+        const attn::OpResult exact =
+            attn::testing::ReferenceEngine().ScaledDotProductAttention(whole)
+                .value();
+        // The merge's bound: its pieces' log-sum-exp bounds.
+        double piece_error = 0.0;
+        for (const attn::AttentionRequest& piece : stored.pieces) {
+          attn::AttentionRequest own = piece;
+          own.return_weights = true;
+          own.return_log_sum_exp = true;
+          const attn::OpResult piece_exact =
+              attn::testing::ReferenceEngine().ScaledDotProductAttention(own)
+                  .value();
+          for (float bound : attn::testing::AttentionBounds(own, piece_exact)
+                                 .log_sum_exp.data) {
+            piece_error = std::max<double>(piece_error, bound);
+          }
+        }
+        const attn::testing::ErrorBounds bounds =
+            attn::testing::AttentionBounds(whole, exact, piece_error);
+        const attn::OpResult alone = RunAlone(*engine_, requests[i]).value();
+        for (const attn::OpResult* answer :
+             {static_cast<const attn::OpResult*>(&*results[i]), &alone}) {
+          EXPECT_EQ(answer->output.shape, exact.output.shape);
+          EXPECT_TRUE(
+              WithinBounds(answer->output, exact.output, bounds.output));
+          EXPECT_TRUE(answer->log_sum_exp.empty());
+          EXPECT_EQ(answer->weights.empty(), !weights);
+          if (weights) {
+            EXPECT_EQ(answer->weights.shape,
+                      (attn::Shape{1, 3, version_rows[i]}));
+            EXPECT_TRUE(
+                WithinBounds(answer->weights, exact.weights, bounds.weights));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Queries against one stored memory stack into one pass over it; each
 // answer is, within its bound, the plain reference of the same queries
 // against the memory repeated for every batch entry (keys [B, N, d]), so the

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attn/pieces.h"
 #include "attn/status_macros.h"
 #include "attn/validate.h"
 
@@ -182,7 +183,9 @@ absl::StatusOr<attn::OpResult> RunAlone(attn::Engine& engine,
     }
     // The library's rows, in the call's own shapes.
     absl::StatusOr<attn::OpResult> operator()(const StoredRequest& r) {
-      absl::StatusOr<attn::OpResult> result = std::visit(*this, r.request);
+      absl::StatusOr<attn::OpResult> result =
+          r.pieces.empty() ? std::visit(*this, r.request)
+                           : attn::AttendInPieces(engine, r.pieces);
       if (!result.ok()) return result;
       result->output.shape = r.output_shape;
       if (!result->weights.empty()) result->weights.shape = r.weights_shape;

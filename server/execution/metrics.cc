@@ -130,7 +130,13 @@ class SampledCollector : public prometheus::Collectable {
             Gauge{"attnserve_model_evicted_rows",
                   "Rows evicted from a stored model since its last whole "
                   "save or compaction (still in its files).",
-                  &ServiceMetrics::StoredRows::evicted_rows}}) {
+                  &ServiceMetrics::StoredRows::evicted_rows},
+            Gauge{"attnserve_model_pieces",
+                  "Pieces a stored model's rows are served from, each "
+                  "attended on its own and merged: 1, or 2 for a grown "
+                  "memory (its base file's rows where they are mapped, and "
+                  "the rows appended since).",
+                  &ServiceMetrics::StoredRows::pieces}}) {
         prometheus::MetricFamily family{gauge.name, gauge.help,
                                         prometheus::MetricType::Gauge, {}};
         for (const ServiceMetrics::StoredRows& model : models) {

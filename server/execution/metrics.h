@@ -92,6 +92,7 @@ class ServiceMetrics {
     int64_t rows = 0;
     int64_t files = 0;
     int64_t evicted_rows = 0;
+    int64_t pieces = 0;
   };
   void SetStoredRowsSource(std::function<std::vector<StoredRows>()> source);
   // An append (`evict` false) or an eviction of `model` that succeeded,

@@ -129,14 +129,15 @@ TEST(ServiceMetricsTest, HeldMemoryFamiliesAreSampledOnlyWithADevice) {
   EXPECT_EQ(value("attnserve_device_memory_refusals_total"), 4);
 }
 
-// Issue #47: rows, files and evicted rows per stored model at scrape time;
+// Issue #47: rows, files, evicted rows and pieces per stored model at
+// scrape time;
 // appends (with their latency) and evictions counted by model.
 TEST(ServiceMetricsTest, StoredModelsRowsAppendsAndEvictions) {
   std::unique_ptr<ServiceMetrics> metrics =
       ServiceMetrics::Create({{"reference", "reference"}}).value();
   metrics->SetStoredRowsSource([] {
-    return std::vector<ServiceMetrics::StoredRows>{{"memory", 1024, 3, 16},
-                                                   {"net", 50, 1, 0}};
+    return std::vector<ServiceMetrics::StoredRows>{{"memory", 1024, 3, 16, 2},
+                                                   {"net", 50, 1, 0, 1}};
   });
   metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(4));
   metrics->RowsChanged("memory", /*evict=*/false, absl::Milliseconds(30));
@@ -168,7 +169,9 @@ TEST(ServiceMetricsTest, StoredModelsRowsAppendsAndEvictions) {
   EXPECT_EQ(values["attnserve_model_rows/memory"], 1024);
   EXPECT_EQ(values["attnserve_model_files/memory"], 3);
   EXPECT_EQ(values["attnserve_model_evicted_rows/memory"], 16);
+  EXPECT_EQ(values["attnserve_model_pieces/memory"], 2);
   EXPECT_EQ(values["attnserve_model_rows/net"], 50);
+  EXPECT_EQ(values["attnserve_model_pieces/net"], 1);
   EXPECT_EQ(values["attnserve_model_appends_total/memory"], 2);
   EXPECT_EQ(values["attnserve_model_evictions_total/memory"], 1);
   EXPECT_EQ(values["attnserve_model_compactions_total/memory"], 1);

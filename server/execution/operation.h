@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attn/ops.h"
@@ -66,6 +67,12 @@ struct StoredRequest {
   const void* lineage = nullptr;
   attn::Shape output_shape;
   attn::Shape weights_shape;
+  // Attention over a memory held in pieces (a grown memory: its base file's
+  // rows, then those appended since): one request per piece, in row order,
+  // each `request` but for that piece's keys and values; `request` is the
+  // first of them. Their answers merge exactly into the whole memory's
+  // (attn/pieces.h). Empty: `request` is the whole call.
+  std::vector<attn::AttentionRequest> pieces = {};
 };
 
 // One request of any operation the execution stack runs, batched or alone

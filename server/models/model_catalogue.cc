@@ -16,6 +16,7 @@ namespace attnserve {
 absl::StatusOr<std::unique_ptr<ModelRepository>> LoadModelRepository(
     ModelRepository::Options options) {
   options.check_model = CheckStoredModel;
+  options.grows_in_pieces = ReadsPieces;
   return ModelRepository::Load(options);
 }
 
@@ -421,8 +422,10 @@ std::vector<ModelCatalogue::RowCount> ModelCatalogue::RowCounts() const {
     if (model == nullptr) continue;  // unloaded meanwhile
     const ModelKind* kind = KindOfStored(*model);
     if (kind == nullptr || kind->row_tensors.empty()) continue;
-    counts.push_back({name, model->tensors.at(kind->row_tensors.front()).shape[0],
-                      1 + model->appended_files, model->evicted_rows});
+    const StoredTensor& rows = model->tensors.at(kind->row_tensors.front());
+    counts.push_back({name, rows.shape[0], 1 + model->appended_files,
+                      model->evicted_rows,
+                      static_cast<int64_t>(rows.parts().size())});
   }
   return counts;
 }

@@ -227,6 +227,7 @@ class ModelCatalogue {
     int64_t rows = 0;
     int64_t files = 0;
     int64_t evicted_rows = 0;
+    int64_t pieces = 0;  // what its rows are served from (StoredTensor::parts)
   };
   std::vector<RowCount> RowCounts() const;
 

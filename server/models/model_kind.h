@@ -146,6 +146,12 @@ struct ModelKind {
   // (max_batch_size, dynamic_batching): dot_product_attention's only, as
   // Triton's tools expect it. The batcher batches every kind regardless.
   bool config_batch_dimension = false;
+  // Its build_request reads its row tensors held in pieces
+  // (StoredTensor::pieces), so the repository need not copy a grown
+  // model's rows into one piece (ModelRepository::Options::
+  // grows_in_pieces). Every other check and read of the kind's serves
+  // both forms.
+  bool reads_pieces = false;
   // Its calls gain from batching whatever else runs (a stored memory's: a
   // batch reads the memory once for all its queries), so the server batches
   // them by default (CallContext::gains_from_batching).

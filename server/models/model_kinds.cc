@@ -151,19 +151,23 @@ absl::Status CheckFinite(const std::string& where, const std::string& name,
         absl::StrCat(where, ": tensor '", name, "' element ", i, " is ", value,
                      "; ", holder, " holds finite values only"));
   };
-  if (tensor.is_bfloat16()) {
-    const int64_t count = tensor.num_elements();
-    for (int64_t i = 0; i < count; ++i) {
-      // All exponent bits set: infinity or NaN.
-      if ((tensor.bfloat16[i] & 0x7f80) == 0x7f80) {
-        return refuse(i, attn::WidenBFloat16(tensor.bfloat16[i]));
+  size_t first = 0;  // the part's first element in the whole
+  for (const StoredTensor& part : tensor.parts()) {
+    const size_t count = static_cast<size_t>(part.num_elements());
+    if (part.is_bfloat16()) {
+      for (size_t i = 0; i < count; ++i) {
+        // All exponent bits set: infinity or NaN.
+        if ((part.bfloat16[i] & 0x7f80) == 0x7f80) {
+          return refuse(first + i, attn::WidenBFloat16(part.bfloat16[i]));
+        }
+      }
+    } else {
+      const absl::Span<const float> values = part.values();
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (!std::isfinite(values[i])) return refuse(first + i, values[i]);
       }
     }
-    return absl::OkStatus();
-  }
-  const absl::Span<const float> values = tensor.values();
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) return refuse(i, values[i]);
+    first += count;
   }
   return absl::OkStatus();
 }
@@ -603,11 +607,43 @@ absl::StatusOr<OperationRequest> BuildAttentionMemory(
   attention.scale = scoring.scale;
   attention.return_weights = arguments.return_weights;
   attention.held = memory.held_memory.get();
-  return StoredRequest{std::move(attention),
+  StoredRequest stored{attention,
                        &memory,
                        memory.lineage.get(),
                        {batch, rows, values.shape[1]},
                        {batch, rows, keys.shape[0]}};
+  // A grown memory held in pieces: one request per piece, merged when run.
+  // (A device's copy is held per version, whose pieces are not one tensor:
+  // pieces hold none, and run where the log-sum-exp is computed.)
+  const absl::Span<const StoredTensor> key_parts = keys.parts();
+  const absl::Span<const StoredTensor> value_parts = values.parts();
+  if (key_parts.size() != value_parts.size()) {
+    return absl::InternalError(absl::StrCat(
+        "memory '", arguments.model_name, "': its keys are held in ",
+        key_parts.size(), " pieces, its values in ", value_parts.size()));
+  }
+  if (key_parts.size() > 1) {
+    for (size_t i = 0; i < key_parts.size(); ++i) {
+      if (key_parts[i].shape[0] != value_parts[i].shape[0]) {
+        return absl::InternalError(absl::StrCat(
+            "memory '", arguments.model_name, "': piece ", i, " holds ",
+            key_parts[i].shape[0], " keys and ", value_parts[i].shape[0],
+            " values"));
+      }
+      attn::AttentionRequest piece = attention;
+      piece.keys = key_parts[i].view();
+      piece.keys.shape = {1, key_parts[i].shape[0], key_parts[i].shape[1]};
+      piece.values = value_parts[i].view();
+      piece.values.shape = {1, value_parts[i].shape[0],
+                            value_parts[i].shape[1]};
+      piece.keys_bfloat16 = key_parts[i].bfloat16;
+      piece.values_bfloat16 = value_parts[i].bfloat16;
+      piece.held = nullptr;
+      stored.pieces.push_back(std::move(piece));
+    }
+    stored.request = stored.pieces.front();
+  }
+  return stored;
 }
 
 ModelKind* NewKind(ModelSignature signature, ModelKind::BuildRequest build,
@@ -744,6 +780,7 @@ const ModelKind& AttentionMemoryKind() {
     kind->stored_dimensions = AttentionMemoryDimensions;
     kind->prepare_append = PrepareMemoryAppend;
     kind->row_tensors = {"keys", "values"};
+    kind->reads_pieces = true;
     kind->argument_inputs = {{"queries:", "queries"}};
     kind->gains_from_batching = true;
     return kind;
@@ -778,6 +815,11 @@ absl::Status CheckStoredModel(const std::string& where,
         "attention_memory"));
   }
   return kind->check_stored(where, model);
+}
+
+bool ReadsPieces(const RepositoryModel& model) {
+  const ModelKind* kind = KindOfStored(model);
+  return kind != nullptr && kind->reads_pieces;
 }
 
 absl::StatusOr<RepositoryModel> NewAttentionMemory(

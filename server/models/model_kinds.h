@@ -74,6 +74,9 @@ const ModelKind* KindOfStored(const RepositoryModel& model);
 // what that kind needs. INVALID_ARGUMENT starting with `where`.
 absl::Status CheckStoredModel(const std::string& where,
                               const RepositoryModel& model);
+// Whether the repository may hold a stored model's grown tensors in pieces
+// (ModelRepository::Options::grows_in_pieces): its kind reads them so.
+bool ReadsPieces(const RepositoryModel& model);
 
 // Stored models that hold rows grow by appends (ModelKind::prepare_append,
 // ModelCatalogue::Append): an attention memory's keys and values, and a

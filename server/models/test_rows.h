@@ -50,14 +50,26 @@ inline int64_t CheckedRows(const RepositoryModel& model, int64_t first = 0) {
       values.shape != attn::Shape{keys.shape[0], kV}) {
     return -1;
   }
-  for (int64_t i = 0; i < keys.shape[0]; ++i) {
-    for (int64_t j = 0; j < kD; ++j) {
-      if (keys.data[i * kD + j] != static_cast<float>(first + i)) return -1;
+  // Each row's expected value, part by part (a grown memory may be held in
+  // pieces).
+  auto rows_hold = [first](const StoredTensor& tensor, int64_t width,
+                           float sign) {
+    int64_t i = 0;
+    for (const StoredTensor& part : tensor.parts()) {
+      if (part.in_pieces() || part.shape[0] < 0 || part.data == nullptr) {
+        return part.shape[0] == 0;
+      }
+      for (int64_t row = 0; row < part.shape[0]; ++row, ++i) {
+        for (int64_t j = 0; j < width; ++j) {
+          if (part.data[row * width + j] != sign * static_cast<float>(first + i)) {
+            return false;
+          }
+        }
+      }
     }
-    for (int64_t j = 0; j < kV; ++j) {
-      if (values.data[i * kV + j] != -static_cast<float>(first + i)) return -1;
-    }
-  }
+    return i == tensor.shape[0];
+  };
+  if (!rows_hold(keys, kD, 1.0f) || !rows_hold(values, kV, -1.0f)) return -1;
   return keys.shape[0];
 }
 

@@ -83,8 +83,9 @@ TEST(AppendRowsTest, GrownRowsAreFreedWithTheirLastVersion) {
     SCOPED_TRACE(how);
     const int64_t rows = CheckedRows(*repository->Find("m"));
     ASSERT_TRUE(Append(catalogue, rows, 2, /*create=*/false).ok());
+    // (The rows appended: the last piece of a memory in pieces.)
     std::weak_ptr<const void> keys =
-        repository->Find("m")->tensors.at("keys").storage;
+        repository->Find("m")->tensors.at("keys").parts().back().storage;
     ASSERT_FALSE(keys.expired());
     if (std::string(how) == "unload") {
       ASSERT_TRUE(repository->UnloadModel("m").ok());
@@ -128,8 +129,10 @@ TEST(AppendRowsTest, GrownRowsAreFilePagesAndAFullDiskChangesNothing) {
     auto grown = repository->Find("m");
     EXPECT_EQ(CheckedRows(*grown), 5);
     for (const char* tensor : {"keys", "values"}) {
-      EXPECT_EQ(InFilePages(grown->tensors.at(tensor).data), map)
-          << tensor << ": " << MappingOf(grown->tensors.at(tensor).data);
+      for (const StoredTensor& part : grown->tensors.at(tensor).parts()) {
+        EXPECT_EQ(InFilePages(part.data), map)
+            << tensor << ": " << MappingOf(part.data);
+      }
     }
     const std::set<std::string> files = Entries(dir + "/m");
     if (map) {
@@ -157,10 +160,77 @@ TEST(AppendRowsTest, GrownRowsAreFilePagesAndAFullDiskChangesNothing) {
     auto loaded = restarted->Find("m");
     ASSERT_NE(loaded, nullptr);
     EXPECT_EQ(CheckedRows(*loaded), 7);
-    EXPECT_EQ(InFilePages(loaded->tensors.at("keys").data), map)
-        << MappingOf(loaded->tensors.at("keys").data);
+    for (const StoredTensor& part : loaded->tensors.at("keys").parts()) {
+      EXPECT_EQ(InFilePages(part.data), map) << MappingOf(part.data);
+    }
     // The scratch files have no names: the folder holds what it did.
     EXPECT_EQ(Entries(dir + "/m").size(), files.size() + 1);
+  }
+}
+
+// A memory grows in pieces: its base file's rows serve where they are
+// mapped, and only the rows appended since are copied, on the first append
+// and at a restart alike; an eviction that empties the base leaves one
+// piece. A training set, whose kind reads no pieces, grows as one.
+TEST(AppendRowsTest, AGrownMemoryServesItsBaseWhereItLies) {
+  const std::string dir = TempDir("attnserve-append");
+  {
+    auto repository = LoadModelRepository(OptionsFor(dir)).value();
+    ModelCatalogue catalogue(repository.get());
+    ASSERT_TRUE(Append(catalogue, 0, 3).ok());
+    const StoredTensor base = repository->Find("m")->tensors.at("keys");
+    ASSERT_FALSE(base.in_pieces());
+    ASSERT_TRUE(InFilePages(base.data)) << MappingOf(base.data);
+    for (const auto& [at, n] : {std::pair<int64_t, int64_t>{3, 2}, {5, 1},
+                                {6, 1}}) {
+      SCOPED_TRACE(at);
+      ASSERT_TRUE(Append(catalogue, at, n, false).ok());
+      const StoredTensor keys = repository->Find("m")->tensors.at("keys");
+      ASSERT_EQ(keys.pieces.size(), 2u);
+      EXPECT_EQ(keys.pieces[0].data, base.data);  // not copied
+      EXPECT_EQ(keys.pieces[0].shape, base.shape);
+      EXPECT_EQ(keys.pieces[1].shape[0], at + n - 3);
+      EXPECT_EQ(CheckedRows(*repository->Find("m")), at + n);
+    }
+  }
+  auto restarted = LoadModelRepository(OptionsFor(dir)).value();
+  const StoredTensor keys = restarted->Find("m")->tensors.at("keys");
+  ASSERT_EQ(keys.pieces.size(), 2u);
+  EXPECT_EQ(keys.pieces[0].shape[0], 3);
+  EXPECT_EQ(keys.pieces[1].shape[0], 4);
+  EXPECT_EQ(CheckedRows(*restarted->Find("m")), 7);
+  for (const StoredTensor& part : keys.parts()) {
+    EXPECT_TRUE(InFilePages(part.data)) << MappingOf(part.data);
+  }
+  // It grows on in the same two pieces, the base where it was.
+  ModelCatalogue catalogue(restarted.get());
+  ASSERT_TRUE(Append(catalogue, 7, 2, false).ok());
+  const StoredTensor grown = restarted->Find("m")->tensors.at("keys");
+  ASSERT_EQ(grown.pieces.size(), 2u);
+  EXPECT_EQ(grown.pieces[0].data, keys.pieces[0].data);
+  EXPECT_EQ(CheckedRows(*restarted->Find("m")), 9);
+  // Evicted past the base: what is left is one piece.
+  ASSERT_TRUE(catalogue.Evict(true, "m", 4).ok());
+  EXPECT_FALSE(restarted->Find("m")->tensors.at("keys").in_pieces());
+  EXPECT_EQ(CheckedRows(*restarted->Find("m"), 4), 5);
+  EXPECT_EQ(RowsAfterRestart(dir, 4), 5);
+
+  const float x[] = {0.5f, 1.5f}, y[] = {1.0f, 2.0f};
+  ASSERT_TRUE(catalogue
+                  .SaveFittedModel("nw", 2.0f, attn::TensorView{x, {2}},
+                                   attn::TensorView{y, {2}})
+                  .ok());
+  const float more_x[] = {2.5f, 3.5f, 4.5f}, more_y[] = {3.0f, 4.0f, 5.0f};
+  ASSERT_TRUE(catalogue
+                  .Append(true, "nw", attn::TensorView{more_x, {3}},
+                          attn::TensorView{more_y, {3}}, std::nullopt)
+                  .ok());
+  auto again = LoadModelRepository(OptionsFor(dir)).value();
+  for (auto* repo : {restarted.get(), again.get()}) {
+    for (const char* tensor : {"x_train", "y_train"}) {
+      EXPECT_FALSE(repo->Find("nw")->tensors.at(tensor).in_pieces()) << tensor;
+      EXPECT_EQ(repo->Find("nw")->tensors.at(tensor).shape[0], 5) << tensor;
+    }
   }
 }
 
@@ -236,7 +306,10 @@ TEST(AppendRowsTest, BFloat16MemoriesStoreTheRowsRounded) {
     ASSERT_TRUE(stored.is_bfloat16());
     EXPECT_EQ(stored.shape, (attn::Shape{2, kD}));
     // Round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7.
-    EXPECT_EQ(attn::WidenBFloat16(stored.bfloat16[kD]), 1.0f);
+    // (Grown, the memory is held in pieces: the appended row is the last.)
+    EXPECT_EQ(attn::WidenBFloat16(stored.parts().back().bfloat16[
+                  (stored.parts().back().shape[0] - 1) * kD]),
+              1.0f);
     EXPECT_EQ(model->config.parameters().at("score").string_value(), "gaussian");
   }
   // Settings that differ from the memory's are refused.

@@ -103,8 +103,7 @@ void GrowingTensor::Reallocate(int64_t rows, size_t reserve_bytes) {
 
 absl::Status GrowingTensor::Append(const StoredTensor& rows) {
   const int64_t added = rows.shape[0];
-  const absl::string_view bytes = rows.bytes();
-  const size_t end = static_cast<size_t>(rows_) * row_bytes_;
+  size_t end = static_cast<size_t>(rows_) * row_bytes_;
   if (file_ != nullptr) {
     // Written before any view covers it; the mapping shows it (one page
     // cache). Past the reservation, a longer mapping of the same file.
@@ -112,10 +111,16 @@ absl::Status GrowingTensor::Append(const StoredTensor& rows) {
       const int64_t room = std::max(capacity_ + capacity_ / 2, rows_ + added);
       if (absl::Status mapped = Remap(room, 0); !mapped.ok()) return mapped;
     }
-    if (absl::Status written =
-            file_->WriteAt(static_cast<int64_t>(end), bytes);
-        !written.ok()) {
-      return written;
+    // (A part written before a failure lies past every view: the next
+    // append writes over it.)
+    for (const StoredTensor& part : rows.parts()) {
+      const absl::string_view bytes = part.bytes();
+      if (absl::Status written =
+              file_->WriteAt(static_cast<int64_t>(end), bytes);
+          !written.ok()) {
+        return written;
+      }
+      end += bytes.size();
     }
     rows_ += added;
     return absl::OkStatus();
@@ -126,7 +131,12 @@ absl::Status GrowingTensor::Append(const StoredTensor& rows) {
     const int64_t room = std::max(capacity_ + capacity_ / 2, rows_ + added);
     Reallocate(room, static_cast<size_t>(room) * row_bytes_);
   }
-  std::memcpy(memory_.get() + end, bytes.data(), bytes.size());
+  for (const StoredTensor& part : rows.parts()) {
+    const absl::string_view bytes = part.bytes();
+    if (bytes.empty()) continue;
+    std::memcpy(memory_.get() + end, bytes.data(), bytes.size());
+    end += bytes.size();
+  }
   rows_ += added;
   return absl::OkStatus();
 }

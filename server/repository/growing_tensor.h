@@ -52,7 +52,7 @@ class GrowingTensor {
   };
 
   // Starts with a copy of `tensor` (rank >= 1; its rows are the first
-  // dimension), with room reserved for `max_bytes` in all (at least what
+  // dimension; contiguous or in pieces), with room reserved for `max_bytes` in all (at least what
   // it holds); on disk where `on_disk` is given and its file system makes
   // a scratch file there, else in memory (why_in_memory says why). Fails
   // only where writing the scratch file fails (RESOURCE_EXHAUSTED when the
@@ -61,8 +61,9 @@ class GrowingTensor {
                                               int64_t max_bytes,
                                               const OnDisk* on_disk = nullptr);
 
-  // Appends the rows of `rows`: the same type (F32 or BF16) and the same
-  // dimensions after the first, which the caller has checked. On disk it
+  // Appends the rows of `rows` (contiguous or in pieces): the same type
+  // (F32 or BF16) and the same dimensions after the first, which the
+  // caller has checked. On disk it
   // may fail as Create does; then nothing is appended.
   absl::Status Append(const StoredTensor& rows);
 

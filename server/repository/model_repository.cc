@@ -159,21 +159,6 @@ absl::StatusOr<int64_t> CheckRowsExtend(
   return n;
 }
 
-// `tensor` without its first `rows` rows: a view of the same values.
-StoredTensor DropRows(const StoredTensor& tensor, int64_t rows) {
-  if (rows == 0) return tensor;
-  int64_t row_elements = 1;
-  for (size_t i = 1; i < tensor.shape.size(); ++i) row_elements *= tensor.shape[i];
-  attn::Shape shape = tensor.shape;
-  shape[0] -= rows;
-  const size_t skipped = static_cast<size_t>(rows * row_elements);
-  if (tensor.is_bfloat16()) {
-    return StoredTensor(std::move(shape), tensor.bfloat16 + skipped,
-                        tensor.storage);
-  }
-  return StoredTensor(std::move(shape), tensor.data + skipped, tensor.storage);
-}
-
 // An eviction record (the highest-numbered evicted-<n> of a folder): the
 // rows evicted since the base it names (0, or no line: weights.safetensors),
 // and the tensors they are dropped from.
@@ -235,8 +220,7 @@ absl::Status DropOldestRows(const std::string& where,
   }
   for (const std::string& name : tensors) {
     StoredTensor& tensor = model->tensors[name];
-    model->evicted_bytes +=
-        static_cast<int64_t>(tensor.bytes().size()) / tensor.shape[0] * rows;
+    model->evicted_bytes += tensor.byte_size() / tensor.shape[0] * rows;
     tensor = DropRows(tensor, rows);
   }
   model->evicted_rows += rows;
@@ -265,7 +249,10 @@ namespace {
 // Reads and checks the model in folder `dir`/`name`, its weights mapped
 // when `map_weights` and the file allows, then extended by its rows files
 // in order, in `grown` (the tensors they extend; left empty when there are
-// none). `covered` gets the files its base covers, which it skipped (left
+// none). Where `in_pieces` says the model may be held in pieces, `grown`
+// holds only the rows of the rows files, and `start` the base's tensors
+// they follow (served where they are mapped); else `grown` holds every
+// row and `start` is left empty. `covered` gets the files its base covers, which it skipped (left
 // by a compaction a kill cut short). Messages name the files as
 // `name`/<file>, relative to the repository; `log` gets why a file that
 // could have been mapped was copied.
@@ -274,7 +261,9 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     const ModelRepository::CheckModel& check, int64_t max_model_bytes,
     int64_t max_grown_model_bytes, bool map_weights,
     const std::function<void(const std::string&)>& log,
+    const std::function<bool(const RepositoryModel&)>& in_pieces,
     std::map<std::string, GrowingTensor>* grown,
+    std::map<std::string, StoredTensor>* start,
     std::vector<std::string>* covered) {
   auto model = std::make_shared<RepositoryModel>();
   auto failed = [&](const std::string& file, const absl::Status& status,
@@ -387,6 +376,8 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   model->last_eviction_file = evictions.empty() ? covered_evictions
                                                 : evictions.rbegin()->first;
   grown->clear();
+  start->clear();
+  const bool pieces = in_pieces && in_pieces(*model);
   for (const auto& [number, file] : rows_files) {
     // The model's files together stay within the limit.
     const int64_t room = max_grown_model_bytes - model->stored_bytes;
@@ -420,11 +411,15 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
       auto it = grown->find(tensor_name);
       absl::Status status;
       if (it == grown->end()) {
+        // In pieces, the base's rows are not copied: the growing tensor
+        // starts empty, after them.
+        const StoredTensor& base = model->tensors.at(tensor_name);
         absl::StatusOr<GrowingTensor> made = GrowingTensor::Create(
-            model->tensors.at(tensor_name), max_grown_model_bytes,
-            map_weights ? &on_disk : nullptr);
+            pieces ? DropRows(base, base.shape[0]) : base,
+            max_grown_model_bytes, map_weights ? &on_disk : nullptr);
         if (made.ok()) {
           it = grown->emplace(tensor_name, *std::move(made)).first;
+          if (pieces) (*start)[tensor_name] = base;
         }
         status = made.status();
       }
@@ -440,7 +435,10 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
     ++model->appended_files;
   }
   for (const auto& [tensor_name, tensor] : *grown) {
-    model->tensors[tensor_name] = tensor.View();
+    auto base = start->find(tensor_name);
+    model->tensors[tensor_name] =
+        base == start->end() ? tensor.View()
+                             : ConcatenatedRows({base->second, tensor.View()});
     // Some rows are a copy: mapped, but not the files' own pages.
     model->weights_mapped = false;
     if (!tensor.on_disk()) {
@@ -479,7 +477,7 @@ absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
   }
   ASSIGN_OR_RETURN(const int64_t max_rows, MaxRowsOf(name, *model));
   if (max_rows > 0 && !grown->empty()) {
-    const int64_t rows = grown->begin()->second.rows();
+    const int64_t rows = model->tensors.at(grown->begin()->first).shape[0];
     if (rows - max_rows > eviction.rows) {
       eviction.rows = rows - max_rows;
       if (eviction.tensors.empty()) {
@@ -703,18 +701,20 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
   repository->CleanUpLeftovers(options.remove_leftovers_after);
   for (const std::string& name : repository->Folders()) {
     std::map<std::string, GrowingTensor> grown;
+    std::map<std::string, StoredTensor> start;
     std::vector<std::string> covered;
     absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
         ReadModel(*fs, options.dir, name, options.check_model,
                   options.max_model_bytes, options.max_grown_model_bytes,
                   options.map_weights,
                   [&](const std::string& note) { repository->Log(note); },
-                  &grown, &covered);
+                  options.grows_in_pieces, &grown, &start, &covered);
     absl::MutexLock write(&repository->write_mu_);
     if (model.ok()) repository->RemoveCovered(name, covered);
     absl::MutexLock lock(&repository->mu_);
     if (model.ok()) {
-      repository->KeepGrowth(name, *model, std::move(grown), 0);
+      repository->KeepGrowth(name, *model, std::move(grown), std::move(start),
+                             0);
       repository->models_[name] = *std::move(model);
     } else if (options.fail_on_model_error) {
       return absl::Status(model.status().code(),
@@ -746,14 +746,15 @@ absl::Status ModelRepository::LoadModel(const std::string& name) {
         "model_name: no folder '", name, "' in the model repository"));
   }
   std::map<std::string, GrowingTensor> grown;
+  std::map<std::string, StoredTensor> start;
   std::vector<std::string> covered;
   absl::StatusOr<std::shared_ptr<const RepositoryModel>> model =
       ReadModel(*fs_, dir_, name, check_model_, max_model_bytes_,
                 max_grown_model_bytes_, map_weights_,
-                [this](const std::string& note) { Log(note); }, &grown,
-                &covered);
+                [this](const std::string& note) { Log(note); },
+                grows_in_pieces_, &grown, &start, &covered);
   if (model.ok()) {
-    KeepGrowth(name, *model, std::move(grown), 0);
+    KeepGrowth(name, *model, std::move(grown), std::move(start), 0);
     RemoveCovered(name, covered);
   }
   absl::MutexLock lock(&mu_);
@@ -954,11 +955,18 @@ void ModelRepository::ServeFromWrittenFile(const std::string& name,
       ParseSafetensorsShared(*std::move(file));
   if (!mapped.ok() || mapped->size() != model->tensors.size()) return;
   // Served only if it holds exactly what was written.
+  auto same_bytes = [](const StoredTensor& written, const StoredTensor& held) {
+    absl::string_view bytes = written.bytes();
+    for (const StoredTensor& part : held.parts()) {
+      if (!absl::ConsumePrefix(&bytes, part.bytes())) return false;
+    }
+    return bytes.empty();
+  };
   for (const auto& [tensor_name, tensor] : model->tensors) {
     auto it = mapped->find(tensor_name);
     if (it == mapped->end() || it->second.shape != tensor.shape ||
         it->second.is_bfloat16() != tensor.is_bfloat16() ||
-        it->second.bytes() != tensor.bytes()) {
+        !same_bytes(it->second, tensor)) {
       return;
     }
   }
@@ -1048,11 +1056,12 @@ void ModelRepository::Serve(const std::string& name, RepositoryModel model) {
 void ModelRepository::KeepGrowth(
     const std::string& name,
     const std::shared_ptr<const RepositoryModel>& model,
-    std::map<std::string, GrowingTensor> grown, int64_t first_row) {
+    std::map<std::string, GrowingTensor> grown,
+    std::map<std::string, StoredTensor> start, int64_t first_row) {
   if (grown.empty()) {
     growth_.erase(name);  // its buffers must not outlive what they served
   } else {
-    growth_[name] = Growth{model, std::move(grown), first_row};
+    growth_[name] = Growth{model, std::move(grown), std::move(start), first_row};
   }
 }
 
@@ -1145,7 +1154,7 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
                    CheckRowsExtend("append", current->tensors, rows));
   int64_t row_bytes = 0;
   for (const auto& [tensor_name, tensor] : rows) {
-    row_bytes += static_cast<int64_t>(tensor.bytes().size());
+    row_bytes += tensor.byte_size();
   }
   if (current->stored_bytes + row_bytes > max_grown_model_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1162,23 +1171,31 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   // view served, so that a failure (a full disk) leaves what is served and
   // what is on disk as they were: the tensors are then dropped, and the
   // next append starts afresh.
+  // A model held in pieces copies only the rows after its first piece
+  // (none after a load or a save): that piece serves where it lies.
   Growth& growth = growth_[name];
   if (growth.version.lock() != current) {
     growth.tensors.clear();
+    growth.start.clear();
     growth.first_row = current->evicted_rows;
   }
+  const bool pieces = grows_in_pieces_ && grows_in_pieces_(*current);
   const GrowingTensor::OnDisk on_disk{fs_, dir_ + "/" + name};
   absl::Status staged;
   for (const auto& [tensor_name, tensor] : rows) {
     auto it = growth.tensors.find(tensor_name);
     if (it == growth.tensors.end()) {
+      const StoredTensor& served = current->tensors.at(tensor_name);
+      const int64_t kept_in_place =
+          pieces ? served.parts().front().shape[0] : 0;
       absl::StatusOr<GrowingTensor> made = GrowingTensor::Create(
-          current->tensors.at(tensor_name), max_grown_model_bytes_,
+          DropRows(served, kept_in_place), max_grown_model_bytes_,
           map_weights_ ? &on_disk : nullptr);
       if (!made.ok()) {
         staged = made.status();
         break;
       }
+      if (pieces) growth.start[tensor_name] = served.parts().front();
       it = growth.tensors.emplace(tensor_name, *std::move(made)).first;
       if (!it->second.on_disk()) {
         Log(absl::StrCat("'", name, "': the rows appended to ", tensor_name,
@@ -1205,9 +1222,8 @@ absl::StatusOr<ModelRepository::Appended> ModelRepository::AppendRows(
   Appended appended;
   appended.first_row = current->tensors.at(rows.begin()->first).shape[0];
   for (const auto& [tensor_name, tensor] : rows) {
-    grown.tensors[tensor_name] =
-        DropRows(growth.tensors.at(tensor_name).View(),
-                 current->evicted_rows - growth.first_row);
+    grown.tensors[tensor_name] = DropRows(
+        growth.Rows(tensor_name), current->evicted_rows - growth.first_row);
   }
   appended.rows = appended.first_row + added;
   // The max_rows window: the oldest rows beyond it go with this append. A
@@ -1446,6 +1462,7 @@ absl::StatusOr<ModelRepository::Compacted> ModelRepository::CompactRows(
       rebased.lineage = std::make_shared<const int>(0);
       rebased.held_memory = std::make_shared<const attn::HeldMemory>(name);
       growth->second.tensors = std::move(fresh);
+      growth->second.start.clear();
       growth->second.first_row = 0;
     } else if (growth != growth_.end()) {
       growth->second.first_row -= snapshot->evicted_rows;

@@ -187,6 +187,13 @@ class ModelRepository {
     // or where a lease is refused, every model is read into the process's
     // own memory. Saved models are served from the file written.
     bool map_weights = true;
+    // Whether a model's grown tensors may be held in pieces
+    // (StoredTensor::pieces): its base file's rows mapped where they lie,
+    // and only the rows appended since copied, at load and on its first
+    // append. The models layer says which kinds read pieces
+    // (server/models/model_kinds.h); empty: none, every grown tensor is
+    // one contiguous copy.
+    std::function<bool(const RepositoryModel&)> grows_in_pieces;
     // When CompactRows runs by itself: on a thread of the repository's
     // own, after an append or eviction that leaves a model with at least
     // min_rows_files rows files holding together at least as many bytes
@@ -393,6 +400,7 @@ class ModelRepository {
         max_model_bytes_(options.max_model_bytes),
         max_grown_model_bytes_(options.max_grown_model_bytes),
         map_weights_(options.map_weights),
+        grows_in_pieces_(options.grows_in_pieces),
         compaction_(options.compaction) {}
 
   // Removes files of folder `name` that its base covers (ReadModel skipped
@@ -457,8 +465,21 @@ class ModelRepository {
   struct Growth {
     std::weak_ptr<const RepositoryModel> version;
     std::map<std::string, GrowingTensor> tensors;
+    // For a model held in pieces (Options::grows_in_pieces): by tensor, the
+    // rows `tensors` follow, served where they lie (a base file's mapped
+    // rows); the tensors served are these, then `tensors`' rows. Empty:
+    // `tensors` hold every row.
+    std::map<std::string, StoredTensor> start;
     // The evicted_rows of the version they started from: their row 0.
     int64_t first_row = 0;
+
+    // Every row of tensor `name` grown so far: its start, then its
+    // growing tensor's rows.
+    StoredTensor Rows(const std::string& name) const {
+      auto it = start.find(name);
+      StoredTensor grown = tensors.at(name).View();
+      return it == start.end() ? grown : ConcatenatedRows({it->second, grown});
+    }
   };
 
   // Keeps what ReadModel grew for `model`, the version about to serve as
@@ -466,7 +487,7 @@ class ModelRepository {
   void KeepGrowth(const std::string& name,
                   const std::shared_ptr<const RepositoryModel>& model,
                   std::map<std::string, GrowingTensor> grown,
-                  int64_t first_row)
+                  std::map<std::string, StoredTensor> start, int64_t first_row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // A model no longer (or never successfully) served, for Index.
@@ -482,6 +503,7 @@ class ModelRepository {
   const int64_t max_model_bytes_;
   const int64_t max_grown_model_bytes_;
   const bool map_weights_;
+  const std::function<bool(const RepositoryModel&)> grows_in_pieces_;
   const Options::Compaction compaction_;
 
   // Held by SaveModel, LoadModel and UnloadModel for all their work, so

@@ -343,7 +343,23 @@ absl::string_view BytesOf(const attn::Tensor& tensor) {
   return {reinterpret_cast<const char*>(tensor.data.data()),
           sizeof(float) * tensor.data.size()};
 }
-absl::string_view BytesOf(const StoredTensor& tensor) { return tensor.bytes(); }
+// A tensor's size in bytes.
+uint64_t SizeOf(const attn::Tensor& tensor) {
+  return sizeof(float) * tensor.data.size();
+}
+uint64_t SizeOf(const StoredTensor& tensor) { return tensor.byte_size(); }
+// Calls `write` on each contiguous run of a tensor's bytes, in order.
+absl::Status WriteBytes(const attn::Tensor& tensor,
+                        absl::FunctionRef<absl::Status(absl::string_view)> write) {
+  return write(BytesOf(tensor));
+}
+absl::Status WriteBytes(const StoredTensor& tensor,
+                        absl::FunctionRef<absl::Status(absl::string_view)> write) {
+  for (const StoredTensor& part : tensor.parts()) {
+    if (absl::Status status = write(part.bytes()); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 // F32 tensors first, then BF16 ones: after the header (8-byte aligned),
 // every value then lies on its own type's boundary, with the data left
@@ -372,7 +388,7 @@ std::string HeadOf(const TensorMap& tensors, const SafetensorsMetadata& metadata
       for (int64_t dim : tensor.shape) {
         absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
       }
-      const uint64_t size = BytesOf(tensor).size();
+      const uint64_t size = SizeOf(tensor);
       absl::StrAppend(&header, "\"", JsonEscaped(name), "\":{\"dtype\":\"",
                       dtype, "\",\"shape\":[", shape, "],\"data_offsets\":[",
                       offset, ",", offset + size, "]}");
@@ -400,13 +416,18 @@ absl::Status WriteInPieces(
   for (const char* dtype : {"F32", "BF16"}) {
     for (const auto& [name, tensor] : tensors) {
       if (std::strcmp(DtypeOf(tensor), dtype) != 0) continue;
-      const absl::string_view bytes = BytesOf(tensor);
-      for (size_t at = 0; at < bytes.size(); at += kSafetensorsPiece) {
-        if (absl::Status status = write(bytes.substr(at, kSafetensorsPiece));
-            !status.ok()) {
-          return status;
-        }
-      }
+      absl::Status status =
+          WriteBytes(tensor, [&](absl::string_view bytes) {
+            for (size_t at = 0; at < bytes.size(); at += kSafetensorsPiece) {
+              if (absl::Status written =
+                      write(bytes.substr(at, kSafetensorsPiece));
+                  !written.ok()) {
+                return written;
+              }
+            }
+            return absl::OkStatus();
+          });
+      if (!status.ok()) return status;
     }
   }
   return absl::OkStatus();

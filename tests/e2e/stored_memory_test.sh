@@ -116,9 +116,10 @@ model_metric() {  # model_metric NAME: the memory's sample of metric NAME
 }
 [[ $(model_metric attnserve_model_rows) == 305 &&
    $(model_metric attnserve_model_files) == 2 &&
+   $(model_metric attnserve_model_pieces) == 2 &&
    $(model_metric attnserve_model_appends_total) == 1 &&
    $(model_metric attnserve_model_append_seconds_count) == 1 ]]
-check "appends: the metrics count 305 rows in 2 files, 1 append" $? \
+check "appends: the metrics count 305 rows in 2 files and 2 pieces, 1 append" $? \
   "$(grep 'model="memory"' "$workdir/metrics.txt" | head -5)"
 ctl append --memory_name=memory --shape=keys=2x7,values=2x3 >/dev/null \
   2>"$workdir/error.txt"

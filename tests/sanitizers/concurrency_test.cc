@@ -288,12 +288,19 @@ TEST(ModelRepositoryConcurrencyTest, AppendsWhileReadReloadedAndUnloaded) {
     const StoredTensor& keys = model.tensors.at("keys");
     const StoredTensor& values = model.tensors.at("values");
     if (values.shape[0] != keys.shape[0]) return -1;
-    for (int64_t i = 0; i < keys.shape[0]; ++i) {
-      if (keys.data[2 * i] != i || keys.data[2 * i + 1] != i ||
-          values.data[i] != -i) {
-        return -1;
+    // Part by part: a grown memory is held in pieces.
+    auto holds = [](const StoredTensor& tensor, int64_t width, float sign) {
+      int64_t i = 0;
+      for (const StoredTensor& part : tensor.parts()) {
+        for (int64_t row = 0; row < part.shape[0]; ++row, ++i) {
+          for (int64_t j = 0; j < width; ++j) {
+            if (part.data[row * width + j] != sign * i) return false;
+          }
+        }
       }
-    }
+      return i == tensor.shape[0];
+    };
+    if (!holds(keys, 2, 1.0f) || !holds(values, 1, -1.0f)) return -1;
     return keys.shape[0];
   };
   ASSERT_TRUE(append(0, 1, /*create=*/true).ok());
@@ -375,15 +382,24 @@ TEST(ModelRepositoryConcurrencyTest, CompactionsWhileGrownEvictedAndReloaded) {
     const StoredTensor& keys = model.tensors.at("keys");
     const StoredTensor& values = model.tensors.at("values");
     if (values.shape[0] != keys.shape[0] || keys.shape[0] < 1) return false;
-    *first = static_cast<int64_t>(keys.data[0]);
-    for (int64_t i = 0; i < keys.shape[0]; ++i) {
-      const float row = static_cast<float>(*first + i);
-      if (keys.data[2 * i] != row || keys.data[2 * i + 1] != row ||
-          values.data[i] != -row) {
-        return false;
+    *first = static_cast<int64_t>(keys.parts().front().data[0]);
+    // Part by part: a grown memory is held in pieces.
+    auto holds = [first](const StoredTensor& tensor, int64_t width,
+                         float sign) {
+      int64_t i = 0;
+      for (const StoredTensor& part : tensor.parts()) {
+        for (int64_t row = 0; row < part.shape[0]; ++row, ++i) {
+          for (int64_t j = 0; j < width; ++j) {
+            if (part.data[row * width + j] !=
+                sign * static_cast<float>(*first + i)) {
+              return false;
+            }
+          }
+        }
       }
-    }
-    return true;
+      return i == tensor.shape[0];
+    };
+    return holds(keys, 2, 1.0f) && holds(values, 1, -1.0f);
   };
   ASSERT_TRUE(append(0, 4, /*create=*/true).ok());
   std::atomic<bool> done{false};
