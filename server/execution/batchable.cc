@@ -715,14 +715,22 @@ struct Rules<StoredRequest> : NothingHashed {
       const std::string& version;
       const std::string& lineage;
       const attn::Engine* wide_engine;
+      const std::vector<attn::AttentionRequest>& pieces;
       absl::StatusOr<BatchClass> operator()(const attn::AttentionRequest& a) {
         ASSIGN_OR_RETURN(auto plan, attn::ValidateAttention(a));
         const bool by_lineage = !a.valid_lens.present() && !a.causal;
-        return BatchClass{
-            absl::StrCat(by_lineage ? lineage : version, "/",
-                         AttentionKey(a, plan.params)),
-            a.queries.num_elements(),
-            wide_engine != nullptr && wide_engine->SpreadsKeysAcrossThreads(a)};
+        // Worth every core when its memory, or any piece of it, is (the
+        // first piece of a grown memory may be a few rows).
+        bool wide = false;
+        if (wide_engine != nullptr) {
+          wide = wide_engine->SpreadsKeysAcrossThreads(a);
+          for (const attn::AttentionRequest& piece : pieces) {
+            wide = wide || wide_engine->SpreadsKeysAcrossThreads(piece);
+          }
+        }
+        return BatchClass{absl::StrCat(by_lineage ? lineage : version, "/",
+                                       AttentionKey(a, plan.params)),
+                          a.queries.num_elements(), wide};
       }
       absl::StatusOr<BatchClass> operator()(
           const attn::NadarayaWatsonRequest& n) {
@@ -731,7 +739,8 @@ struct Rules<StoredRequest> : NothingHashed {
         return BatchClass{RegressionKey(n, p, version), p.n_query * p.dx};
       }
     };
-    return std::visit(Visitor{version, lineage, wide_engine}, r.request);
+    return std::visit(Visitor{version, lineage, wide_engine, r.pieces},
+                      r.request);
   }
   static int64_t WorkElements(const Request& r) {
     int64_t elements = 0;

@@ -15,6 +15,7 @@
 #include "attn/testing/engines.h"
 #include "attn/testing/error_bounds.h"
 #include "attn/testing/random.h"
+#include "attn/work.h"
 #include "gtest/gtest.h"
 #include "server/execution/call_runner.h"
 
@@ -393,6 +394,32 @@ TEST_F(BatchableTest, StoredAttentionInPiecesMergesEachCallOverItsRows) {
       }
     }
   }
+}
+
+// A grown memory's first piece may be a few rows: its calls are worth
+// every core (BatchClass::shares_a_pass) when any piece is long enough for
+// the wide engine to share out, not only the first.
+TEST_F(BatchableTest, AMemoryInPiecesSharesAPassWhenAnyPieceIsLong) {
+  const int64_t d = 8, dv = 4, base = 1024, appended = 2 * attn::kMinKeysPerShare;
+  const attn::Tensor keys = RandomNormal(rng_, {1, base + appended, d});
+  const attn::Tensor values = RandomNormal(rng_, {1, base + appended, dv});
+  attn::AttentionRequest attention;
+  attention.queries = Normal({1, 1, d});
+  StoredRequest stored{attention, &keys, &keys, {1, 1, dv}, {}};
+  for (const auto& [first, rows] :
+       {std::pair<int64_t, int64_t>{0, base}, {base, appended}}) {
+    attn::AttentionRequest piece = attention;
+    piece.keys = attn::TensorView{keys.data.data() + first * d, {1, rows, d}};
+    piece.values =
+        attn::TensorView{values.data.data() + first * dv, {1, rows, dv}};
+    stored.pieces.push_back(piece);
+  }
+  stored.request = stored.pieces.front();
+  EXPECT_TRUE(ClassifyForBatching(stored, engine_.get())->shares_a_pass);
+  // The first piece alone is not long enough.
+  StoredRequest first_only = stored;
+  first_only.pieces.clear();
+  EXPECT_FALSE(ClassifyForBatching(first_only, engine_.get())->shares_a_pass);
 }
 
 // Queries against one stored memory stack into one pass over it; each
