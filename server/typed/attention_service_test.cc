@@ -503,7 +503,8 @@ TEST_P(ServiceTest, NamedWeightsCountInTheModelsStatistics) {
 // A memory stored as BF16 (its keys and values bfloat16 in the file) is
 // computed in bfloat16 without converting it: within the reference's bound
 // for the same queries against the rounded values at bfloat16 precision,
-// with the call's default precision; float16 is refused, naming the field.
+// with the call's default precision, and so is it grown by an append (in
+// pieces, merged); float16 is refused, naming the field.
 TEST_P(ServiceTest, QueriesAgainstABFloat16Memory) {
   WithModels models(&core_->calls());
   std::mt19937 rng(10);
@@ -552,6 +553,74 @@ TEST_P(ServiceTest, QueriesAgainstABFloat16Memory) {
   EXPECT_TRUE(attn::testing::WithinBounds(
       ToTensor(response.output()), exact.output,
       attn::testing::AttentionBounds(plain, exact).output));
+
+  // Grown by an append, it is served in two pieces of bfloat16 bits, each
+  // attended alone and merged: within the merge's bound of the reference
+  // over every row, weights included.
+  v1::AppendMemoryRequest more;
+  more.set_name("memory16");
+  *more.mutable_keys() = RandomTensor(rng, {7, d});
+  *more.mutable_values() = RandomTensor(rng, {7, dv});
+  {
+    grpc::ClientContext context;
+    v1::AppendMemoryResponse appended;
+    const grpc::Status status = stub->AppendMemory(&context, more, &appended);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  ASSERT_EQ(
+      models.repository().Find("memory16")->tensors.at("keys").pieces.size(),
+      2u);
+  // The memory's rows as the reference sees them: rounded, per piece.
+  std::vector<std::pair<attn::Tensor, attn::Tensor>> pieces = {{keys, values}};
+  pieces.emplace_back(ToTensor(more.keys()), ToTensor(more.values()));
+  for (attn::Tensor* tensor : {&pieces[1].first, &pieces[1].second}) {
+    for (float& value : tensor->data) value = attn::RoundToBFloat16(value);
+  }
+  attn::Tensor all_keys = attn::Tensor::Zeros({n + 7, d});
+  attn::Tensor all_values = attn::Tensor::Zeros({n + 7, dv});
+  std::copy(keys.data.begin(), keys.data.end(), all_keys.data.begin());
+  std::copy(pieces[1].first.data.begin(), pieces[1].first.data.end(),
+            all_keys.data.begin() + n * d);
+  std::copy(values.data.begin(), values.data.end(), all_values.data.begin());
+  std::copy(pieces[1].second.data.begin(), pieces[1].second.data.end(),
+            all_values.data.begin() + n * dv);
+  request.set_return_weights(true);
+  {
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub->ScaledDotProductAttention(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const attn::Tensor grown_keys = attn::testing::RepeatAsBatch(all_keys, 2);
+  const attn::Tensor grown_values = attn::testing::RepeatAsBatch(all_values, 2);
+  attn::AttentionRequest whole = plain;
+  whole.keys = View(grown_keys);
+  whole.values = View(grown_values);
+  const attn::OpResult grown_exact =
+      reference_->ScaledDotProductAttention(whole).value();
+  double piece_error = 0.0;
+  for (const auto& [piece_keys, piece_values] : pieces) {
+    const attn::Tensor k = attn::testing::RepeatAsBatch(piece_keys, 2);
+    const attn::Tensor v = attn::testing::RepeatAsBatch(piece_values, 2);
+    attn::AttentionRequest piece = plain;
+    piece.keys = View(k);
+    piece.values = View(v);
+    piece.return_log_sum_exp = true;
+    const attn::OpResult piece_exact =
+        reference_->ScaledDotProductAttention(piece).value();
+    for (float bound :
+         attn::testing::AttentionBounds(piece, piece_exact).log_sum_exp.data) {
+      piece_error = std::max<double>(piece_error, bound);
+    }
+  }
+  const attn::testing::ErrorBounds grown_bounds =
+      attn::testing::AttentionBounds(whole, grown_exact, piece_error);
+  EXPECT_TRUE(attn::testing::WithinBounds(
+      ToTensor(response.output()), grown_exact.output, grown_bounds.output));
+  EXPECT_EQ(ToTensor(response.weights()).shape, (attn::Shape{2, 5, n + 7}));
+  EXPECT_TRUE(attn::testing::WithinBounds(
+      ToTensor(response.weights()), grown_exact.weights, grown_bounds.weights));
+  request.set_return_weights(false);
 
   request.set_precision(v1::PRECISION_FLOAT16);
   grpc::ClientContext context;
