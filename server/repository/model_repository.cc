@@ -252,8 +252,8 @@ namespace {
 // none). Where `in_pieces` says the model may be held in pieces, `grown`
 // holds only the rows of the rows files, and `start` the base's tensors
 // they follow (served where they are mapped); else `grown` holds every
-// row and `start` is left empty. `covered` gets the files its base covers, which it skipped (left
-// by a compaction a kill cut short). Messages name the files as
+// row and `start` is left empty. `covered` gets the files its base covers,
+// which it skipped (left by a compaction a kill cut short). Messages name the files as
 // `name`/<file>, relative to the repository; `log` gets why a file that
 // could have been mapped was copied.
 absl::StatusOr<std::shared_ptr<const RepositoryModel>> ReadModel(
