@@ -381,11 +381,11 @@ Results StackRows(attn::Engine& engine,
     all = RunLibrary(engine, calls.front());
   }
   if (!all.ok()) return {};
-  work->computed_elements = work->useful_elements = 0;
+  int64_t elements = 0;
   for (const LibraryRequest& call : calls) {
-    work->computed_elements += Rules<LibraryRequest>::WorkElements(call);
+    elements += Rules<LibraryRequest>::WorkElements(call);
   }
-  work->useful_elements = work->computed_elements;
+  work->computed_elements = work->useful_elements = elements;
   const int64_t output_width =
       total > 0 ? static_cast<int64_t>(all->output.data.size()) / total : 0;
   const int64_t weights_width =
@@ -722,11 +722,11 @@ struct Rules<StoredRequest> : NothingHashed {
         // Worth every core when its memory, or any piece of it, is (the
         // first piece of a grown memory may be a few rows).
         bool wide = false;
-        if (wide_engine != nullptr) {
-          wide = wide_engine->SpreadsKeysAcrossThreads(a);
-          for (const attn::AttentionRequest& piece : pieces) {
-            wide = wide || wide_engine->SpreadsKeysAcrossThreads(piece);
-          }
+        for (const attn::AttentionRequest& call :
+             pieces.empty() ? absl::MakeConstSpan(&a, 1)
+                            : absl::MakeConstSpan(pieces)) {
+          wide |= wide_engine != nullptr &&
+                  wide_engine->SpreadsKeysAcrossThreads(call);
         }
         return BatchClass{absl::StrCat(by_lineage ? lineage : version, "/",
                                        AttentionKey(a, plan.params)),

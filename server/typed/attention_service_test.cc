@@ -71,6 +71,32 @@ attn::Tensor ToTensor(const v1::Tensor& tensor) {
 
 attn::TensorView View(const attn::Tensor& tensor) { return tensor.view(); }
 
+// The merge's bound for a memory served in pieces (the piece_error of
+// attn/testing/error_bounds.h): the largest bound on the log-sum-exp of
+// `like`'s queries over any one piece, its keys [n_i, d] and values
+// [n_i, v] repeated for `batch` entries, from `reference`'s exact answer.
+double PieceError(attn::Engine& reference, const attn::AttentionRequest& like,
+                  const std::vector<std::pair<attn::Tensor, attn::Tensor>>& pieces,
+                  int64_t batch) {
+  double piece_error = 0.0;
+  for (const auto& [piece_keys, piece_values] : pieces) {
+    const attn::Tensor keys = attn::testing::RepeatAsBatch(piece_keys, batch);
+    const attn::Tensor values =
+        attn::testing::RepeatAsBatch(piece_values, batch);
+    attn::AttentionRequest piece = like;
+    piece.keys = View(keys);
+    piece.values = View(values);
+    piece.return_log_sum_exp = true;
+    const attn::OpResult exact =
+        reference.ScaledDotProductAttention(piece).value();
+    for (float bound :
+         attn::testing::AttentionBounds(piece, exact).log_sum_exp.data) {
+      piece_error = std::max<double>(piece_error, bound);
+    }
+  }
+  return piece_error;
+}
+
 // Parameterized on server-side batching (on, off): every RPC must behave the
 // same either way.
 class ServiceTest : public ::testing::TestWithParam<bool> {
@@ -598,23 +624,9 @@ TEST_P(ServiceTest, QueriesAgainstABFloat16Memory) {
   whole.values = View(grown_values);
   const attn::OpResult grown_exact =
       reference_->ScaledDotProductAttention(whole).value();
-  double piece_error = 0.0;
-  for (const auto& [piece_keys, piece_values] : pieces) {
-    const attn::Tensor k = attn::testing::RepeatAsBatch(piece_keys, 2);
-    const attn::Tensor v = attn::testing::RepeatAsBatch(piece_values, 2);
-    attn::AttentionRequest piece = plain;
-    piece.keys = View(k);
-    piece.values = View(v);
-    piece.return_log_sum_exp = true;
-    const attn::OpResult piece_exact =
-        reference_->ScaledDotProductAttention(piece).value();
-    for (float bound :
-         attn::testing::AttentionBounds(piece, piece_exact).log_sum_exp.data) {
-      piece_error = std::max<double>(piece_error, bound);
-    }
-  }
   const attn::testing::ErrorBounds grown_bounds =
-      attn::testing::AttentionBounds(whole, grown_exact, piece_error);
+      attn::testing::AttentionBounds(whole, grown_exact,
+                                     PieceError(*reference_, plain, pieces, 2));
   EXPECT_TRUE(attn::testing::WithinBounds(
       ToTensor(response.output()), grown_exact.output, grown_bounds.output));
   EXPECT_EQ(ToTensor(response.weights()).shape, (attn::Shape{2, 5, n + 7}));
@@ -767,33 +779,22 @@ TEST_P(ServiceTest, AppendedRowsAreServedAtOnce) {
         reference_->ScaledDotProductAttention(plain).value();
     // Grown, the memory is held in two pieces, its first append's rows and
     // those since, merged by log-sum-exp: the bound holds the pieces'.
-    double piece_error = 0.0;
+    std::vector<std::pair<attn::Tensor, attn::Tensor>> pieces;
     const int64_t base = 5;
     for (const auto& [first, count] :
          {std::pair<int64_t, int64_t>{0, base}, {base, rows - base}}) {
-      if (count == 0 || rows == base) continue;
-      attn::Tensor piece_keys = attn::Tensor::Zeros({count, d});
+      if (count == 0) continue;
+      auto& [piece_keys, piece_values] = pieces.emplace_back(
+          attn::Tensor::Zeros({count, d}), attn::Tensor::Zeros({count, dv}));
       std::copy(all_keys.begin() + first * d,
                 all_keys.begin() + (first + count) * d, piece_keys.data.begin());
-      attn::Tensor piece_values = attn::Tensor::Zeros({count, dv});
       std::copy(all_values.begin() + first * dv,
                 all_values.begin() + (first + count) * dv,
                 piece_values.data.begin());
-      const attn::Tensor repeated_piece_keys =
-          attn::testing::RepeatAsBatch(piece_keys, 2);
-      const attn::Tensor repeated_piece_values =
-          attn::testing::RepeatAsBatch(piece_values, 2);
-      attn::AttentionRequest piece = plain;
-      piece.keys = View(repeated_piece_keys);
-      piece.values = View(repeated_piece_values);
-      piece.return_log_sum_exp = true;
-      const attn::OpResult piece_exact =
-          reference_->ScaledDotProductAttention(piece).value();
-      for (float bound :
-           attn::testing::AttentionBounds(piece, piece_exact).log_sum_exp.data) {
-        piece_error = std::max<double>(piece_error, bound);
-      }
     }
+    // (One piece, before the first append after creation: no merge.)
+    const double piece_error =
+        pieces.size() > 1 ? PieceError(*reference_, plain, pieces, 2) : 0.0;
     const attn::testing::ErrorBounds bounds =
         attn::testing::AttentionBounds(plain, exact, piece_error);
     EXPECT_EQ(ToTensor(answer.weights()).shape, (attn::Shape{2, 3, rows}));
