@@ -26,6 +26,7 @@ lines of the sources:
 
 usage: check_layers.py REPO_ROOT. Exits 1 listing every offending include.
 """
+import os
 import pathlib
 import re
 import sys
@@ -71,13 +72,25 @@ RULES = [
 ]
 
 
+def sources(top, suffixes):
+    """The source files under top, in order, never entering a build tree or
+    .git: other tests create and delete virtual environments under build/
+    while this one runs, so listing a build tree races with them."""
+    found = []
+    for folder, subfolders, names in os.walk(top):
+        subfolders[:] = [name for name in subfolders
+                         if name not in ("build", ".git")
+                         and not name.startswith("build-")]
+        found += [pathlib.Path(folder) / name for name in names
+                  if os.path.splitext(name)[1] in suffixes]
+    return sorted(found)
+
+
 def main():
     root = pathlib.Path(sys.argv[1])
     errors, files = [], 0
     for folder, forbidden, why, *scope in RULES:
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix not in (".h", ".cc", ".cu") or "build" in path.parts:
-                continue
+        for path in sources(root / folder, (".h", ".cc", ".cu")):
             # A rule for the code alone (its tests exempt), or for tests alone.
             is_test = path.name.endswith("_test.cc")
             if (scope == ["code"] and is_test) or (scope == ["tests"] and not is_test):
@@ -92,11 +105,7 @@ def main():
     assembly = re.compile(r"\b(?:WorkerPool::Create|Batcher::Create|"
                           r"make_unique<(?:attnserve::)?CallRunner>|"
                           r"CallRunner\s+\w+\s*\()")
-    for path in sorted(root.rglob("*")):
-        if path.suffix not in (".h", ".cc") or any(
-                part in ("build", ".git") or part.startswith("build-")
-                for part in path.relative_to(root).parts):
-            continue
+    for path in sources(root, (".h", ".cc")):
         relative = path.relative_to(root)
         if relative.parts[:2] == ("server", "execution"):
             continue
@@ -113,8 +122,8 @@ def main():
         r"\b(?:attention_memory|additive_attention|memory_name|weights_name|"
         r"model_name)\b|\b(?:AttentionMemory|MemoryAttention|StoredRegression|"
         r"FittedNadarayaWatson|TrainedNadarayaWatson|ModelKind)")
-    for path in sorted((root / "server" / "execution").rglob("*")):
-        if path.suffix not in (".h", ".cc") or path.name.endswith("_test.cc"):
+    for path in sources(root / "server" / "execution", (".h", ".cc")):
+        if path.name.endswith("_test.cc"):
             continue
         files += 1
         for number, line in enumerate(path.read_text().splitlines(), 1):
