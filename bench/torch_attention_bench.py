@@ -20,8 +20,11 @@ Install PyTorch from PyPI (`pip install torch numpy`) for the real peer; Debian'
 python3-torch 1.13 has no fused kernel and a slow reference BLAS.
 
 Usage: torch_attention_bench.py [--threads 2] [--repeats 15] [--json out.json]
+                                [--only "CASE/IMPL" ...]
 Prints one row per (case, implementation): median milliseconds, GFLOP/s, and
-the peak extra memory of one call where it can be measured.
+the peak extra memory of one call where it can be measured. --only times just
+the named rows (e.g. "large B8 L512 d64/sdpa-bf16"; bench/paired_goals.py
+alternates them with ours).
 """
 import argparse
 import json
@@ -140,15 +143,22 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json")
+    ap.add_argument("--only", action="append", default=[],
+                    help='time only this "CASE/IMPL" row (repeatable)')
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     with torch.inference_mode():
         for name, impl, flops, fn in cases():
+            if args.only and f"{name}/{impl}" not in args.only:
+                continue
             ms = timed(fn, args.repeats)
             rows.append({"case": name, "impl": impl, "median_ms": ms,
                          "gflops": flops / ms / 1e6, "extra_mib": rss_growth_mib(fn)})
             print(f"{name:28s} {impl:16s} {ms:10.3f} ms {flops / ms / 1e6:9.2f} GFLOP/s")
+    unknown = set(args.only) - {f"{row['case']}/{row['impl']}" for row in rows}
+    if unknown:
+        raise SystemExit(f"--only: no such case/impl: {sorted(unknown)}")
     meta = {"torch": torch.__version__, "threads": args.threads, "repeats": args.repeats}
     if args.json:
         with open(args.json, "w") as f:
