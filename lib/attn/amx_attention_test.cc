@@ -1,8 +1,10 @@
-// bfloat16 attention on AMX tiles (cpu-amx-blocks, and cpu-key-shares
-// running its shares on them) against the double reference within the
-// derived bounds, on shapes that leave every tile partly filled: rows, keys,
-// d and dv that are not multiples of 16 or 32, masks, causal rows, the
-// Gaussian score, keys and values held as bfloat16. On CPUs without AMX
+// bfloat16 attention on AMX tiles (cpu-amx-columns, cpu-amx-blocks, and
+// cpu-key-shares running its shares on them) against the double reference
+// within the derived bounds, on shapes that leave every tile partly filled:
+// rows, keys, d and dv that are not multiples of 16 or 32, masks, causal
+// rows, the Gaussian score, keys and values held as bfloat16. Each case runs
+// on cpu-amx-columns where it takes the call, and again with it skipped
+// (EngineOptions::skipped_cpu_implementations) on cpu-amx-blocks. On CPUs without AMX
 // tiles (or where the process may not use them) every case is skipped as
 // such: the other paths are tested by attention_test everywhere.
 #include <cmath>
@@ -58,12 +60,23 @@ struct Case {
   std::string label;
 };
 
+constexpr char kColumns[] = "cpu-amx-columns";
+constexpr char kBlocks[] = "cpu-amx-blocks";
+
 std::unique_ptr<Engine> MakeEngine(bool always_parallel,
-                                   std::optional<CpuIsa> cap = std::nullopt) {
+                                   std::optional<CpuIsa> cap = std::nullopt,
+                                   std::vector<std::string> skipped = {}) {
   EngineOptions options;
   if (always_parallel) options.single_thread_below_flops = 0.0;
   options.max_cpu_isa = cap;
+  options.skipped_cpu_implementations = std::move(skipped);
   return Engine::Create(options).value();
+}
+
+// The calls cpu-amx-columns takes among these tests' (small enough to lay
+// out): the dot product over heads of up to 64, 32 rows or more.
+bool ColumnsTake(ScoreKind score, int64_t lq, int64_t d, int64_t dv) {
+  return score == ScoreKind::kDotProduct && lq >= 32 && d <= 64 && dv <= 64;
 }
 
 class AmxAttentionTest : public ::testing::TestWithParam<Case> {};
@@ -92,13 +105,22 @@ TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   const auto bounds = AttentionBounds(request, *expected);
   request.return_weights = false;
-  for (bool always_parallel : {false, true}) {
-    SCOPED_TRACE(always_parallel ? "every thread" : "default threads");
-    auto result =
-        MakeEngine(always_parallel)->ScaledDotProductAttention(request);
-    ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->implementation, "cpu-amx-blocks");
-    EXPECT_TRUE(WithinBounds(result->output, expected->output, bounds.output));
+  for (const bool columns : {true, false}) {
+    for (bool always_parallel : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (always_parallel ? "every thread" : "default threads")
+                   << (columns ? "" : ", cpu-amx-columns skipped"));
+      auto result = MakeEngine(always_parallel, std::nullopt,
+                               columns ? std::vector<std::string>{}
+                                       : std::vector<std::string>{kColumns})
+                        ->ScaledDotProductAttention(request);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->implementation,
+                columns && ColumnsTake(c.score, c.lq, c.d, c.dv) ? kColumns
+                                                            : kBlocks);
+      EXPECT_TRUE(
+          WithinBounds(result->output, expected->output, bounds.output));
+    }
   }
 }
 
@@ -123,7 +145,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 1, 97, 700, 40, 24, Lengths::kPerBatch, false,
              ScoreKind::kGaussian, "rows97_keys700_gaussian"},
         Case{1, 1, 300, 1000, 32, 32, Lengths::kPerRow, true,
-             ScoreKind::kGaussian, "rows300_gaussian_causal_lengths"}),
+             ScoreKind::kGaussian, "rows300_gaussian_causal_lengths"},
+        // cpu-amx-columns' edges: tasks of 64 rows in groups of 32, blocks
+        // of 64 keys, queries that see no key, heads of 2 and 64.
+        Case{2, 2, 64, 1000, 64, 64, Lengths::kPerRow, true,
+             ScoreKind::kDotProduct, "rows64_keys1000_rowlengths_causal"},
+        Case{3, 1, 65, 129, 32, 30, Lengths::kPerBatch, false,
+             ScoreKind::kDotProduct, "rows65_keys129_d32_dv30_lengths"},
+        Case{1, 1, 100, 64, 62, 2, Lengths::kNone, true,
+             ScoreKind::kDotProduct, "rows100_keys64_dv2_causal"},
+        Case{1, 3, 32, 2000, 64, 64, Lengths::kPerRow, false,
+             ScoreKind::kDotProduct, "rows32_keys2000_rowlengths"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.label;
     });
@@ -159,13 +191,19 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
     ASSERT_TRUE(expected.ok()) << expected.status();
     const auto bounds = AttentionBounds(request, *expected);
     request.return_weights = false;
-    for (bool always_parallel : {false, true}) {
-      auto result =
-          MakeEngine(always_parallel)->ScaledDotProductAttention(request);
-      ASSERT_TRUE(result.ok()) << result.status();
-      EXPECT_EQ(result->implementation, "cpu-amx-blocks");
-      EXPECT_TRUE(
-          WithinBounds(result->output, expected->output, bounds.output));
+    for (const char* kernel : {kColumns, kBlocks}) {
+      for (bool always_parallel : {false, true}) {
+        SCOPED_TRACE(kernel);
+        auto result =
+            MakeEngine(always_parallel, std::nullopt,
+                       kernel == kBlocks ? std::vector<std::string>{kColumns}
+                                         : std::vector<std::string>{})
+                ->ScaledDotProductAttention(request);
+        ASSERT_TRUE(result.ok()) << result.status();
+        EXPECT_EQ(result->implementation, kernel);
+        EXPECT_TRUE(
+            WithinBounds(result->output, expected->output, bounds.output));
+      }
     }
   }
 }
@@ -173,7 +211,8 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
 // A memory held as bfloat16 bits over enough keys that its query rows'
 // keys are shared out among the threads (cpu-key-shares running AMX tasks),
 // or not (one thread): the same as the floats the bits hold, and within the
-// derived bound of the reference.
+// derived bound of the reference. (cpu-amx-columns takes float32 operands
+// only: it is skipped, so that both run on the same kernel.)
 TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
   if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   std::mt19937 rng(5);
@@ -204,6 +243,7 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
       EngineOptions options;
       options.max_threads = threads;
       options.single_thread_below_flops = 0.0;
+      options.skipped_cpu_implementations = {kColumns};
       auto engine = Engine::Create(options).value();
       auto from_held = engine->ScaledDotProductAttention(held);
       auto from_floats = engine->ScaledDotProductAttention(floats);
@@ -247,7 +287,8 @@ TEST(AmxSwitchTest, CapAtAvx512TurnsTheTilesOff) {
   request.precision = Precision::kFloat32;
   auto float32 = MakeEngine(false)->ScaledDotProductAttention(request);
   ASSERT_TRUE(float32.ok());
-  EXPECT_NE(float32->implementation, "cpu-amx-blocks");
+  EXPECT_NE(float32->implementation, kBlocks);
+  EXPECT_NE(float32->implementation, kColumns);
 }
 
 // Scores past float's range (finite inputs whose products overflow) reach
@@ -265,10 +306,16 @@ TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
   }
   AttentionRequest request = BFloat16Request(q, k, v);
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
-  auto result = MakeEngine(false)->ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->output.data, expected->output.data);
+  for (const bool columns : {true, false}) {
+    SCOPED_TRACE(columns ? kColumns : kBlocks);
+    auto result = MakeEngine(false, std::nullopt,
+                             columns ? std::vector<std::string>{}
+                                     : std::vector<std::string>{kColumns})
+                      ->ScaledDotProductAttention(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->output.data, expected->output.data);
+  }
 }
 
 // The engine leaves bfloat16's range check to the tiles where they round
@@ -285,6 +332,11 @@ TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
     bool lengths, causal;
     const char* label;
   };
+  for (const char* kernel : {kColumns, kBlocks}) {
+  SCOPED_TRACE(kernel);
+  const std::vector<std::string> skipped =
+      kernel == kBlocks ? std::vector<std::string>{kColumns}
+                        : std::vector<std::string>{};
   for (const Layout& layout :
        {Layout{1, 32, 300, false, false, "one query block"},
         Layout{2, 200, 70, false, false, "two query blocks"},
@@ -309,8 +361,8 @@ TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
             request.valid_lens = ViewOf(lengths, {layout.batch});
           }
           request.causal = layout.causal;
-          auto result =
-              MakeEngine(false)->ScaledDotProductAttention(request);
+          auto result = MakeEngine(false, std::nullopt, skipped)
+                            ->ScaledDotProductAttention(request);
           if (std::fabs(huge) < 3.39e38f) {
             EXPECT_TRUE(result.ok()) << result.status();
             continue;
@@ -327,9 +379,11 @@ TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
     }
     // In range, the tiles take it.
     AttentionRequest request = BFloat16Request(q, k, v);
-    auto result = MakeEngine(false)->ScaledDotProductAttention(request);
+    auto result = MakeEngine(false, std::nullopt, skipped)
+                      ->ScaledDotProductAttention(request);
     ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->implementation, "cpu-amx-blocks");
+    EXPECT_EQ(result->implementation, kernel);
+  }
   }
 }
 

@@ -115,6 +115,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     backend_options.single_thread_below_flops =
         options.single_thread_below_flops;
     backend_options.max_isa = options.max_cpu_isa;
+    backend_options.skipped_implementations =
+        options.skipped_cpu_implementations;
     absl::StatusOr<std::unique_ptr<OneDnnBackend>> onednn =
         OneDnnBackend::Create(backend_options);
     if (!onednn.ok()) return onednn.status();

@@ -76,6 +76,12 @@ struct EngineOptions {
   // attn/cpu_isa.h). For tests and for pinning a fleet of mixed CPUs to the
   // same arithmetic.
   std::optional<CpuIsa> max_cpu_isa;
+  // CPU implementations (OpResult::implementation's names) never run: each
+  // call goes to the next in its list that takes it. For tests, to run a
+  // general kernel on calls a specialised one before it would take; the
+  // last of each list takes every call, so skipping it fails the calls left
+  // to it (UNIMPLEMENTED).
+  std::vector<std::string> skipped_cpu_implementations;
 };
 
 class Engine {

@@ -101,8 +101,9 @@ class OneDnnBackend::Impl {
     const int threads = ThreadsFor(EstimatedFlops(params));
     ScopedOmpThreads scoped(threads);
     return internal::RunFirstThatTakes(
-        list, internal::CpuCall<Params>{params, threads, features_,
-                                        primitives_});
+        list,
+        internal::CpuCall<Params>{params, threads, features_, primitives_},
+        options_.skipped_implementations);
   }
 
  private:

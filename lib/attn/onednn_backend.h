@@ -59,6 +59,9 @@ class OneDnnBackend final : public Backend {
     // Caps the instruction set of the backend's own kernels (unset: the best
     // this CPU has, subject to ATTN_MAX_CPU_ISA).
     std::optional<CpuIsa> max_isa;
+    // Implementations (by name) never run: EngineOptions::
+    // skipped_cpu_implementations.
+    std::vector<std::string> skipped_implementations;
   };
 
   static absl::StatusOr<std::unique_ptr<OneDnnBackend>> Create(

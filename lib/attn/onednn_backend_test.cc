@@ -36,9 +36,9 @@ TEST(OneDnnBackendTest, ListsEveryImplementationInOrder) {
   EXPECT_EQ((*backend)->implementation_names(),
             (std::vector<std::string>{
                 "onednn-softmax", "cpu-masked-softmax", "onednn-matmul",
-                "cpu-weights-blocks", "cpu-key-shares", "cpu-amx-blocks",
-                "cpu-lane", "cpu-fused-blocks", "cpu-additive",
-                "cpu-regression"}));
+                "cpu-weights-blocks", "cpu-key-shares", "cpu-amx-columns",
+                "cpu-amx-blocks", "cpu-lane", "cpu-fused-blocks",
+                "cpu-additive", "cpu-regression"}));
 }
 
 // An engine whose own kernels are capped at `cap` (and ATTN_MAX_CPU_ISA),
@@ -237,17 +237,31 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
     EXPECT_EQ(
         Implementation(two, Call().Keys(8192).In(Precision::kBFloat16).Held()),
         "cpu-key-shares");
-    // 24 rows or more in bfloat16 on AMX tiles: the AMX kernel, also for
+    // 24 rows or more in bfloat16 on AMX tiles: the AMX kernels, the one
+    // with transposed scores for 32 rows or more of heads up to 64 whose
+    // keys and values lay out in 32 MiB, the other for the rest and for
     // shares of keys held as bits.
     if (one.isa == CpuIsa::kAmx && one.native_bfloat16) {
-      EXPECT_EQ(Implementation(one, Call().Rows(24).In(Precision::kBFloat16)),
+      EXPECT_EQ(Implementation(one, Call().Rows(32).In(Precision::kBFloat16)),
+                "cpu-amx-columns");
+      EXPECT_EQ(Implementation(one, Call().Rows(31).In(Precision::kBFloat16)),
                 "cpu-amx-blocks");
       EXPECT_EQ(Implementation(
                     one, Call().Rows(70).Keys(300).In(Precision::kBFloat16)),
-                "cpu-amx-blocks");
+                "cpu-amx-columns");
       EXPECT_EQ(
           Implementation(one, Call().Rows(33).In(Precision::kBFloat16).Held()),
-          "cpu-amx-blocks");
+          "cpu-amx-columns");
+      EXPECT_EQ(Implementation(one, Call().Rows(40).In(Precision::kBFloat16)
+                                        .Depths(66, 64)),
+                "cpu-amx-blocks");
+      EXPECT_EQ(Implementation(one, Call().Rows(40).In(Precision::kBFloat16)
+                                        .Depths(64, 66)),
+                "cpu-amx-blocks");
+      // 262,144 keys of d = dv = 64: 64 MiB laid out.
+      EXPECT_EQ(Implementation(one, Call().Rows(32).Keys(262144).In(
+                                        Precision::kBFloat16).Held()),
+                "cpu-amx-blocks");
       EXPECT_EQ(Implementation(two, Call().Rows(40).Keys(8192).In(
                                         Precision::kBFloat16).Held()),
                 "cpu-key-shares");

@@ -56,15 +56,12 @@ ATTN_ISA_BEGIN
 #include "attn/internal/cpu/amx_blocks.h"
 #include "attn/internal/cpu/kernel_copy.h"
 #include "attn/internal/cpu/softmax_avx512.h"
+#include "attn/internal/cpu/amx_tiles.h"
 
 namespace attn::internal::ATTN_ISA_NAMESPACE {
 
 #if defined(ATTN_ISA_AVX512)
 namespace {
-
-// The tile instructions, on top of the copy's AVX-512.
-#define ATTN_AMX_TARGET \
-  __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
 
 // Fewer query rows leave most of each pair of 16-row tiles empty: over
 // 262,144 bfloat16 keys 16 rows ran 8% slower than the other paths, 24 as
@@ -80,29 +77,6 @@ constexpr int64_t kAmxKeyBlock = 256;
 constexpr int64_t kScoreStride = kAmxKeyBlock;
 constexpr int64_t kProbabilityStride = kAmxKeyBlock + 32;
 constexpr int64_t kRowGroup = 32;
-// Rows, keys or columns per tile, and bfloat16 summed per tile row.
-constexpr int64_t kTileSide = 16;
-constexpr int64_t kPairsDepth = 32;
-constexpr int64_t kTileWords = kTileSide * kTileSide;  // 32-bit words
-
-int64_t RoundUp(int64_t x, int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
-
-template <typename T>
-void GrowTo(std::vector<T>& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-}
-
-// ldtilecfg's operand: palette 1, eight tiles of 16 rows x 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // The task's queries, rows x d, into `to` as rows_padded x dp (zeros past
 // them).
 void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
@@ -114,66 +88,6 @@ void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
       std::fill(row + d, row + dp, uint16_t{0});
     } else {
       std::fill(row, row + dp, uint16_t{0});
-    }
-  }
-}
-
-// rows[j] = the j-th 32-bit word of every row, for a 16 x 16 matrix of
-// words: unpacks within 128-bit lanes, then lanes moved across registers
-// (64 shuffles, in place of a gather per column).
-void TransposeWords16x16(__m512i (&rows)[16]) {
-  __m512i pairs[16], quads[16];
-  for (int i = 0; i < 16; i += 2) {
-    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
-    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
-  }
-  // quads[4g + k], 128-bit lane L: word 4L + k of rows 4g..4g+3.
-  for (int g = 0; g < 16; g += 4) {
-    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
-    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
-    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
-    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512i even_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0x88);
-    const __m512i even_high =
-        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0x88);
-    const __m512i odd_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0xdd);
-    const __m512i odd_high =
-        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0xdd);
-    rows[k] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
-    rows[8 + k] = _mm512_shuffle_i32x4(even_low, even_high, 0xdd);
-    rows[4 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
-    rows[12 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xdd);
-  }
-}
-
-// Keys [0, count) of `keys` (rows of d bfloat16, d even) as B tiles of the
-// scores: tile (t, c) holds keys 16t..16t+15 and d's words 16c..16c+15,
-// word r of key n at [r][n]. keys_padded / 16 x dp / 32 tiles, zeros past
-// count and d.
-void PackKeys(const uint16_t* keys, int64_t count, int64_t d,
-              int64_t keys_padded, int64_t dp, uint32_t* tiles) {
-  const int64_t chunks = dp / kPairsDepth;
-  const int64_t words = d / 2;
-  for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
-    const int64_t present = std::clamp<int64_t>(count - t * kTileSide, 0,
-                                                kTileSide);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __mmask16 columns = FirstLanes(words - c * kTileSide);
-      __m512i rows[16];
-      for (int64_t n = 0; n < kTileSide; ++n) {
-        rows[n] = n < present
-                      ? _mm512_maskz_loadu_epi32(
-                            columns, keys + (t * kTileSide + n) * d +
-                                         c * kPairsDepth)
-                      : _mm512_setzero_si512();
-      }
-      TransposeWords16x16(rows);
-      uint32_t* tile = tiles + (t * chunks + c) * kTileWords;
-      for (int64_t r = 0; r < kTileSide; ++r) {
-        _mm512_storeu_si512(tile + r * kTileSide, rows[r]);
-      }
     }
   }
 }
@@ -247,7 +161,8 @@ bool PackKeys(const float* keys, int64_t count, int64_t d,
       past_range |=
           ToBFloat16PastRange(keys + first * d, n * d, rounded.data());
     }
-    PackKeys(rounded.data(), n, d, kTileSide, dp, tiles + t * tile_words);
+    PackRowsAsBTiles(rounded.data(), n, d, kTileSide, dp,
+                     tiles + t * tile_words);
   }
   return past_range;
 }
@@ -286,7 +201,7 @@ bool PackKeysOf(const Operands& ops, const void* k, Args... args) {
   if (ops.type == BlockOperands::kFloat32) {
     return PackKeys(static_cast<const float*>(k), args...);
   }
-  PackKeys(static_cast<const uint16_t*>(k), args...);
+  PackRowsAsBTiles(static_cast<const uint16_t*>(k), args...);
   return false;
 }
 template <typename... Args>
@@ -560,19 +475,6 @@ ATTN_AMX_TARGET void SoftmaxSteps(const float* scores, int64_t group_rows,
   }
 }
 
-
-ATTN_AMX_TARGET void LoadTileConfig() {
-  TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) {
-    config.bytes_per_row[tile] = 64;
-    config.rows[tile] = kTileSide;
-  }
-  // Not _tile_loadconfig: GCC 12's operand tells the compiler that only a
-  // pointer's 8 bytes are read, so it dropped the stores above.
-  __asm__ volatile("ldtilecfg %0" : : "m"(config));
-}
-
-ATTN_AMX_TARGET void ReleaseTiles() { _tile_release(); }
 
 }  // namespace
 

@@ -28,7 +28,9 @@
 #ifndef ATTN_INTERNAL_CPU_IMPLEMENTATION_H_
 #define ATTN_INTERNAL_CPU_IMPLEMENTATION_H_
 
+#include <algorithm>
 #include <new>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,14 +78,20 @@ template <typename Params>
 using CpuImplementationList =
     absl::Span<const CpuImplementation<Params>* const>;
 
-// Runs `call` on the first implementation in `list` that takes it and
-// returns that implementation's name. UNIMPLEMENTED when none takes it (the
+// Runs `call` on the first implementation in `list` that takes it, leaving
+// out those named in `skipped` (a test's switch: EngineOptions::
+// skipped_cpu_implementations), and returns that implementation's name. UNIMPLEMENTED when none takes it (the
 // backend then declines the call); otherwise run()'s status, with
 // RESOURCE_EXHAUSTED for a std::bad_alloc it threw.
 template <typename Params>
 absl::StatusOr<const char*> RunFirstThatTakes(
-    CpuImplementationList<Params> list, const CpuCall<Params>& call) {
+    CpuImplementationList<Params> list, const CpuCall<Params>& call,
+    absl::Span<const std::string> skipped = {}) {
   for (const CpuImplementation<Params>* implementation : list) {
+    if (std::find(skipped.begin(), skipped.end(), implementation->name) !=
+        skipped.end()) {
+      continue;
+    }
     if (!implementation->takes(call)) continue;
     absl::Status status;
     try {

@@ -21,6 +21,7 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 extern const CpuImplementation<MaskedSoftmaxParams> kMaskedSoftmax;
 extern const CpuImplementation<AttentionParams> kWeightsBlocks;
 extern const CpuImplementation<AttentionParams> kKeyShares;
+extern const CpuImplementation<AttentionParams> kAmxColumns;
 extern const CpuImplementation<AttentionParams> kAmxBlocks;
 extern const CpuImplementation<AttentionParams> kLaneAttention;
 extern const CpuImplementation<AttentionParams> kFusedBlocks;

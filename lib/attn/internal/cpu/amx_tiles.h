@@ -1,0 +1,124 @@
+// What the AMX kernels (cpu-amx-blocks, cpu-amx-columns) share: the tile
+// configuration, their sizes, and the layouts of bfloat16 operands as tiles.
+//
+// Internal to the kernel sources: include it inside the ISA region after
+// softmax_avx512.h, with <immintrin.h> included before the region; it defines
+// nothing outside the avx512 copy.
+#ifndef ATTN_INTERNAL_CPU_AMX_TILES_H_
+#define ATTN_INTERNAL_CPU_AMX_TILES_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attn/internal/isa.h"
+#include "attn/internal/cpu/softmax_avx512.h"
+
+namespace attn::internal::ATTN_ISA_NAMESPACE {
+#if defined(ATTN_ISA_AVX512)
+
+// The tile instructions, on top of the copy's AVX-512.
+#define ATTN_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+
+// Rows, keys or columns per tile, and bfloat16 summed per tile row.
+constexpr int64_t kTileSide = 16;
+constexpr int64_t kPairsDepth = 32;
+constexpr int64_t kTileWords = kTileSide * kTileSide;  // 32-bit words
+
+inline int64_t RoundUp(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+template <typename T>
+inline void GrowTo(std::vector<T>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+}
+
+// ldtilecfg's operand: palette 1, eight tiles of 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// rows[j] = the j-th 32-bit word of every row, for a 16 x 16 matrix of
+// words: unpacks within 128-bit lanes, then lanes moved across registers
+// (64 shuffles, in place of a gather per column).
+inline void TransposeWords16x16(__m512i (&rows)[16]) {
+  __m512i pairs[16], quads[16];
+  for (int i = 0; i < 16; i += 2) {
+    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  // quads[4g + k], 128-bit lane L: word 4L + k of rows 4g..4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
+    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i even_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0x88);
+    const __m512i even_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0x88);
+    const __m512i odd_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0xdd);
+    const __m512i odd_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0xdd);
+    rows[k] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
+    rows[8 + k] = _mm512_shuffle_i32x4(even_low, even_high, 0xdd);
+    rows[4 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
+    rows[12 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xdd);
+  }
+}
+
+// Rows [0, count) of `keys` (rows of d bfloat16, d even) as B tiles of a
+// product over d (cpu-amx-blocks' keys for the scores, cpu-amx-columns'
+// queries): tile (t, c) holds keys 16t..16t+15 and d's words 16c..16c+15,
+// word r of key n at [r][n]. keys_padded / 16 x dp / 32 tiles, zeros past
+// count and d.
+inline void PackRowsAsBTiles(const uint16_t* keys, int64_t count, int64_t d,
+              int64_t keys_padded, int64_t dp, uint32_t* tiles) {
+  const int64_t chunks = dp / kPairsDepth;
+  const int64_t words = d / 2;
+  for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
+    const int64_t present = std::clamp<int64_t>(count - t * kTileSide, 0,
+                                                kTileSide);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 columns = FirstLanes(words - c * kTileSide);
+      __m512i rows[16];
+      for (int64_t n = 0; n < kTileSide; ++n) {
+        rows[n] = n < present
+                      ? _mm512_maskz_loadu_epi32(
+                            columns, keys + (t * kTileSide + n) * d +
+                                         c * kPairsDepth)
+                      : _mm512_setzero_si512();
+      }
+      TransposeWords16x16(rows);
+      uint32_t* tile = tiles + (t * chunks + c) * kTileWords;
+      for (int64_t r = 0; r < kTileSide; ++r) {
+        _mm512_storeu_si512(tile + r * kTileSide, rows[r]);
+      }
+    }
+  }
+}
+
+ATTN_AMX_TARGET inline void LoadTileConfig() {
+  TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) {
+    config.bytes_per_row[tile] = 64;
+    config.rows[tile] = kTileSide;
+  }
+  // Not _tile_loadconfig: GCC 12's operand tells the compiler that only a
+  // pointer's 8 bytes are read, so it dropped the stores above.
+  __asm__ volatile("ldtilecfg %0" : : "m"(config));
+}
+
+ATTN_AMX_TARGET inline void ReleaseTiles() { _tile_release(); }
+
+#endif  // ATTN_ISA_AVX512
+}  // namespace attn::internal::ATTN_ISA_NAMESPACE
+
+#endif  // ATTN_INTERNAL_CPU_AMX_TILES_H_
