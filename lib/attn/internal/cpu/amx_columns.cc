@@ -308,22 +308,27 @@ ATTN_AMX_TARGET TaskResult ColumnsTask(const AttentionParams& p,
           max[g][j] = _mm512_mask_mov_ps(max[g][j], moved, block_max[j]);
         }
       }
+      // Two keys' rows of 32 queries a step: four vectors of exponentials
+      // interleaved step by step (softmax_avx512.h's Exp2Of64).
       for (int64_t r = 0; r < kBlock; r += 2) {
+        __m512 e[4];
+        for (int64_t i = 0; i < 4; ++i) {
+          const int64_t key = r + i / 2, j = i % 2;
+          e[i] = _mm512_mul_ps(
+              _mm512_sub_ps(_mm512_loadu_ps(&s.scores[key][j * kTileSide]),
+                            max[g][j]),
+              factor);
+        }
+        Exp2Of64(e);
+        for (int64_t i = 0; i < 4; ++i) {
+          e[i] = _mm512_maskz_mov_ps(valid(limit[i % 2], r + i / 2), e[i]);
+        }
         for (int j = 0; j < 2; ++j) {
-          __m512 e[2];
-          for (int64_t i = 0; i < 2; ++i) {
-            e[i] = _mm512_maskz_mov_ps(
-                valid(limit[j], r + i), Exp2Of16(_mm512_mul_ps(
-                           _mm512_sub_ps(
-                               _mm512_loadu_ps(&s.scores[r + i][j * kTileSide]),
-                               max[g][j]),
-                           factor)));
-          }
-          sum[g][j] = _mm512_add_ps(sum[g][j], _mm512_add_ps(e[0], e[1]));
+          sum[g][j] = _mm512_add_ps(sum[g][j], _mm512_add_ps(e[j], e[2 + j]));
           _mm512_storeu_si512(
               &s.probabilities[r / kPairsDepth][j]
                               [(r % kPairsDepth) / 2 * kTileSide],
-              InterleavedPairs(e[0], e[1]));
+              InterleavedPairs(e[j], e[2 + j]));
         }
       }
       // O^T += V^T P^T, 32 channels a pass: accumulators in tiles 0-3
