@@ -74,9 +74,9 @@ std::unique_ptr<Engine> MakeEngine(bool always_parallel,
 }
 
 // The calls cpu-amx-columns takes among these tests' (small enough to lay
-// out): the dot product over heads of up to 64, 32 rows or more.
+// out): the dot product over heads of up to 64, 64 rows or more.
 bool ColumnsTake(ScoreKind score, int64_t lq, int64_t d, int64_t dv) {
-  return score == ScoreKind::kDotProduct && lq >= 32 && d <= 64 && dv <= 64;
+  return score == ScoreKind::kDotProduct && lq >= 64 && d <= 64 && dv <= 64;
 }
 
 class AmxAttentionTest : public ::testing::TestWithParam<Case> {};
@@ -146,7 +146,7 @@ INSTANTIATE_TEST_SUITE_P(
              ScoreKind::kGaussian, "rows97_keys700_gaussian"},
         Case{1, 1, 300, 1000, 32, 32, Lengths::kPerRow, true,
              ScoreKind::kGaussian, "rows300_gaussian_causal_lengths"},
-        // cpu-amx-columns' edges: tasks of 64 rows in groups of 32, blocks
+        // cpu-amx-columns' edges: tasks of 128 rows in groups of 32, blocks
         // of 64 keys, queries that see no key, heads of 2 and 64.
         Case{2, 2, 64, 1000, 64, 64, Lengths::kPerRow, true,
              ScoreKind::kDotProduct, "rows64_keys1000_rowlengths_causal"},
@@ -170,7 +170,7 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
   for (const float rise : {30.0f, 3.0f}) {
     SCOPED_TRACE(::testing::Message() << "rise per block " << rise);
     std::mt19937 rng(17);
-    const int64_t lq = 40, lk = 1500, d = 64, dv = 32;
+    const int64_t lq = 70, lk = 1500, d = 64, dv = 32;
     Tensor q = RandomNormal(rng, {1, lq, d});
     Tensor k = RandomNormal(rng, {1, lk, d});
     const Tensor v = RandomNormal(rng, {1, lk, dv});
@@ -338,10 +338,10 @@ TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
       kernel == kBlocks ? std::vector<std::string>{kColumns}
                         : std::vector<std::string>{};
   for (const Layout& layout :
-       {Layout{1, 32, 300, false, false, "one query block"},
+       {Layout{1, 64, 300, false, false, "one query block"},
         Layout{2, 200, 70, false, false, "two query blocks"},
-        Layout{2, 32, 300, true, false, "lengths short of the last keys"},
-        Layout{1, 40, 300, false, true, "causal"}}) {
+        Layout{2, 64, 300, true, false, "lengths short of the last keys"},
+        Layout{1, 70, 300, false, true, "causal"}}) {
     SCOPED_TRACE(layout.label);
     std::mt19937 rng(static_cast<unsigned>(layout.lq + layout.lk));
     Tensor q = RandomNormal(rng, {layout.batch, layout.lq, 16});

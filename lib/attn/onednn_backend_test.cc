@@ -238,28 +238,31 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
         Implementation(two, Call().Keys(8192).In(Precision::kBFloat16).Held()),
         "cpu-key-shares");
     // 24 rows or more in bfloat16 on AMX tiles: the AMX kernels, the one
-    // with transposed scores for 32 rows or more of heads up to 64 whose
+    // with transposed scores for 64 rows or more of heads up to 64 whose
     // keys and values lay out in 32 MiB, the other for the rest and for
     // shares of keys held as bits.
     if (one.isa == CpuIsa::kAmx && one.native_bfloat16) {
-      EXPECT_EQ(Implementation(one, Call().Rows(32).In(Precision::kBFloat16)),
+      EXPECT_EQ(Implementation(one, Call().Rows(64).In(Precision::kBFloat16)),
                 "cpu-amx-columns");
-      EXPECT_EQ(Implementation(one, Call().Rows(31).In(Precision::kBFloat16)),
+      EXPECT_EQ(Implementation(one, Call().Rows(63).In(Precision::kBFloat16)),
                 "cpu-amx-blocks");
       EXPECT_EQ(Implementation(
                     one, Call().Rows(70).Keys(300).In(Precision::kBFloat16)),
                 "cpu-amx-columns");
       EXPECT_EQ(
-          Implementation(one, Call().Rows(33).In(Precision::kBFloat16).Held()),
+          Implementation(one, Call().Rows(70).In(Precision::kBFloat16).Held()),
           "cpu-amx-columns");
-      EXPECT_EQ(Implementation(one, Call().Rows(40).In(Precision::kBFloat16)
+      EXPECT_EQ(
+          Implementation(one, Call().Rows(33).In(Precision::kBFloat16).Held()),
+          "cpu-amx-blocks");
+      EXPECT_EQ(Implementation(one, Call().Rows(70).In(Precision::kBFloat16)
                                         .Depths(66, 64)),
                 "cpu-amx-blocks");
-      EXPECT_EQ(Implementation(one, Call().Rows(40).In(Precision::kBFloat16)
+      EXPECT_EQ(Implementation(one, Call().Rows(70).In(Precision::kBFloat16)
                                         .Depths(64, 66)),
                 "cpu-amx-blocks");
       // 262,144 keys of d = dv = 64: 64 MiB laid out.
-      EXPECT_EQ(Implementation(one, Call().Rows(32).Keys(262144).In(
+      EXPECT_EQ(Implementation(one, Call().Rows(64).Keys(262144).In(
                                         Precision::kBFloat16).Held()),
                 "cpu-amx-blocks");
       EXPECT_EQ(Implementation(two, Call().Rows(40).Keys(8192).In(
