@@ -4,14 +4,15 @@
 // rows, keys, d and dv that are not multiples of 16 or 32, masks, causal
 // rows, the Gaussian score, keys and values held as bfloat16. Each case runs
 // on cpu-amx-columns where it takes the call, and again with it skipped
-// (EngineOptions::skipped_cpu_implementations) on cpu-amx-blocks. On CPUs without AMX
-// tiles (or where the process may not use them) every case is skipped as
-// such: the other paths are tested by attention_test everywhere.
+// (EngineOptions::skipped_cpu_implementations) on cpu-amx-blocks. On CPUs
+// without AMX tiles (or where the process may not use them) every case is
+// skipped as such: the other paths are tested by attention_test everywhere.
 #include <cmath>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,8 +30,8 @@ namespace {
 using ::attn::testing::AttentionBounds;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
-using ::attn::testing::RoundToBFloat16Bits;
 using ::attn::testing::ReferenceEngine;
+using ::attn::testing::RoundToBFloat16Bits;
 using ::attn::testing::ViewOf;
 using ::attn::testing::WithinBounds;
 
@@ -73,6 +74,14 @@ std::unique_ptr<Engine> MakeEngine(bool always_parallel,
   return Engine::Create(options).value();
 }
 
+// What an engine skips so that `kernel` runs the calls both AMX kernels
+// would take: nothing for cpu-amx-columns, first in the list; it, for
+// cpu-amx-blocks.
+std::vector<std::string> SkippedFor(std::string_view kernel) {
+  if (kernel == kBlocks) return {kColumns};
+  return {};
+}
+
 // The calls cpu-amx-columns takes among these tests' (small enough to lay
 // out): the dot product over heads of up to 64, 64 rows or more.
 bool ColumnsTake(ScoreKind score, int64_t lq, int64_t d, int64_t dv) {
@@ -105,19 +114,19 @@ TEST_P(AmxAttentionTest, WithinDerivedBoundOnTiles) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   const auto bounds = AttentionBounds(request, *expected);
   request.return_weights = false;
-  for (const bool columns : {true, false}) {
+  for (const std::string_view kernel : {kColumns, kBlocks}) {
     for (bool always_parallel : {false, true}) {
       SCOPED_TRACE(::testing::Message()
                    << (always_parallel ? "every thread" : "default threads")
-                   << (columns ? "" : ", cpu-amx-columns skipped"));
-      auto result = MakeEngine(always_parallel, std::nullopt,
-                               columns ? std::vector<std::string>{}
-                                       : std::vector<std::string>{kColumns})
-                        ->ScaledDotProductAttention(request);
+                   << ", meant for " << kernel);
+      auto result =
+          MakeEngine(always_parallel, std::nullopt, SkippedFor(kernel))
+              ->ScaledDotProductAttention(request);
       ASSERT_TRUE(result.ok()) << result.status();
       EXPECT_EQ(result->implementation,
-                columns && ColumnsTake(c.score, c.lq, c.d, c.dv) ? kColumns
-                                                            : kBlocks);
+                kernel == kColumns && ColumnsTake(c.score, c.lq, c.d, c.dv)
+                    ? kColumns
+                    : kBlocks);
       EXPECT_TRUE(
           WithinBounds(result->output, expected->output, bounds.output));
     }
@@ -152,8 +161,8 @@ INSTANTIATE_TEST_SUITE_P(
              ScoreKind::kDotProduct, "rows64_keys1000_rowlengths_causal"},
         Case{3, 1, 65, 129, 32, 30, Lengths::kPerBatch, false,
              ScoreKind::kDotProduct, "rows65_keys129_d32_dv30_lengths"},
-        Case{1, 1, 100, 64, 62, 2, Lengths::kNone, true,
-             ScoreKind::kDotProduct, "rows100_keys64_dv2_causal"},
+        Case{1, 1, 100, 64, 62, 2, Lengths::kNone, true, ScoreKind::kDotProduct,
+             "rows100_keys64_dv2_causal"},
         Case{1, 3, 32, 2000, 64, 64, Lengths::kPerRow, false,
              ScoreKind::kDotProduct, "rows32_keys2000_rowlengths"}),
     [](const ::testing::TestParamInfo<Case>& info) {
@@ -191,13 +200,11 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
     ASSERT_TRUE(expected.ok()) << expected.status();
     const auto bounds = AttentionBounds(request, *expected);
     request.return_weights = false;
-    for (const char* kernel : {kColumns, kBlocks}) {
+    for (const std::string_view kernel : {kColumns, kBlocks}) {
       for (bool always_parallel : {false, true}) {
         SCOPED_TRACE(kernel);
         auto result =
-            MakeEngine(always_parallel, std::nullopt,
-                       kernel == kBlocks ? std::vector<std::string>{kColumns}
-                                         : std::vector<std::string>{})
+            MakeEngine(always_parallel, std::nullopt, SkippedFor(kernel))
                 ->ScaledDotProductAttention(request);
         ASSERT_TRUE(result.ok()) << result.status();
         EXPECT_EQ(result->implementation, kernel);
@@ -307,11 +314,9 @@ TEST(AmxOverflowTest, OverflowedScoresGiveTheReferenceResult) {
   AttentionRequest request = BFloat16Request(q, k, v);
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
-  for (const bool columns : {true, false}) {
-    SCOPED_TRACE(columns ? kColumns : kBlocks);
-    auto result = MakeEngine(false, std::nullopt,
-                             columns ? std::vector<std::string>{}
-                                     : std::vector<std::string>{kColumns})
+  for (const std::string_view kernel : {kColumns, kBlocks}) {
+    SCOPED_TRACE(kernel);
+    auto result = MakeEngine(false, std::nullopt, SkippedFor(kernel))
                       ->ScaledDotProductAttention(request);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->output.data, expected->output.data);
@@ -332,58 +337,58 @@ TEST(AmxRangeTest, RefusesAnElementPastBFloat16sRangeWhereverItIs) {
     bool lengths, causal;
     const char* label;
   };
-  for (const char* kernel : {kColumns, kBlocks}) {
-  SCOPED_TRACE(kernel);
-  const std::vector<std::string> skipped =
-      kernel == kBlocks ? std::vector<std::string>{kColumns}
-                        : std::vector<std::string>{};
-  for (const Layout& layout :
-       {Layout{1, 64, 300, false, false, "one query block"},
-        Layout{2, 200, 70, false, false, "two query blocks"},
-        Layout{2, 64, 300, true, false, "lengths short of the last keys"},
-        Layout{1, 70, 300, false, true, "causal"}}) {
-    SCOPED_TRACE(layout.label);
-    std::mt19937 rng(static_cast<unsigned>(layout.lq + layout.lk));
-    Tensor q = RandomNormal(rng, {layout.batch, layout.lq, 16});
-    Tensor k = RandomNormal(rng, {layout.batch, layout.lk, 16});
-    Tensor v = RandomNormal(rng, {layout.batch, layout.lk, 8});
-    std::vector<int32_t> lengths(layout.batch, 100);
-    for (auto [name, tensor] : {std::pair{"queries", &q}, std::pair{"keys", &k},
-                                std::pair{"values", &v}}) {
-      const int64_t count = static_cast<int64_t>(tensor->data.size());
-      for (const int64_t element : {int64_t{0}, count / 2 + 3, count - 1}) {
-        SCOPED_TRACE(::testing::Message() << name << " element " << element);
-        const float kept = tensor->data[element];
-        for (const float huge : {3.4e38f, -3.4e38f, 3.3e38f}) {
-          tensor->data[element] = huge;
-          AttentionRequest request = BFloat16Request(q, k, v);
-          if (layout.lengths) {
-            request.valid_lens = ViewOf(lengths, {layout.batch});
+  for (const std::string_view kernel : {kColumns, kBlocks}) {
+    SCOPED_TRACE(kernel);
+    const std::vector<std::string> skipped = SkippedFor(kernel);
+    for (const Layout& layout :
+         {Layout{1, 64, 300, false, false, "one query block"},
+          Layout{2, 200, 70, false, false, "two query blocks"},
+          Layout{2, 64, 300, true, false, "lengths short of the last keys"},
+          Layout{1, 70, 300, false, true, "causal"}}) {
+      SCOPED_TRACE(layout.label);
+      std::mt19937 rng(static_cast<unsigned>(layout.lq + layout.lk));
+      Tensor q = RandomNormal(rng, {layout.batch, layout.lq, 16});
+      Tensor k = RandomNormal(rng, {layout.batch, layout.lk, 16});
+      Tensor v = RandomNormal(rng, {layout.batch, layout.lk, 8});
+      std::vector<int32_t> lengths(layout.batch, 100);
+      for (auto [name, tensor] :
+           {std::pair{"queries", &q}, std::pair{"keys", &k},
+            std::pair{"values", &v}}) {
+        const int64_t count = static_cast<int64_t>(tensor->data.size());
+        for (const int64_t element : {int64_t{0}, count / 2 + 3, count - 1}) {
+          SCOPED_TRACE(::testing::Message() << name << " element " << element);
+          const float kept = tensor->data[element];
+          for (const float huge : {3.4e38f, -3.4e38f, 3.3e38f}) {
+            tensor->data[element] = huge;
+            AttentionRequest request = BFloat16Request(q, k, v);
+            if (layout.lengths) {
+              request.valid_lens = ViewOf(lengths, {layout.batch});
+            }
+            request.causal = layout.causal;
+            auto result = MakeEngine(false, std::nullopt, skipped)
+                              ->ScaledDotProductAttention(request);
+            if (std::fabs(huge) < 3.39e38f) {
+              EXPECT_TRUE(result.ok()) << result.status();
+              continue;
+            }
+            ASSERT_EQ(result.status().code(),
+                      absl::StatusCode::kInvalidArgument)
+                << huge;
+            EXPECT_NE(result.status().message().find(
+                          absl::StrCat(name, ": element ", element, " ")),
+                      std::string::npos)
+                << result.status();
           }
-          request.causal = layout.causal;
-          auto result = MakeEngine(false, std::nullopt, skipped)
-                            ->ScaledDotProductAttention(request);
-          if (std::fabs(huge) < 3.39e38f) {
-            EXPECT_TRUE(result.ok()) << result.status();
-            continue;
-          }
-          ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
-              << huge;
-          EXPECT_NE(result.status().message().find(
-                        absl::StrCat(name, ": element ", element, " ")),
-                    std::string::npos)
-              << result.status();
+          tensor->data[element] = kept;
         }
-        tensor->data[element] = kept;
       }
+      // In range, the tiles take it.
+      AttentionRequest request = BFloat16Request(q, k, v);
+      auto result = MakeEngine(false, std::nullopt, skipped)
+                        ->ScaledDotProductAttention(request);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->implementation, kernel);
     }
-    // In range, the tiles take it.
-    AttentionRequest request = BFloat16Request(q, k, v);
-    auto result = MakeEngine(false, std::nullopt, skipped)
-                      ->ScaledDotProductAttention(request);
-    ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->implementation, kernel);
-  }
   }
 }
 

@@ -90,7 +90,7 @@ struct alignas(64) ColumnsScratch {
   uint32_t query_tiles[kGroups][4][kTileWords];  // [group][q tile * chunks + c]
   float scores[kBlock][kGroup];                  // S^T
   uint32_t probabilities[kBlock / kPairsDepth][2][kTileWords];  // P^T tiles
-  float acc[kGroups][kMaxDepth][kGroup];         // O^T
+  float acc[kGroups][kMaxDepth][kGroup];                        // O^T
   int32_t limit[kTaskRows];
 };
 
@@ -158,9 +158,9 @@ bool LayOut(const AttentionParams& p, const Layout& layout, int64_t bh,
             columns, rounded + 2 * r * p.dv + ct * kTileSide);
         const __m256i odd = _mm256_maskz_loadu_epi16(
             columns, rounded + (2 * r + 1) * p.dv + ct * kTileSide);
-        rows[r] = _mm512_or_si512(
-            _mm512_cvtepu16_epi32(even),
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
+        rows[r] =
+            _mm512_or_si512(_mm512_cvtepu16_epi32(even),
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
       }
       TransposeWords16x16(rows);
       uint16_t* to =
@@ -178,9 +178,9 @@ bool LayOut(const AttentionParams& p, const Layout& layout, int64_t bh,
 // Rounded to nearest even as ToBFloat16 (the exponentials are 0 or normal:
 // nothing for the instruction to flush).
 ATTN_AMX_TARGET inline __m512i InterleavedPairs(__m512 even, __m512 odd) {
-  const __m512i order = _mm512_set_epi16(
-      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-      6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
+                                         26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                         5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(
       order, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even)));
 }
@@ -343,8 +343,8 @@ ATTN_AMX_TARGET TaskResult ColumnsTask(const AttentionParams& p,
         _tile_loadd(3, acc + kTileSide * kGroup + kTileSide, kGroup * 4);
         for (int64_t kc = 0; kc < block_chunks; ++kc) {
           const uint16_t* v =
-              values + ((j0 / kPairsDepth + kc) * dvp + h * kPairsDepth) *
-                           kPairsDepth;
+              values +
+              ((j0 / kPairsDepth + kc) * dvp + h * kPairsDepth) * kPairsDepth;
           _tile_loadd(4, v, 64);
           _tile_loadd(5, v + kTileSide * kPairsDepth, 64);
           _tile_loadd(6, s.probabilities[kc][0], 64);
@@ -371,33 +371,33 @@ ATTN_AMX_TARGET TaskResult ColumnsTask(const AttentionParams& p,
   for (int64_t g = 0; g < groups; ++g) {
     for (int j = 0; j < 2; ++j) {
       alignas(64) float inverse[kTileSide];
-      const __mmask16 some = _mm512_cmp_ps_mask(sum[g][j], _mm512_setzero_ps(),
-                                                _CMP_GT_OQ);
-      _mm512_store_ps(inverse, _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f),
-                                                   sum[g][j]));
+      const __mmask16 some =
+          _mm512_cmp_ps_mask(sum[g][j], _mm512_setzero_ps(), _CMP_GT_OQ);
+      _mm512_store_ps(
+          inverse, _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f), sum[g][j]));
       for (int64_t ct = 0; ct < dvp / kTileSide; ++ct) {
         __m512i block[16];
         for (int64_t c = 0; c < kTileSide; ++c) {
-          block[c] = _mm512_loadu_si512(
-              &s.acc[g][ct * kTileSide + c][j * kTileSide]);
+          block[c] =
+              _mm512_loadu_si512(&s.acc[g][ct * kTileSide + c][j * kTileSide]);
         }
         TransposeWords16x16(block);
         const __mmask16 columns = FirstLanes(p.dv - ct * kTileSide);
         for (int64_t n = 0; n < kTileSide; ++n) {
           const int64_t row = g * kGroup + j * kTileSide + n;
           if (row >= rows) break;
-          const __m512 value = _mm512_mul_ps(
-              reinterpret_cast<__m512>(block[n]), _mm512_set1_ps(inverse[n]));
-          probe = _mm512_add_ps(probe, _mm512_maskz_mul_ps(
-                                           columns, value, _mm512_setzero_ps()));
+          const __m512 value = _mm512_mul_ps(reinterpret_cast<__m512>(block[n]),
+                                             _mm512_set1_ps(inverse[n]));
+          probe = _mm512_add_ps(
+              probe, _mm512_maskz_mul_ps(columns, value, _mm512_setzero_ps()));
           _mm512_mask_storeu_ps(out + row * p.dv + ct * kTileSide, columns,
                                 value);
         }
       }
     }
   }
-  result.nonfinite = _mm512_cmp_ps_mask(probe, _mm512_setzero_ps(),
-                                        _CMP_NEQ_UQ) != 0;
+  result.nonfinite =
+      _mm512_cmp_ps_mask(probe, _mm512_setzero_ps(), _CMP_NEQ_UQ) != 0;
   return result;
 }
 
@@ -417,8 +417,7 @@ bool Takes(const CpuCall<AttentionParams>& call) {
          p.precision == Precision::kBFloat16 && p.weights == nullptr &&
          p.log_sum_exp == nullptr && p.score == ScoreKind::kDotProduct &&
          p.d % 2 == 0 && p.d <= kMaxDepth && p.dv % 2 == 0 &&
-         p.dv <= kMaxDepth && p.lq >= kMinRows &&
-         LayoutBytes(p) <= kKeptBytes;
+         p.dv <= kMaxDepth && p.lq >= kMinRows && LayoutBytes(p) <= kKeptBytes;
 }
 
 absl::Status Run(const CpuCall<AttentionParams>& call) {
@@ -450,9 +449,9 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
       [&](int64_t index, std::unique_ptr<ColumnsScratch>& scratch) {
         const int64_t head = index / blocks;
         const int64_t q0 = index % blocks * kTaskRows;
-        const TaskResult task = ColumnsTask(
-            p, layout, heads + head * layout.Words(), head, q0,
-            std::min(kTaskRows, p.lq - q0), *scratch);
+        const TaskResult task =
+            ColumnsTask(p, layout, heads + head * layout.Words(), head, q0,
+                        std::min(kTaskRows, p.lq - q0), *scratch);
         if (task.past_range) past_range.store(true, std::memory_order_relaxed);
         if (task.nonfinite) nonfinite.store(true, std::memory_order_relaxed);
         return true;

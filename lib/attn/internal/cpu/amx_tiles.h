@@ -18,8 +18,7 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 #if defined(ATTN_ISA_AVX512)
 
 // The tile instructions, on top of the copy's AVX-512.
-#define ATTN_AMX_TARGET \
-  __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+#define ATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
 
 // Rows, keys or columns per tile, and bfloat16 summed per tile row.
 constexpr int64_t kTileSide = 16;
@@ -80,21 +79,21 @@ inline void TransposeWords16x16(__m512i (&rows)[16]) {
 // word r of key n at [r][n]. keys_padded / 16 x dp / 32 tiles, zeros past
 // count and d.
 inline void PackRowsAsBTiles(const uint16_t* keys, int64_t count, int64_t d,
-              int64_t keys_padded, int64_t dp, uint32_t* tiles) {
+                             int64_t keys_padded, int64_t dp, uint32_t* tiles) {
   const int64_t chunks = dp / kPairsDepth;
   const int64_t words = d / 2;
   for (int64_t t = 0; t < keys_padded / kTileSide; ++t) {
-    const int64_t present = std::clamp<int64_t>(count - t * kTileSide, 0,
-                                                kTileSide);
+    const int64_t present =
+        std::clamp<int64_t>(count - t * kTileSide, 0, kTileSide);
     for (int64_t c = 0; c < chunks; ++c) {
       const __mmask16 columns = FirstLanes(words - c * kTileSide);
       __m512i rows[16];
       for (int64_t n = 0; n < kTileSide; ++n) {
-        rows[n] = n < present
-                      ? _mm512_maskz_loadu_epi32(
-                            columns, keys + (t * kTileSide + n) * d +
-                                         c * kPairsDepth)
-                      : _mm512_setzero_si512();
+        rows[n] =
+            n < present
+                ? _mm512_maskz_loadu_epi32(
+                      columns, keys + (t * kTileSide + n) * d + c * kPairsDepth)
+                : _mm512_setzero_si512();
       }
       TransposeWords16x16(rows);
       uint32_t* tile = tiles + (t * chunks + c) * kTileWords;
