@@ -218,8 +218,9 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
 // A memory held as bfloat16 bits over enough keys that its query rows'
 // keys are shared out among the threads (cpu-key-shares running AMX tasks),
 // or not (one thread): the same as the floats the bits hold, and within the
-// derived bound of the reference. (cpu-amx-columns takes float32 operands
-// only: it is skipped, so that both run on the same kernel.)
+// derived bound of the reference; on cpu-amx-columns where it takes the
+// call (64 rows or more, no shares), and with it skipped on
+// cpu-amx-blocks.
 TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
   if (!AmxHere()) GTEST_SKIP() << "no AMX tiles on this CPU";
   std::mt19937 rng(5);
@@ -245,25 +246,31 @@ TEST(AmxHeldMemoryTest, SharesOnTilesMatchTheReference) {
     ASSERT_TRUE(expected.ok()) << expected.status();
     const auto bounds = AttentionBounds(floats, *expected);
     floats.return_weights = false;
-    for (int threads : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads");
-      EngineOptions options;
-      options.max_threads = threads;
-      options.single_thread_below_flops = 0.0;
-      options.skipped_cpu_implementations = {kColumns};
-      auto engine = Engine::Create(options).value();
-      auto from_held = engine->ScaledDotProductAttention(held);
-      auto from_floats = engine->ScaledDotProductAttention(floats);
-      ASSERT_TRUE(from_held.ok()) << from_held.status();
-      ASSERT_TRUE(from_floats.ok()) << from_floats.status();
-      // Two threads share one task's keys out; one runs it whole, as it
-      // does two tasks.
-      EXPECT_EQ(from_held->implementation, threads == 2 && lq <= 128
-                                               ? "cpu-key-shares"
-                                               : "cpu-amx-blocks");
-      EXPECT_EQ(from_held->output.data, from_floats->output.data);
-      EXPECT_TRUE(
-          WithinBounds(from_held->output, expected->output, bounds.output));
+    for (const std::string_view kernel : {kColumns, kBlocks}) {
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message()
+                     << threads << " threads, meant for " << kernel);
+        EngineOptions options;
+        options.max_threads = threads;
+        options.single_thread_below_flops = 0.0;
+        options.skipped_cpu_implementations = SkippedFor(kernel);
+        auto engine = Engine::Create(options).value();
+        auto from_held = engine->ScaledDotProductAttention(held);
+        auto from_floats = engine->ScaledDotProductAttention(floats);
+        ASSERT_TRUE(from_held.ok()) << from_held.status();
+        ASSERT_TRUE(from_floats.ok()) << from_floats.status();
+        // Two threads share one task's keys out; one runs it whole, as it
+        // does two tasks.
+        const std::string_view expected_kernel =
+            threads == 2 && lq <= 128        ? "cpu-key-shares"
+            : kernel == kColumns && lq >= 64 ? kColumns
+                                             : kBlocks;
+        EXPECT_EQ(from_held->implementation, expected_kernel);
+        EXPECT_EQ(from_floats->implementation, expected_kernel);
+        EXPECT_EQ(from_held->output.data, from_floats->output.data);
+        EXPECT_TRUE(
+            WithinBounds(from_held->output, expected->output, bounds.output));
+      }
     }
   }
 }
