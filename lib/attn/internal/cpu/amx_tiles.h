@@ -1,9 +1,9 @@
 // What the AMX kernels (cpu-amx-blocks, cpu-amx-columns) share: the tile
 // configuration, their sizes, and the layouts of bfloat16 operands as tiles.
 //
-// Internal to the kernel sources: include it inside the ISA region after
-// softmax_avx512.h, with <immintrin.h> included before the region; it defines
-// nothing outside the avx512 copy.
+// Internal to the kernel sources: include it inside the ISA region (it
+// includes softmax_avx512.h), with <immintrin.h> included before the region;
+// it defines nothing outside the avx512 copy.
 #ifndef ATTN_INTERNAL_CPU_AMX_TILES_H_
 #define ATTN_INTERNAL_CPU_AMX_TILES_H_
 
