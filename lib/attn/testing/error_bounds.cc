@@ -110,8 +110,8 @@ ErrorBounds AttentionBounds(const AttentionRequest& request,
   // 2^-8 (half the spacing 2^-7 between bfloat16 values in [1, 2)).
   const double probability_rounding =
       p.precision == Precision::kBFloat16 ? 0x1p-8 : 0.0;
-  // Their exponentials need no more than bfloat16 keeps, and cpu-amx-blocks
-  // takes them so (softmax_avx512.h's Exp2Of16): 2^-18 of its own, and its
+  // Their exponentials need no more than bfloat16 keeps, and the AMX kernels
+  // take them so (softmax_avx512.h's Exp2Of16): 2^-18 of its own, and its
   // argument (x - max) * scale * log2(e) rounded three times, 3u of at most
   // 125.5 (below, the result is under the flush floor), ln 2 * 3u * 125.5
   // < 2^-15.9 relative: 2^-15 covers both.

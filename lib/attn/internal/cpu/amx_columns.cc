@@ -1,6 +1,7 @@
 // cpu-amx-columns: bfloat16 attention without weights on AMX tiles, each
-// block's scores taken transposed (keys down, queries across), for heads of
-// up to 64 (d and dv) given as float32.
+// block's scores taken transposed (keys down, queries across), for 64 query
+// rows or more of heads up to 64 (d and dv), keys and values given as
+// float32 or held as bfloat16.
 //
 // Why: cpu-amx-blocks runs its softmax along rows (one query's keys), so
 // each row of each block pays its own max and sum reductions, and its blocks
@@ -12,7 +13,8 @@
 // takes the scores as S^T = K Q^T, so a query's running max and sum are
 // lanes of vectors and the softmax runs down the keys with no reduction at
 // all. Blocks of 64 keys then cost nothing extra, and a block's keys,
-// values, scores and probabilities stay in L1 with the task's accumulators:
+// values, scores and probabilities stay in L1 with the accumulators of the
+// group at work:
 // - the keys are the A operand of the scores as rows of d bfloat16, and the
 //   values the A operand of O^T += V^T P^T as V^T in chunks of 32 keys, both
 //   laid out once per call; the queries are the B operand (pairs of d down,
@@ -24,9 +26,9 @@
 //   down, queries across, on tiles loaded from and stored back to L1.
 // The arithmetic is that of the other bfloat16 paths: bfloat16 products
 // summed in float32, the softmax in float32 with cpu-amx-blocks'
-// exponentials (softmax_avx512.h's Exp2Of16), the probabilities rounded
-// once. Each block's max is exact (no lazy margin): at most one rescale per
-// 64 keys, what the error bound allows (attn/testing/error_bounds.cc).
+// exponentials (softmax_avx512.h's Exp2Of16 and Exp2Of64), the probabilities
+// rounded once. Each block's max is exact (no lazy margin): at most one rescale
+// per 64 keys, what the error bound allows (attn/testing/error_bounds.cc).
 
 // GCC 12's unmasked AVX-512 intrinsics pass _mm512_undefined_*() as their
 // masked-off source, which -Wmaybe-uninitialized reports wherever they
