@@ -80,9 +80,10 @@ using CpuImplementationList =
 
 // Runs `call` on the first implementation in `list` that takes it, leaving
 // out those named in `skipped` (a test's switch: EngineOptions::
-// skipped_cpu_implementations), and returns that implementation's name. UNIMPLEMENTED when none takes it (the
-// backend then declines the call); otherwise run()'s status, with
-// RESOURCE_EXHAUSTED for a std::bad_alloc it threw.
+// skipped_cpu_implementations), and returns that implementation's name.
+// UNIMPLEMENTED when none takes it (the backend then declines the call);
+// otherwise run()'s status, with RESOURCE_EXHAUSTED for a std::bad_alloc it
+// threw.
 template <typename Params>
 absl::StatusOr<const char*> RunFirstThatTakes(
     CpuImplementationList<Params> list, const CpuCall<Params>& call,

@@ -33,8 +33,8 @@ const CpuImplementation<AttentionParams>* const kAttentionOrder[] = {
     &kWeightsBlocks,  // "cpu-weights-blocks": the weights are asked for
     &kKeyShares,      // "cpu-key-shares": fewer tasks than threads, many
                       // keys; or the log-sum-exp asked for
-    &kAmxColumns,     // "cpu-amx-columns": bfloat16 on AMX tiles, d and dv
-                      // up to 64, float32 operands (avx512 copy)
+    &kAmxColumns,     // "cpu-amx-columns": bfloat16 on AMX tiles, 64 rows
+                      // or more, d and dv up to 64 (avx512 copy)
     &kAmxBlocks,      // "cpu-amx-blocks": bfloat16 on AMX tiles (avx512 copy)
     &kLaneAttention,  // "cpu-lane": 2-64 query rows over many keys
     &kFusedBlocks,    // "cpu-fused-blocks": every call left
