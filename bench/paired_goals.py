@@ -77,7 +77,8 @@ def peer_ms(row, threads):
              "--threads", str(threads), "--repeats", "15", "--only", row,
              "--json", out.name],
             capture_output=True, text=True, check=True)
-        return json.load(open(out.name))["rows"][0]["median_ms"]
+        with open(out.name) as written:
+            return json.load(written)["rows"][0]["median_ms"]
 
 
 def main():

@@ -77,21 +77,6 @@ constexpr int64_t kAmxKeyBlock = 256;
 constexpr int64_t kScoreStride = kAmxKeyBlock;
 constexpr int64_t kProbabilityStride = kAmxKeyBlock + 32;
 constexpr int64_t kRowGroup = 32;
-// The task's queries, rows x d, into `to` as rows_padded x dp (zeros past
-// them).
-void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
-                int64_t rows_padded, int64_t dp, uint16_t* to) {
-  for (int64_t r = 0; r < rows_padded; ++r) {
-    uint16_t* row = to + r * dp;
-    if (r < rows) {
-      std::copy(queries + r * d, queries + (r + 1) * d, row);
-      std::fill(row + d, row + dp, uint16_t{0});
-    } else {
-      std::fill(row, row + dp, uint16_t{0});
-    }
-  }
-}
-
 // Values [0, count) of `values` (rows of dv bfloat16) as B tiles of the
 // second product: tile (kc, ct) holds keys 32kc..32kc+31 and columns
 // 16ct..16ct+15, keys 2r and 2r + 1 of column n as the word at [r][n].
@@ -105,19 +90,10 @@ void PackValues(const uint16_t* values, int64_t count, int64_t dv,
       const int64_t column = ct * kTileSide;
       const __mmask16 columns = FirstLanes(dv - column);
       for (int64_t r = 0; r < kTileSide; ++r) {
-        const int64_t key = kc * kPairsDepth + 2 * r;
-        __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-        if (columns && key < count) {
-          even = _mm256_maskz_loadu_epi16(columns, values + key * dv + column);
-        }
-        if (columns && key + 1 < count) {
-          odd = _mm256_maskz_loadu_epi16(columns,
-                                         values + (key + 1) * dv + column);
-        }
-        const __m512i pairs =
-            _mm512_or_si512(_mm512_cvtepu16_epi32(even),
-                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
-        _mm512_storeu_si512(tile + r * kTileSide, pairs);
+        _mm512_storeu_si512(
+            tile + r * kTileSide,
+            ValuePairs(values, count, dv, kc * kPairsDepth + 2 * r, column,
+                       columns));
       }
     }
   }
@@ -127,22 +103,8 @@ void PackValues(const uint16_t* values, int64_t count, int64_t dv,
 // even, as every other bfloat16 path) a tile's rows at a time, so that a
 // call's keys and values are read once, not rounded into a copy first.
 // These return whether an element was past bfloat16's range
-// (ToBFloat16PastRange); the bfloat16 ones above have none.
-bool PadQueries(const float* queries, int64_t rows, int64_t d,
-                int64_t rows_padded, int64_t dp, uint16_t* to) {
-  bool past_range = false;
-  for (int64_t r = 0; r < rows_padded; ++r) {
-    uint16_t* row = to + r * dp;
-    if (r < rows) {
-      past_range |= ToBFloat16PastRange(queries + r * d, d, row);
-      std::fill(row + d, row + dp, uint16_t{0});
-    } else {
-      std::fill(row, row + dp, uint16_t{0});
-    }
-  }
-  return past_range;
-}
-
+// (ToBFloat16PastRange); the bfloat16 ones above have none. (The queries'
+// PadQueries is amx_tiles.h's.)
 std::vector<uint16_t>& RoundedRows() {
   thread_local std::vector<uint16_t> rows;
   return rows;

@@ -150,19 +150,12 @@ bool LayOut(const AttentionParams& p, const Layout& layout, int64_t bh,
                             held ? v_bits + key0 * p.dv : nullptr,
                             present * p.dv, rounded);
     }
-    std::fill(rounded + present * p.dv, rounded + kPairsDepth * p.dv,
-              uint16_t{0});
     for (int64_t ct = 0; ct < layout.dvp / kTileSide; ++ct) {
       const __mmask16 columns = FirstLanes(p.dv - ct * kTileSide);
       __m512i rows[16];
       for (int64_t r = 0; r < kTileSide; ++r) {
-        const __m256i even = _mm256_maskz_loadu_epi16(
-            columns, rounded + 2 * r * p.dv + ct * kTileSide);
-        const __m256i odd = _mm256_maskz_loadu_epi16(
-            columns, rounded + (2 * r + 1) * p.dv + ct * kTileSide);
         rows[r] =
-            _mm512_or_si512(_mm512_cvtepu16_epi32(even),
-                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
+            ValuePairs(rounded, present, p.dv, 2 * r, ct * kTileSide, columns);
       }
       TransposeWords16x16(rows);
       uint16_t* to =
@@ -207,15 +200,8 @@ ATTN_AMX_TARGET TaskResult ColumnsTask(const AttentionParams& p,
 
   // Queries as B tiles, limits (0 past the task's rows), state.
   const float* q = p.q + (bh * p.lq + q0) * p.d;
-  for (int64_t r = 0; r < groups * kGroup; ++r) {
-    uint16_t* row = s.query_rows + r * dp;
-    if (r < rows) {
-      result.past_range |= ToBFloat16PastRange(q + r * p.d, p.d, row);
-      std::fill(row + p.d, row + dp, uint16_t{0});
-    } else {
-      std::fill(row, row + dp, uint16_t{0});
-    }
-  }
+  result.past_range =
+      PadQueries(q, rows, p.d, groups * kGroup, dp, s.query_rows);
   // Per group, the end of the keys any of its queries attends to, and of
   // those all of them do.
   int64_t group_end[kGroups], group_start[kGroups];

@@ -73,6 +73,56 @@ inline void TransposeWords16x16(__m512i (&rows)[16]) {
   }
 }
 
+// The task's queries, rows x d, into `to` as rows_padded x dp (zeros past
+// them).
+inline void PadQueries(const uint16_t* queries, int64_t rows, int64_t d,
+                       int64_t rows_padded, int64_t dp, uint16_t* to) {
+  for (int64_t r = 0; r < rows_padded; ++r) {
+    uint16_t* row = to + r * dp;
+    if (r < rows) {
+      std::copy(queries + r * d, queries + (r + 1) * d, row);
+      std::fill(row + d, row + dp, uint16_t{0});
+    } else {
+      std::fill(row, row + dp, uint16_t{0});
+    }
+  }
+}
+
+// The same from float32 queries, rounded as ToBFloat16; returns whether an
+// element was past bfloat16's range (ToBFloat16PastRange).
+inline bool PadQueries(const float* queries, int64_t rows, int64_t d,
+                       int64_t rows_padded, int64_t dp, uint16_t* to) {
+  bool past_range = false;
+  for (int64_t r = 0; r < rows_padded; ++r) {
+    uint16_t* row = to + r * dp;
+    if (r < rows) {
+      past_range |= ToBFloat16PastRange(queries + r * d, d, row);
+      std::fill(row + d, row + dp, uint16_t{0});
+    } else {
+      std::fill(row, row + dp, uint16_t{0});
+    }
+  }
+  return past_range;
+}
+
+// Row r of a value tile (cpu-amx-blocks' B operand; transposed, a row of
+// cpu-amx-columns' V^T): keys `key` and `key` + 1 of the 16 columns from
+// `column` of `values` (rows of dv bfloat16, `columns` of those 16 present),
+// the even key in each 32-bit word's low half; keys at or past `count` give
+// zeros.
+inline __m512i ValuePairs(const uint16_t* values, int64_t count, int64_t dv,
+                          int64_t key, int64_t column, __mmask16 columns) {
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+  if (columns && key < count) {
+    even = _mm256_maskz_loadu_epi16(columns, values + key * dv + column);
+  }
+  if (columns && key + 1 < count) {
+    odd = _mm256_maskz_loadu_epi16(columns, values + (key + 1) * dv + column);
+  }
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(even),
+                         _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
+}
+
 // Rows [0, count) of `keys` (rows of d bfloat16, d even) as B tiles of a
 // product over d (cpu-amx-blocks' keys for the scores, cpu-amx-columns'
 // queries): tile (t, c) holds keys 16t..16t+15 and d's words 16c..16c+15,
