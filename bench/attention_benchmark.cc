@@ -5,6 +5,10 @@
 //
 // Run through bench/run_benchmarks.sh, which also runs the PyTorch peer and
 // prints one table. OMP_NUM_THREADS sets the thread count (2 on the dev box).
+// ATTN_BENCH_SKIPPED=name,name leaves those CPU implementations out of the
+// engines here (EngineOptions::skipped_cpu_implementations), so that the
+// next one in the list runs their calls: one kernel timed against the one
+// it replaces, on the same machine.
 #include <immintrin.h>
 #include <malloc.h>
 
@@ -21,6 +25,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "absl/strings/str_split.h"
 #include "attn/bfloat16.h"
 #include "attn/engine.h"
 #include "attn/pieces.h"
@@ -95,8 +100,18 @@ namespace {
 
 using ::attn::testing::RandomNormal;
 
+// EngineOptions with ATTN_BENCH_SKIPPED's implementations left out.
+EngineOptions BenchOptions() {
+  EngineOptions options;
+  if (const char* skipped = std::getenv("ATTN_BENCH_SKIPPED")) {
+    options.skipped_cpu_implementations =
+        absl::StrSplit(skipped, ',', absl::SkipEmpty());
+  }
+  return options;
+}
+
 Engine& SharedEngine() {
-  static Engine* engine = Engine::Create(EngineOptions{}).value().release();
+  static Engine* engine = Engine::Create(BenchOptions()).value().release();
   return *engine;
 }
 
@@ -278,12 +293,12 @@ struct Memory {
 Engine& MemoryEngine(int threads) {
   static Engine* const engines[2] = {
       [] {
-        EngineOptions options;
+        EngineOptions options = BenchOptions();
         options.max_threads = 1;
         return Engine::Create(options).value().release();
       }(),
       [] {
-        EngineOptions options;
+        EngineOptions options = BenchOptions();
         options.max_threads = 2;
         return Engine::Create(options).value().release();
       }()};

@@ -2,12 +2,14 @@
 // against the reference on seeded random shapes, and the textbook's toy case.
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "attn/bfloat16.h"
+#include "attn/cpu_isa.h"
 #include "attn/engine.h"
 #include "attn/testing/compare.h"
 #include "attn/testing/engines.h"
@@ -51,6 +53,9 @@ class AttentionTest : public ::testing::TestWithParam<Case> {
     auto optimized = Engine::Create(EngineOptions{});
     ASSERT_TRUE(optimized.ok()) << optimized.status();
     optimized_ = std::move(optimized).value();
+    EngineOptions without_columns;
+    without_columns.skipped_cpu_implementations = {"cpu-columns"};
+    without_columns_ = Engine::Create(without_columns).value();
     EngineOptions reference_options;
     reference_options.use_onednn = false;
     auto reference = Engine::Create(reference_options);
@@ -58,8 +63,19 @@ class AttentionTest : public ::testing::TestWithParam<Case> {
     reference_ = std::move(reference).value();
   }
   std::unique_ptr<Engine> optimized_;
+  // The same with cpu-columns skipped: cpu-fused-blocks runs its calls.
+  std::unique_ptr<Engine> without_columns_;
   std::unique_ptr<Engine> reference_;
 };
+
+// Whether cpu-columns takes the call without weights: float32 dot products
+// of 64 rows or more over heads up to 64, in the avx512 copy of the
+// kernels (which this process's cap, ATTN_MAX_CPU_ISA, may turn off).
+bool ColumnsTake(int64_t lq, int64_t d, int64_t dv, ScoreKind score) {
+  const auto isa = SelectCpuIsa(std::nullopt);
+  return isa.ok() && *isa >= CpuIsa::kAvx512 &&
+         score == ScoreKind::kDotProduct && lq >= 64 && d <= 64 && dv <= 64;
+}
 
 TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
   const Case& c = GetParam();
@@ -109,8 +125,13 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
   request.return_weights = false;
   auto fused = optimized_->ScaledDotProductAttention(request);
   ASSERT_TRUE(fused.ok()) << fused.status();
-  EXPECT_EQ(fused->implementation, "cpu-fused-blocks");
+  EXPECT_EQ(fused->implementation, ColumnsTake(c.lq, c.d, c.dv, c.score)
+                                       ? "cpu-columns"
+                                       : "cpu-fused-blocks");
   EXPECT_TRUE(fused->weights.empty());
+  auto blocks = without_columns_->ScaledDotProductAttention(request);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_EQ(blocks->implementation, "cpu-fused-blocks");
 
   // Bounds derived from the arithmetic (attn/testing/error_bounds.h), so
   // they hold whichever instruction set and blocking the backend uses.
@@ -121,6 +142,7 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
   EXPECT_TRUE(WithinBounds(with_weights->output, expected->output,
                            bounds.output));
   EXPECT_TRUE(WithinBounds(fused->output, expected->output, bounds.output));
+  EXPECT_TRUE(WithinBounds(blocks->output, expected->output, bounds.output));
 
   // Masked positions get exactly zero weight; zero-length rows give zeros.
   for (int64_t b = 0; b < c.batch; ++b) {
@@ -138,6 +160,8 @@ TEST_P(AttentionTest, MatchesReferenceWithAndWithoutWeights) {
             << "row " << row << " limit " << limit;
         if (limit == 0) {
           ASSERT_TRUE(AllExactly(fused->output, 0.0f, row * c.dv,
+                                 (row + 1) * c.dv));
+          ASSERT_TRUE(AllExactly(blocks->output, 0.0f, row * c.dv,
                                  (row + 1) * c.dv));
         }
       }

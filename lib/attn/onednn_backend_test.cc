@@ -37,8 +37,8 @@ TEST(OneDnnBackendTest, ListsEveryImplementationInOrder) {
             (std::vector<std::string>{
                 "onednn-softmax", "cpu-masked-softmax", "onednn-matmul",
                 "cpu-weights-blocks", "cpu-key-shares", "cpu-amx-columns",
-                "cpu-amx-blocks", "cpu-lane", "cpu-fused-blocks",
-                "cpu-additive", "cpu-regression"}));
+                "cpu-amx-blocks", "cpu-lane", "cpu-columns",
+                "cpu-fused-blocks", "cpu-additive", "cpu-regression"}));
 }
 
 // An engine whose own kernels are capped at `cap` (and ATTN_MAX_CPU_ISA),
@@ -184,6 +184,10 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
     // The lane kernel exists in the AVX2 and AVX-512 copies only.
     const bool lanes = one.isa != CpuIsa::kBaseline;
     const std::string lane_or_blocks = lanes ? "cpu-lane" : "cpu-fused-blocks";
+    // cpu-columns exists in the AVX-512 copy only.
+    const bool columns = one.isa >= CpuIsa::kAvx512;
+    const std::string columns_or_blocks =
+        columns ? "cpu-columns" : "cpu-fused-blocks";
 
     // The weights asked for: always the weights blocks.
     EXPECT_EQ(Implementation(one, Call().Weights()), "cpu-weights-blocks");
@@ -207,8 +211,20 @@ TEST(OneDnnBackendTest, EachAttentionImplementationTakesItsCalls) {
     // Outside the lane kernel's reach: the blocks.
     EXPECT_EQ(Implementation(one, Call().Rows(1).Keys(8192)),
               "cpu-fused-blocks");
-    EXPECT_EQ(Implementation(one, Call().Rows(65)), "cpu-fused-blocks");
+    // float32, 64 rows or more (past the lane kernel's), d and dv up to 64:
+    // cpu-columns; outside its reach, the blocks.
+    EXPECT_EQ(Implementation(one, Call().Rows(65)), columns_or_blocks);
     EXPECT_EQ(Implementation(one, Call().Rows(130).Keys(4133)),
+              columns_or_blocks);
+    EXPECT_EQ(Implementation(one, Call().Rows(64).Keys(100)),
+              columns_or_blocks);
+    EXPECT_EQ(Implementation(two, Call().Rows(100).Keys(300).Causal()),
+              columns_or_blocks);
+    EXPECT_EQ(Implementation(one, Call().Rows(63).Keys(100)),
+              "cpu-fused-blocks");
+    EXPECT_EQ(Implementation(one, Call().Rows(64).Keys(100).Depths(65, 64)),
+              "cpu-fused-blocks");
+    EXPECT_EQ(Implementation(one, Call().Rows(64).Keys(100).Depths(64, 65)),
               "cpu-fused-blocks");
     EXPECT_EQ(Implementation(one, Call().Depths(64, 12)), "cpu-fused-blocks");
     EXPECT_EQ(Implementation(one, Call().Keys(4095)), "cpu-fused-blocks");

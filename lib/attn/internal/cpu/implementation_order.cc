@@ -37,6 +37,8 @@ const CpuImplementation<AttentionParams>* const kAttentionOrder[] = {
                       // or more, d and dv up to 64 (avx512 copy)
     &kAmxBlocks,      // "cpu-amx-blocks": bfloat16 on AMX tiles (avx512 copy)
     &kLaneAttention,  // "cpu-lane": 2-64 query rows over many keys
+    &kColumns,        // "cpu-columns": float32, 64 rows or more, d and dv
+                      // up to 64 (avx512 copy)
     &kFusedBlocks,    // "cpu-fused-blocks": every call left
 };
 

@@ -24,6 +24,7 @@ extern const CpuImplementation<AttentionParams> kKeyShares;
 extern const CpuImplementation<AttentionParams> kAmxColumns;
 extern const CpuImplementation<AttentionParams> kAmxBlocks;
 extern const CpuImplementation<AttentionParams> kLaneAttention;
+extern const CpuImplementation<AttentionParams> kColumns;
 extern const CpuImplementation<AttentionParams> kFusedBlocks;
 extern const CpuImplementation<AdditiveAttentionParams> kAdditiveAttention;
 extern const CpuImplementation<NadarayaWatsonParams> kRegression;

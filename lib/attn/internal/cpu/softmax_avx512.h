@@ -45,6 +45,37 @@ inline float SumOfLanes(__m512 lanes) {
   return _mm_cvtss_f32(quarter);
 }
 
+// rows[j] = the j-th 32-bit word of every row, for a 16 x 16 matrix of
+// words (the column kernels' queries and outputs, cpu-amx-columns' values):
+// unpacks within 128-bit lanes, then lanes moved across registers (64
+// shuffles, in place of a gather per column).
+inline void TransposeWords16x16(__m512i (&rows)[16]) {
+  __m512i pairs[16], quads[16];
+  for (int i = 0; i < 16; i += 2) {
+    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  // quads[4g + k], 128-bit lane L: word 4L + k of rows 4g..4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
+    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i even_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0x88);
+    const __m512i even_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0x88);
+    const __m512i odd_low = _mm512_shuffle_i32x4(quads[k], quads[4 + k], 0xdd);
+    const __m512i odd_high =
+        _mm512_shuffle_i32x4(quads[8 + k], quads[12 + k], 0xdd);
+    rows[k] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
+    rows[8 + k] = _mm512_shuffle_i32x4(even_low, even_high, 0xdd);
+    rows[4 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
+    rows[12 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xdd);
+  }
+}
+
 // The first `count` of 16 lanes (count may be <= 0 or > 16).
 inline __mmask16 FirstLanes(int64_t count) {
   if (count <= 0) return 0;
