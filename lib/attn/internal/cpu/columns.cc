@@ -54,23 +54,31 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 #if defined(ATTN_ISA_AVX512)
 namespace {
 
-// Query rows per task (four vectors of 16), keys per block, the largest d
-// and dv, and the rows of a register tile (keys of S^T, channels of O^T):
-// six rows of four vectors are 24 accumulators of the 32 registers.
+// Query rows per group (four vectors of 16) and groups per task, keys per
+// block, the largest d and dv, and the rows of a register tile (keys of
+// S^T, channels of O^T): six rows of four vectors are 24 accumulators of
+// the 32 registers.
 constexpr int64_t kLanes = 16;
-constexpr int64_t kTaskRows = 64;
-constexpr int kVectors = kTaskRows / kLanes;
+constexpr int64_t kGroupRows = 64;
+constexpr int kVectors = kGroupRows / kLanes;
+constexpr int64_t kGroups = 2;
+constexpr int64_t kTaskRows = kGroups * kGroupRows;
 constexpr int64_t kBlock = 64;
 constexpr int64_t kMaxDepth = 64;
 constexpr int kTileRows = 6;
 constexpr int64_t kMinRows = 64;
 
-// One task's buffers (per thread, reused): 48 KiB.
+// One group's queries, accumulators and limits.
+struct alignas(64) QueryGroup {
+  float queries[kMaxDepth][kGroupRows];  // Q^T
+  float acc[kMaxDepth][kGroupRows];      // O^T
+  int32_t limit[kGroupRows];
+};
+
+// One task's buffers (per thread, reused).
 struct alignas(64) ColumnsScratch {
-  float queries[kMaxDepth][kTaskRows];  // Q^T
-  float scores[kBlock][kTaskRows];      // S^T, then P^T
-  float acc[kMaxDepth][kTaskRows];      // O^T
-  int32_t limit[kTaskRows];
+  float scores[kBlock][kGroupRows];  // S^T, then P^T, of the group at work
+  QueryGroup groups[kGroups];
 };
 
 // st[r][0, 64) = sum_c keys[r][c] qt[c][0, 64) for r < R (keys' row stride
@@ -85,7 +93,7 @@ inline void ScoreRows(const float* keys, int64_t d, const float* qt,
   for (int64_t c = 0; c < d; ++c) {
     __m512 q[kVectors];
     for (int i = 0; i < kVectors; ++i) {
-      q[i] = _mm512_load_ps(qt + c * kTaskRows + i * kLanes);
+      q[i] = _mm512_load_ps(qt + c * kGroupRows + i * kLanes);
     }
     for (int r = 0; r < R; ++r) {
       const __m512 k = _mm512_set1_ps(keys[r * d + c]);
@@ -96,7 +104,7 @@ inline void ScoreRows(const float* keys, int64_t d, const float* qt,
   }
   for (int r = 0; r < R; ++r) {
     for (int i = 0; i < kVectors; ++i) {
-      _mm512_store_ps(st + r * kTaskRows + i * kLanes, acc[r][i]);
+      _mm512_store_ps(st + r * kGroupRows + i * kLanes, acc[r][i]);
     }
   }
 }
@@ -109,13 +117,13 @@ inline void PoolRows(const float* values, int64_t dv, int64_t count,
   __m512 acc[R][kVectors];
   for (int r = 0; r < R; ++r) {
     for (int i = 0; i < kVectors; ++i) {
-      acc[r][i] = _mm512_load_ps(ot + r * kTaskRows + i * kLanes);
+      acc[r][i] = _mm512_load_ps(ot + r * kGroupRows + i * kLanes);
     }
   }
   for (int64_t n = 0; n < count; ++n) {
     __m512 prob[kVectors];
     for (int i = 0; i < kVectors; ++i) {
-      prob[i] = _mm512_load_ps(pt + n * kTaskRows + i * kLanes);
+      prob[i] = _mm512_load_ps(pt + n * kGroupRows + i * kLanes);
     }
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_set1_ps(values[n * dv + r]);
@@ -126,7 +134,7 @@ inline void PoolRows(const float* values, int64_t dv, int64_t count,
   }
   for (int r = 0; r < R; ++r) {
     for (int i = 0; i < kVectors; ++i) {
-      _mm512_store_ps(ot + r * kTaskRows + i * kLanes, acc[r][i]);
+      _mm512_store_ps(ot + r * kGroupRows + i * kLanes, acc[r][i]);
     }
   }
 }
@@ -178,7 +186,9 @@ struct Running {
 // whole block).
 template <bool kWhole>
 inline void BlockSoftmax(float scale_factor, int64_t j0, int64_t count,
-                         int64_t dv, Running& run, ColumnsScratch& s) {
+                         int64_t dv, Running& run,
+                         float (&scores)[kBlock][kGroupRows],
+                         float (&accumulators)[kMaxDepth][kGroupRows]) {
   const __m512 scale = _mm512_set1_ps(scale_factor);
   auto valid = [&](int i, int64_t r) -> __mmask16 {
     if constexpr (kWhole) {
@@ -189,7 +199,7 @@ inline void BlockSoftmax(float scale_factor, int64_t j0, int64_t count,
     }
   };
   auto max_of = [&](__m512 so_far, int i, int64_t r) {
-    const __m512 x = _mm512_load_ps(&s.scores[r][i * kLanes]);
+    const __m512 x = _mm512_load_ps(&scores[r][i * kLanes]);
     if constexpr (kWhole) {
       return _mm512_max_ps(so_far, x);
     } else {
@@ -222,7 +232,7 @@ inline void BlockSoftmax(float scale_factor, int64_t j0, int64_t count,
         ExpOf16(_mm512_mul_ps(_mm512_sub_ps(run.max[i], block_max), scale)));
     run.sum[i] = _mm512_mul_ps(run.sum[i], correction);
     for (int64_t c = 0; c < dv; ++c) {
-      float* acc = &s.acc[c][i * kLanes];
+      float* acc = &accumulators[c][i * kLanes];
       _mm512_store_ps(acc, _mm512_mul_ps(_mm512_load_ps(acc), correction));
     }
     run.max[i] = _mm512_mask_mov_ps(run.max[i], moved, block_max);
@@ -230,7 +240,7 @@ inline void BlockSoftmax(float scale_factor, int64_t j0, int64_t count,
   // One key's row of 64 queries a step: its four vectors' exponentials
   // interleaved (ExpOf64), in place.
   for (int64_t key = 0; key < count; ++key) {
-    float* row = &s.scores[key][0];
+    float* row = &scores[key][0];
     __m512 e[kVectors];
     for (int i = 0; i < kVectors; ++i) {
       e[i] = _mm512_mul_ps(
@@ -245,17 +255,14 @@ inline void BlockSoftmax(float scale_factor, int64_t j0, int64_t count,
   }
 }
 
-// One task: rows [q0, q0 + rows) of head bh. Returns whether every output
-// it wrote is finite.
-bool ColumnsTask(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
-                 ColumnsScratch& s) {
-  const int64_t d = p.d, dv = p.dv;
-  const int64_t dvp = (dv + kLanes - 1) / kLanes * kLanes;
+// Rows [q0, q0 + rows) of head bh (rows <= kGroupRows) into `group`: Q^T,
+// 16 x 16 blocks transposed, and the limits (0 past the rows); `run` set
+// out. Returns the end of the keys any of its queries attends to, and sets
+// `start` to the end of those all of them do.
+int64_t SetOut(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
+               QueryGroup& group, Running& run, int64_t& start) {
+  const int64_t d = p.d;
   const float* q = p.q + (bh * p.lq + q0) * d;
-  const float* k = p.k + bh * p.lk * d;
-  const float* v = p.v + bh * p.lk * dv;
-
-  // Q^T, 16 x 16 blocks transposed (zeros past the task's rows).
   for (int64_t c0 = 0; c0 < d; c0 += kLanes) {
     const __mmask16 columns = FirstLanes(d - c0);
     for (int i = 0; i < kVectors; ++i) {
@@ -268,60 +275,45 @@ bool ColumnsTask(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
       }
       TransposeWords16x16(block);
       for (int64_t c = 0; c < std::min<int64_t>(kLanes, d - c0); ++c) {
-        _mm512_store_si512(&s.queries[c0 + c][i * kLanes], block[c]);
+        _mm512_store_si512(&group.queries[c0 + c][i * kLanes], block[c]);
       }
     }
   }
-  // Limits (0 past the task's rows): the end of the keys any query
-  // attends to, and of those all of them do.
   const int64_t b = bh / p.heads;
-  int64_t key_end = 0, key_start = p.lk;
-  for (int64_t r = 0; r < kTaskRows; ++r) {
+  int64_t end = 0;
+  start = p.lk;
+  for (int64_t r = 0; r < kGroupRows; ++r) {
     const int64_t limit = r < rows ? p.KeyLimit(b, q0 + r) : 0;
-    s.limit[r] = static_cast<int32_t>(limit);
-    key_end = std::max(key_end, limit);
-    key_start = std::min(key_start, limit);
+    group.limit[r] = static_cast<int32_t>(limit);
+    end = std::max(end, limit);
+    start = std::min(start, limit);
   }
-  std::fill(&s.acc[0][0], &s.acc[0][0] + dvp * kTaskRows, 0.0f);
-  Running run;
+  const int64_t dvp = (p.dv + kLanes - 1) / kLanes * kLanes;
+  std::fill(&group.acc[0][0], &group.acc[0][0] + dvp * kGroupRows, 0.0f);
   for (int i = 0; i < kVectors; ++i) {
     run.max[i] = _mm512_set1_ps(kNegativeInfinity);
     run.sum[i] = _mm512_setzero_ps();
-    run.limit[i] = _mm512_load_si512(s.limit + i * kLanes);
+    run.limit[i] = _mm512_load_si512(group.limit + i * kLanes);
   }
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBlock) {
-    const int64_t count = std::min(kBlock, key_end - j0);
-    InTiles(count, [&](auto tile_rows, int64_t row) {
-      ScoreRows<decltype(tile_rows)::value>(
-          k + (j0 + row) * d, d, &s.queries[0][0], &s.scores[row][0]);
-    });
-    // Where every query attends to the whole block, no key needs its mask.
-    if (key_start >= j0 + count) {
-      BlockSoftmax<true>(p.scale, j0, count, dv, run, s);
-    } else {
-      BlockSoftmax<false>(p.scale, j0, count, dv, run, s);
-    }
-    InTiles(dv, [&](auto tile_rows, int64_t channel) {
-      PoolRows<decltype(tile_rows)::value>(v + j0 * dv + channel, dv, count,
-                                           &s.scores[0][0], &s.acc[channel][0]);
-    });
-  }
+  return end;
+}
 
-  // out = O / sum, O^T's 16 x 16 blocks transposed back (0 for a row with
-  // no key); x * 0 is 0 for every finite x, so the probe tells whether
-  // every value written is.
-  float* out = p.out + (bh * p.lq + q0) * dv;
-  __m512 probe = _mm512_setzero_ps();
+// out[0, rows) = O / sum, O^T's 16 x 16 blocks transposed back (0 for a
+// row with no key). x * 0 is 0 for every finite x, so `probe` (+= 0 * each
+// value written) stays 0 while every value written is finite.
+void WriteOut(const AttentionParams& p, const QueryGroup& group,
+              const Running& run, int64_t rows, float* out, __m512& probe) {
+  const int64_t dv = p.dv;
   for (int i = 0; i < kVectors; ++i) {
     alignas(64) float inverse[kLanes];
     const __mmask16 some =
         _mm512_cmp_ps_mask(run.sum[i], _mm512_setzero_ps(), _CMP_GT_OQ);
     _mm512_store_ps(
         inverse, _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f), run.sum[i]));
-    for (int64_t c0 = 0; c0 < dvp; c0 += kLanes) {
+    for (int64_t c0 = 0; c0 < dv; c0 += kLanes) {
       __m512i block[16];
       for (int64_t c = 0; c < kLanes; ++c) {
-        block[c] = _mm512_load_si512(&s.acc[c0 + c][i * kLanes]);
+        block[c] = _mm512_load_si512(&group.acc[c0 + c][i * kLanes]);
       }
       TransposeWords16x16(block);
       const __mmask16 columns = FirstLanes(dv - c0);
@@ -335,6 +327,58 @@ bool ColumnsTask(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
         _mm512_mask_storeu_ps(out + row * dv + c0, columns, value);
       }
     }
+  }
+}
+
+// One task: rows [q0, q0 + rows) of head bh, in groups of 64 that take
+// each block of keys and values in turn (so that a block read from memory
+// serves every group while it is in cache). Returns whether every output
+// it wrote is finite.
+bool ColumnsTask(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
+                 ColumnsScratch& s) {
+  const int64_t d = p.d, dv = p.dv;
+  const float* k = p.k + bh * p.lk * d;
+  const float* v = p.v + bh * p.lk * dv;
+  const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  Running run[kGroups];
+  int64_t group_end[kGroups], group_start[kGroups];
+  int64_t key_end = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    group_end[g] = SetOut(p, bh, q0 + g * kGroupRows,
+                          std::min(kGroupRows, rows - g * kGroupRows),
+                          s.groups[g], run[g], group_start[g]);
+    key_end = std::max(key_end, group_end[g]);
+  }
+  for (int64_t j0 = 0; j0 < key_end; j0 += kBlock) {
+    for (int64_t g = 0; g < groups; ++g) {
+      if (group_end[g] <= j0) continue;
+      QueryGroup& group = s.groups[g];
+      const int64_t count = std::min(kBlock, group_end[g] - j0);
+      InTiles(count, [&](auto tile_rows, int64_t row) {
+        ScoreRows<decltype(tile_rows)::value>(
+            k + (j0 + row) * d, d, &group.queries[0][0], &s.scores[row][0]);
+      });
+      // Where every query attends to the whole block, no key needs its
+      // mask.
+      if (group_start[g] >= j0 + count) {
+        BlockSoftmax<true>(p.scale, j0, count, dv, run[g], s.scores, group.acc);
+      } else {
+        BlockSoftmax<false>(p.scale, j0, count, dv, run[g], s.scores,
+                            group.acc);
+      }
+      InTiles(dv, [&](auto tile_rows, int64_t channel) {
+        PoolRows<decltype(tile_rows)::value>(v + j0 * dv + channel, dv, count,
+                                             &s.scores[0][0],
+                                             &group.acc[channel][0]);
+      });
+    }
+  }
+  float* out = p.out + (bh * p.lq + q0) * dv;
+  __m512 probe = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    WriteOut(p, s.groups[g], run[g],
+             std::min(kGroupRows, rows - g * kGroupRows),
+             out + g * kGroupRows * dv, probe);
   }
   return _mm512_cmp_ps_mask(probe, _mm512_setzero_ps(), _CMP_NEQ_UQ) == 0;
 }
