@@ -176,6 +176,31 @@ TEST(ColumnsRescaleTest, RisingScoresAcrossKeyBlocks) {
   }
 }
 
+// A task's two groups of 64 rows mask their own rows: in each 128-row task
+// one group attends to every key (its blocks need no mask) and the other
+// to a random length each, in either order.
+TEST(ColumnsMaskTest, EachGroupOfRowsKeepsItsOwnMask) {
+  if (!Avx512Here()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const int64_t lq = 200, lk = 300, d = 32, dv = 16;
+  for (const bool whole_first : {true, false}) {
+    SCOPED_TRACE(whole_first ? "first group whole" : "second group whole");
+    std::mt19937 rng(whole_first ? 21 : 22);
+    const Tensor q = RandomNormal(rng, {1, lq, d});
+    const Tensor k = RandomNormal(rng, {1, lk, d});
+    const Tensor v = RandomNormal(rng, {1, lk, dv});
+    std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
+    for (int64_t row = 0; row < lq; ++row) {
+      if ((row / 64 % 2 == 0) == whole_first) lengths[row] = lk;
+    }
+    AttentionRequest request;
+    request.queries = q.view();
+    request.keys = k.view();
+    request.values = v.view();
+    request.valid_lens = ViewOf(lengths, {1, lq});
+    ExpectBothWithinBound(request, true);
+  }
+}
+
 // Scores past float's range (finite inputs whose products overflow) reach
 // the output as NaN, which the kernel's probe of its outputs reports, and
 // the engine answers with the reference's result, as on every other path.
