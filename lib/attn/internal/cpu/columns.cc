@@ -6,19 +6,26 @@
 // Why: cpu-fused-blocks runs its softmax along rows of 128 x 256 scores
 // written by oneDNN's products, so each row pays its own max and sum
 // reductions and its 128 KiB of scores is read and written from L2 three
-// times per block. Here a task (64 query rows of one batch entry and head)
-// takes each block's scores as S^T = K Q^T, so a query's running max and
-// sum are lanes of vectors and the softmax runs down the keys with no
-// reduction; a block of 64 keys, its 16 KiB of scores and the queries stay
-// in L1. Both products are register tiles of fused multiply-adds: S^T takes
-// a key's elements broadcast against the queries laid out as Q^T (d rows of
-// 64 queries, once per task), and O^T += V^T P^T a value's channels
-// broadcast against the probabilities' rows, so the keys and values are read
-// where they lie, with no copy.
+// times per block. Here a task (128 query rows of one batch entry and
+// head, two groups of 64) takes each block's scores as S^T = K Q^T, so a
+// query's running max and sum are lanes of vectors and the softmax runs
+// down the keys with no reduction; a block of 64 keys, its 16 KiB of scores
+// and the group's queries stay in L1, and the two groups take each block of
+// keys and values in turn (a stored memory's are read from memory once per
+// 128 rows: 128 rows over 262,144 keys ran 78.7 ms with tasks of 64 rows,
+// 60.9 ms so, BM_MemoryQuery on one thread). Both products are register
+// tiles of fused multiply-adds: S^T takes a key's elements broadcast
+// against the queries laid out as Q^T (d rows of 64 queries, once per
+// task), and O^T += V^T P^T a value's channels broadcast against the
+// probabilities' rows, so the keys and values are read where they lie,
+// with no copy.
 // The arithmetic is cpu-fused-blocks': float32 products, exp((s - max) *
 // scale) by ExpOf64, the sum in float32, and each block's exact max: at
 // most one rescale per 64 keys, what the error bound allows
-// (attn/testing/error_bounds.cc).
+// (attn/testing/error_bounds.cc). (Not cpu-amx-columns' lazy rescaling:
+// exponentials taken from an older max round their arguments by up to
+// u |s - old max| twice, which float32's bound does not carry, where
+// bfloat16's exponential term covers it many times over.)
 
 // GCC 12's unmasked AVX-512 intrinsics pass _mm512_undefined_*() as their
 // masked-off source, which -Wmaybe-uninitialized reports wherever they
@@ -38,7 +45,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
 #include "attn/params.h"
@@ -66,7 +72,8 @@ constexpr int64_t kTaskRows = kGroups * kGroupRows;
 constexpr int64_t kBlock = 64;
 constexpr int64_t kMaxDepth = 64;
 constexpr int kTileRows = 6;
-constexpr int64_t kMinRows = 64;
+// Fewer rows than a group would leave lanes of every vector idle.
+constexpr int64_t kMinRows = kGroupRows;
 
 // One group's queries, accumulators and limits.
 struct alignas(64) QueryGroup {
@@ -147,8 +154,9 @@ using Rows = std::integral_constant<int, R>;
 template <typename Tile>
 inline void InTiles(int64_t count, const Tile& tile) {
   int64_t row = 0;
-  for (; row + kTileRows <= count; row += kTileRows)
+  for (; row + kTileRows <= count; row += kTileRows) {
     tile(Rows<kTileRows>(), row);
+  }
   switch (count - row) {
     case 5:
       tile(Rows<5>(), row);
@@ -171,7 +179,7 @@ inline void InTiles(int64_t count, const Tile& tile) {
 }
 static_assert(kTileRows == 6, "InTiles handles remainders up to 5");
 
-// A task's running softmax: per query (a lane), the largest score so far,
+// A group's running softmax: per query (a lane), the largest score so far,
 // the sum of the exponentials below it, and the end of the keys it attends
 // to.
 struct Running {
@@ -179,7 +187,7 @@ struct Running {
   __m512i limit[kVectors];
 };
 
-// The softmax of one block of S^T (keys [j0, j0 + count) down, the task's
+// The softmax of one block of S^T (keys [j0, j0 + count) down, the group's
 // queries across) in place: each query's block max (the sum and O^T's
 // column rescaled where it moved), then P^T = exp((S^T - max) * scale),
 // masked past each query's limit unless kWhole (every query attends to the
