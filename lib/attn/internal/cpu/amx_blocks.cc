@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
@@ -105,14 +106,14 @@ void PackValues(const uint16_t* values, int64_t count, int64_t dv,
 // These return whether an element was past bfloat16's range
 // (ToBFloat16PastRange); the bfloat16 ones above have none. (The queries'
 // PadQueries is amx_tiles.h's.)
-std::vector<uint16_t>& RoundedRows() {
-  thread_local std::vector<uint16_t> rows;
+AlignedVector<uint16_t>& RoundedRows() {
+  thread_local AlignedVector<uint16_t> rows;
   return rows;
 }
 
 bool PackKeys(const float* keys, int64_t count, int64_t d,
               int64_t keys_padded, int64_t dp, uint32_t* tiles) {
-  std::vector<uint16_t>& rounded = RoundedRows();
+  AlignedVector<uint16_t>& rounded = RoundedRows();
   GrowTo(rounded, kTileSide * d);
   const int64_t tile_words = dp / kPairsDepth * kTileWords;
   bool past_range = false;
@@ -131,7 +132,7 @@ bool PackKeys(const float* keys, int64_t count, int64_t d,
 
 bool PackValues(const float* values, int64_t count, int64_t dv,
                 int64_t keys_padded, int64_t dvp, uint32_t* tiles) {
-  std::vector<uint16_t>& rounded = RoundedRows();
+  AlignedVector<uint16_t>& rounded = RoundedRows();
   GrowTo(rounded, kPairsDepth * dv);
   const int64_t chunk_words = dvp / kTileSide * kTileWords;
   bool past_range = false;
@@ -547,7 +548,7 @@ bool AmxTask(const AttentionParams& p, const Operands& ops, const Task& task,
 }
 
 bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
-                  int64_t max_bytes, std::vector<uint32_t>& buffer,
+                  int64_t max_bytes, AlignedVector<uint32_t>& buffer,
                   std::vector<AmxTiles>& tiles, bool* past_range) {
   const int64_t bh = p.batch * p.heads;
   const int64_t keys_padded = RoundUp(p.lk, kPairsDepth);
@@ -584,7 +585,7 @@ bool AmxTask(const AttentionParams&, const Operands&, const Task&,
 }
 
 bool PackAmxTiles(const AttentionParams&, const Operands&, int, int64_t,
-                  std::vector<uint32_t>&, std::vector<AmxTiles>&, bool*) {
+                  AlignedVector<uint32_t>&, std::vector<AmxTiles>&, bool*) {
   return false;
 }
 
@@ -611,7 +612,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   // made only up to the kept buffer's size, else each task lays out its own
   // blocks as it goes.
   constexpr int64_t kKeptBytes = int64_t{32} << 20;
-  thread_local std::vector<uint32_t> kept;
+  thread_local AlignedVector<uint32_t> kept;
   std::vector<AmxTiles> tiles;
   bool keys_past_range = false;
   if (QueryBlocks(p) > 1) {
@@ -636,7 +637,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
         return true;
       });
   if (static_cast<int64_t>(kept.size() * sizeof(uint32_t)) > kKeptBytes) {
-    std::vector<uint32_t>().swap(kept);
+    AlignedVector<uint32_t>().swap(kept);
   }
   // The engine's range check, where it left it here (AttentionParams::
   // range_checked): the float32 operands rounded in place were checked as

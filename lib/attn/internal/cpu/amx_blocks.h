@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/cpu/attention_blocks.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
@@ -20,12 +21,12 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 
 // Per-thread buffers of the AMX kernel, grown on demand and kept.
 struct AmxScratch {
-  std::vector<uint16_t> queries;        // [row][padded d]
-  std::vector<uint32_t> key_tiles;      // [16 keys][d / 32][16 pairs][key]
-  std::vector<uint32_t> value_tiles;    // [32 keys][dv / 16][16 pairs][col]
-  std::vector<float> scores;            // [row][key block]
-  std::vector<uint16_t> probabilities;  // [row][key block], bfloat16
-  std::vector<float> acc;               // [row][padded dv]
+  AlignedVector<uint16_t> queries;        // [row][padded d]
+  AlignedVector<uint32_t> key_tiles;      // [16 keys][d / 32][16 pairs][key]
+  AlignedVector<uint32_t> value_tiles;    // [32 keys][dv / 16][16 pairs][col]
+  AlignedVector<float> scores;            // [row][key block]
+  AlignedVector<uint16_t> probabilities;  // [row][key block], bfloat16
+  AlignedVector<float> acc;               // [row][padded dv]
   std::vector<float> max, sum, norms;
   std::vector<int64_t> limit;
   // Set when an output the kernel wrote is not finite.
@@ -53,7 +54,7 @@ struct AmxTiles {
 // than `max_bytes`. *past_range tells whether a float32 element rounded
 // past bfloat16's range (vec_math.h's ToBFloat16PastRange).
 bool PackAmxTiles(const AttentionParams& p, const Operands& ops, int threads,
-                  int64_t max_bytes, std::vector<uint32_t>& buffer,
+                  int64_t max_bytes, AlignedVector<uint32_t>& buffer,
                   std::vector<AmxTiles>& tiles, bool* past_range);
 
 // One task of a call AmxBlocksTake, over all its keys, writing its rows of

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
@@ -464,7 +465,7 @@ absl::Status Run(const CpuCall<AttentionParams>& call) {
   const int64_t bh = p.batch * p.heads;
   // The keys and values laid out once for every task, in a buffer the
   // calling thread keeps (as cpu-amx-blocks' tiles).
-  thread_local std::vector<uint16_t> kept;
+  thread_local AlignedVector<uint16_t> kept;
   GrowTo(kept, bh * layout.Words());
   // (The workers reach the calling thread's buffer through this pointer:
   // `kept` in their code would be their own.)

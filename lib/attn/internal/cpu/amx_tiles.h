@@ -29,8 +29,8 @@ inline int64_t RoundUp(int64_t x, int64_t multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
-template <typename T>
-inline void GrowTo(std::vector<T>& buffer, int64_t size) {
+template <typename Vector>
+inline void GrowTo(Vector& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
 }
 

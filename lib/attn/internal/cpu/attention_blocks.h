@@ -7,9 +7,9 @@
 //
 // Internal to the kernel sources: include it inside the ISA region
 // (attn/internal/isa.h), after vec_math.h, with <algorithm>, <atomic>,
-// <cstdint>, <limits>, <memory>, <vector>, attn/internal/block_matmul.h,
-// attn/internal/cpu/implementation.h and attn/params.h included before the
-// region.
+// <cstdint>, <limits>, <memory>, <vector>, attn/internal/aligned_vector.h,
+// attn/internal/block_matmul.h, attn/internal/cpu/implementation.h and
+// attn/params.h included before the region.
 #ifndef ATTN_INTERNAL_CPU_ATTENTION_BLOCKS_H_
 #define ATTN_INTERNAL_CPU_ATTENTION_BLOCKS_H_
 
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/cpu/kernel_copy.h"
@@ -222,10 +223,10 @@ struct KeyShare {
 // call must not pay for full-size blocks).
 struct Scratch {
   int64_t key_block = 0;       // min(kKeyBlock, lk): the row stride of scores
-  std::vector<float> scores;   // query block x key_block
-  std::vector<uint16_t> rounded;  // bfloat16 probabilities: scores' shape,
-                                  // or query block x lk with weights
-  std::vector<float> acc;      // kQueryBlock x dv
+  AlignedVector<float> scores;      // query block x key_block
+  AlignedVector<uint16_t> rounded;  // bfloat16 probabilities: scores'
+                                    // shape, or query block x lk with weights
+  AlignedVector<float> acc;         // kQueryBlock x dv
   std::vector<float> max;      // kQueryBlock
   std::vector<float> sum;      // kQueryBlock
   std::vector<float> norms;    // key_block

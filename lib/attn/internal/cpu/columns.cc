@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
 #include "attn/params.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/block_matmul.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"

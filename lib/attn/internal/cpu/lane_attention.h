@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/internal/cpu/attention_blocks.h"
+#include "attn/internal/aligned_vector.h"
 #include "attn/internal/cpu/implementation.h"
 #include "attn/internal/isa.h"
 #include "attn/params.h"
@@ -21,13 +22,13 @@ namespace attn::internal::ATTN_ISA_NAMESPACE {
 // Per-thread buffers of the lane kernel, grown on demand and kept.
 struct LaneScratch {
   std::vector<int64_t> limits;        // [row]: keys the row attends to
-  std::vector<float> packed_queries;  // [group][c][lane]
+  AlignedVector<float> packed_queries;  // [group][c][lane]
   // bfloat16 products: pairs of bfloat16 along the summed dimension.
-  std::vector<uint32_t> query_pairs;        // [group][c / 2][lane]
-  std::vector<uint32_t> probability_pairs;  // [key / 2][group][lane]
-  std::vector<uint32_t> value_pairs;        // [key / 2][dv]
-  std::vector<float> scores;          // [key][group][lane]: probabilities
-  std::vector<float> acc;             // [row][dv]
+  AlignedVector<uint32_t> query_pairs;        // [group][c / 2][lane]
+  AlignedVector<uint32_t> probability_pairs;  // [key / 2][group][lane]
+  AlignedVector<uint32_t> value_pairs;        // [key / 2][dv]
+  AlignedVector<float> scores;  // [key][group][lane]: probabilities
+  AlignedVector<float> acc;     // [row][dv]
   std::vector<float> corrections;     // [group][lane]
 };
 
