@@ -31,6 +31,7 @@ using ::attn::testing::AttentionBounds;
 using ::attn::testing::RandomLengths;
 using ::attn::testing::RandomNormal;
 using ::attn::testing::ReferenceEngine;
+using ::attn::testing::RiseScoresPerBlock;
 using ::attn::testing::RoundToBFloat16Bits;
 using ::attn::testing::ViewOf;
 using ::attn::testing::WithinBounds;
@@ -183,15 +184,8 @@ TEST(AmxRescaleTest, RisingScoresAcrossKeyBlocks) {
     Tensor q = RandomNormal(rng, {1, lq, d});
     Tensor k = RandomNormal(rng, {1, lk, d});
     const Tensor v = RandomNormal(rng, {1, lk, dv});
-    // q . k_j = 8 (j / 256) rise + noise: scaled by 1/8, block b's scores
-    // sit near b * rise.
-    for (int64_t r = 0; r < lq; ++r) {
-      for (int64_t c = 0; c < d; ++c) q.data[r * d + c] = 0.125f * (c == 0);
-      q.data[r * d + 1] += 0.01f * static_cast<float>(r);
-    }
-    for (int64_t j = 0; j < lk; ++j) {
-      k.data[j * d] = 64.0f * rise * static_cast<float>(j / 256);
-    }
+    // Block b's scores (of 256 keys) sit near b * rise.
+    RiseScoresPerBlock(q, k, rise, 256);
     const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
     AttentionRequest request = BFloat16Request(q, k, v);
     request.valid_lens = ViewOf(lengths, {1, lq});

@@ -3,6 +3,7 @@
 #include "attn/bfloat16.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace attn::testing {
@@ -20,6 +21,22 @@ std::vector<int32_t> RandomLengths(std::mt19937& rng, int64_t count,
   std::vector<int32_t> lengths(count);
   for (int32_t& length : lengths) length = uniform(rng);
   return lengths;
+}
+
+void RiseScoresPerBlock(Tensor& q, Tensor& k, float rise, int64_t block) {
+  const int64_t d = q.shape.back();
+  const int64_t lq = static_cast<int64_t>(q.data.size()) / d;
+  const int64_t lk = static_cast<int64_t>(k.data.size()) / d;
+  // q_r = (1/8, r / 100, 0, ...), k_j[0] = 8 sqrt(d) rise (j / block): at
+  // d = 64, 64 rise (j / block) against 1/8, scaled by 1/8.
+  for (int64_t r = 0; r < lq; ++r) {
+    for (int64_t c = 0; c < d; ++c) q.data[r * d + c] = 0.125f * (c == 0);
+    q.data[r * d + 1] += 0.01f * static_cast<float>(r);
+  }
+  const float steep = static_cast<float>(8.0 * std::sqrt(static_cast<double>(d)));
+  for (int64_t j = 0; j < lk; ++j) {
+    k.data[j * d] = steep * rise * static_cast<float>(j / block);
+  }
 }
 
 LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape) {

@@ -27,6 +27,13 @@ Tensor RepeatAsBatch(const Tensor& tensor, int64_t batch);
 // the bits and as the floats they hold.
 std::vector<uint16_t> RoundToBFloat16Bits(Tensor& tensor);
 
+// Sets q ([1, lq, d]) and k ([1, lk, d], d >= 2) so that at the default
+// scale (1 / sqrt(d)) the scores rise by about `rise` every `block` keys:
+// q_r . k_j = sqrt(d) rise (j / block) plus a little of row r. For tests
+// of an online softmax's rescaling: each block passes the running max by
+// `rise`.
+void RiseScoresPerBlock(Tensor& q, Tensor& k, float rise, int64_t block);
+
 // A LengthsView over `lengths` with the given shape.
 LengthsView ViewOf(const std::vector<int32_t>& lengths, Shape shape);
 
