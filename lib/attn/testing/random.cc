@@ -33,7 +33,8 @@ void RiseScoresPerBlock(Tensor& q, Tensor& k, float rise, int64_t block) {
     for (int64_t c = 0; c < d; ++c) q.data[r * d + c] = 0.125f * (c == 0);
     q.data[r * d + 1] += 0.01f * static_cast<float>(r);
   }
-  const float steep = static_cast<float>(8.0 * std::sqrt(static_cast<double>(d)));
+  const float steep =
+      static_cast<float>(8.0 * std::sqrt(static_cast<double>(d)));
   for (int64_t j = 0; j < lk; ++j) {
     k.data[j * d] = steep * rise * static_cast<float>(j / block);
   }
