@@ -49,6 +49,16 @@ std::unique_ptr<Engine> MakeEngine(bool always_parallel, bool skip_columns) {
   return Engine::Create(options).value();
 }
 
+// A float32 attention request over q, k and v.
+AttentionRequest FloatRequest(const Tensor& q, const Tensor& k,
+                              const Tensor& v) {
+  AttentionRequest request;
+  request.queries = q.view();
+  request.keys = k.view();
+  request.values = v.view();
+  return request;
+}
+
 enum class Lengths { kNone, kPerBatch, kPerRow };
 
 struct Case {
@@ -96,10 +106,7 @@ TEST_P(ColumnsAttentionTest, WithinDerivedBound) {
   const Tensor q = RandomNormal(rng, {c.batch, c.heads, c.lq, c.d});
   const Tensor k = RandomNormal(rng, {c.batch, c.heads, c.lk, c.d});
   const Tensor v = RandomNormal(rng, {c.batch, c.heads, c.lk, c.dv});
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
+  AttentionRequest request = FloatRequest(q, k, v);
   std::vector<int32_t> lengths;
   if (c.lengths == Lengths::kPerBatch) {
     lengths = RandomLengths(rng, c.batch, 0, c.lk);
@@ -161,10 +168,7 @@ TEST(ColumnsRescaleTest, RisingScoresAcrossKeyBlocks) {
     // Block b's scores (of 64 keys) sit near b * rise.
     RiseScoresPerBlock(q, k, rise, 64);
     const std::vector<int32_t> lengths = RandomLengths(rng, lq, 0, lk);
-    AttentionRequest request;
-    request.queries = q.view();
-    request.keys = k.view();
-    request.values = v.view();
+    AttentionRequest request = FloatRequest(q, k, v);
     request.valid_lens = ViewOf(lengths, {1, lq});
     ExpectBothWithinBound(request, true);
   }
@@ -186,10 +190,7 @@ TEST(ColumnsMaskTest, EachGroupOfRowsKeepsItsOwnMask) {
     for (int64_t row = 0; row < lq; ++row) {
       if ((row / 64 % 2 == 0) == whole_first) lengths[row] = lk;
     }
-    AttentionRequest request;
-    request.queries = q.view();
-    request.keys = k.view();
-    request.values = v.view();
+    AttentionRequest request = FloatRequest(q, k, v);
     request.valid_lens = ViewOf(lengths, {1, lq});
     ExpectBothWithinBound(request, true);
   }
@@ -208,10 +209,7 @@ TEST(ColumnsOverflowTest, OverflowedScoresGiveTheReferenceResult) {
     q.data[(64 + 5) * 64 + c] = 1e19f;
     k.data[(80 + 7) * 64 + c] = 1e19f;
   }
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
+  AttentionRequest request = FloatRequest(q, k, v);
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
   for (const bool always_parallel : {false, true}) {
@@ -230,10 +228,7 @@ TEST(ColumnsSwitchTest, CapBelowAvx512TurnsItOff) {
   const Tensor q = RandomNormal(rng, {2, 64, 64});
   const Tensor k = RandomNormal(rng, {2, 300, 64});
   const Tensor v = RandomNormal(rng, {2, 300, 64});
-  AttentionRequest request;
-  request.queries = q.view();
-  request.keys = k.view();
-  request.values = v.view();
+  AttentionRequest request = FloatRequest(q, k, v);
   request.return_weights = true;
   auto expected = ReferenceEngine().ScaledDotProductAttention(request);
   ASSERT_TRUE(expected.ok());

@@ -401,37 +401,15 @@ ATTN_AMX_TARGET TaskResult ColumnsTask(const AttentionParams& p,
   }
   ReleaseTiles();
 
-  // out = O / sum, O^T's 16 x 16 blocks transposed back (0 for a row with
-  // no key); x * 0 is 0 for every finite x, so the probe tells whether
-  // every value written is.
+  // out = O / sum, O^T transposed back, every value written probed.
   float* out = p.out + (bh * p.lq + q0) * p.dv;
   __m512 probe = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     for (int j = 0; j < 2; ++j) {
-      alignas(64) float inverse[kTileSide];
-      const __mmask16 some =
-          _mm512_cmp_ps_mask(sum[g][j], _mm512_setzero_ps(), _CMP_GT_OQ);
-      _mm512_store_ps(
-          inverse, _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f), sum[g][j]));
-      for (int64_t ct = 0; ct < dvp / kTileSide; ++ct) {
-        __m512i block[16];
-        for (int64_t c = 0; c < kTileSide; ++c) {
-          block[c] =
-              _mm512_loadu_si512(&s.acc[g][ct * kTileSide + c][j * kTileSide]);
-        }
-        TransposeWords16x16(block);
-        const __mmask16 columns = FirstLanes(p.dv - ct * kTileSide);
-        for (int64_t n = 0; n < kTileSide; ++n) {
-          const int64_t row = g * kGroup + j * kTileSide + n;
-          if (row >= rows) break;
-          const __m512 value = _mm512_mul_ps(reinterpret_cast<__m512>(block[n]),
-                                             _mm512_set1_ps(inverse[n]));
-          probe = _mm512_add_ps(
-              probe, _mm512_maskz_mul_ps(columns, value, _mm512_setzero_ps()));
-          _mm512_mask_storeu_ps(out + row * p.dv + ct * kTileSide, columns,
-                                value);
-        }
-      }
+      const int64_t first = g * kGroup + j * kTileSide;
+      if (first >= rows) break;
+      WriteTransposedOut(&s.acc[g][0][j * kTileSide], kGroup, sum[g][j],
+                         rows - first, p.dv, out + first * p.dv, probe);
     }
   }
   result.nonfinite =

@@ -307,35 +307,13 @@ int64_t SetOut(const AttentionParams& p, int64_t bh, int64_t q0, int64_t rows,
   return end;
 }
 
-// out[0, rows) = O / sum, O^T's 16 x 16 blocks transposed back (0 for a
-// row with no key). x * 0 is 0 for every finite x, so `probe` (+= 0 * each
-// value written) stays 0 while every value written is finite.
+// out[0, rows) = O / sum, O^T transposed back, every value written probed
+// (softmax_avx512.h's WriteTransposedOut).
 void WriteOut(const AttentionParams& p, const QueryGroup& group,
               const Running& run, int64_t rows, float* out, __m512& probe) {
-  const int64_t dv = p.dv;
-  for (int i = 0; i < kVectors; ++i) {
-    alignas(64) float inverse[kLanes];
-    const __mmask16 some =
-        _mm512_cmp_ps_mask(run.sum[i], _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_store_ps(
-        inverse, _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f), run.sum[i]));
-    for (int64_t c0 = 0; c0 < dv; c0 += kLanes) {
-      __m512i block[16];
-      for (int64_t c = 0; c < kLanes; ++c) {
-        block[c] = _mm512_load_si512(&group.acc[c0 + c][i * kLanes]);
-      }
-      TransposeWords16x16(block);
-      const __mmask16 columns = FirstLanes(dv - c0);
-      for (int64_t n = 0; n < kLanes; ++n) {
-        const int64_t row = i * kLanes + n;
-        if (row >= rows) break;
-        const __m512 value = _mm512_mul_ps(reinterpret_cast<__m512>(block[n]),
-                                           _mm512_set1_ps(inverse[n]));
-        probe = _mm512_add_ps(
-            probe, _mm512_maskz_mul_ps(columns, value, _mm512_setzero_ps()));
-        _mm512_mask_storeu_ps(out + row * dv + c0, columns, value);
-      }
-    }
+  for (int i = 0; i < kVectors && i * kLanes < rows; ++i) {
+    WriteTransposedOut(&group.acc[0][i * kLanes], kGroupRows, run.sum[i],
+                       rows - i * kLanes, p.dv, out + i * kLanes * p.dv, probe);
   }
 }
 

@@ -1,5 +1,6 @@
 // The softmax's vector arithmetic written for AVX-512, for the avx512 copy's
-// kernels (cpu-amx-blocks, and cpu-fused-blocks' float32 rows): the same
+// kernels (cpu-amx-blocks, cpu-fused-blocks' float32 rows, and the column
+// kernels cpu-columns and cpu-amx-columns, with their transposes): the same
 // exponential as vec_math.h (its polynomial, exactly 0 below -87, NaN
 // kept), four vectors interleaved step by step, 2^n by VSCALEFPS, and row
 // maxima and sums reduced once per row. vec_math.h's generic loops reduce a
@@ -12,6 +13,7 @@
 #ifndef ATTN_INTERNAL_CPU_SOFTMAX_AVX512_H_
 #define ATTN_INTERNAL_CPU_SOFTMAX_AVX512_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attn/internal/isa.h"
@@ -80,6 +82,37 @@ inline void TransposeWords16x16(__m512i (&rows)[16]) {
 inline __mmask16 FirstLanes(int64_t count) {
   if (count <= 0) return 0;
   return count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// The column kernels' output: for 16 queries n < rows, out[n][c] =
+// acc[c][n] / sum[n] (0 where sum[n] is not positive: a row with no key),
+// c < dv, from O^T's rows of 16 queries (row stride `ld` floats, rows up to
+// dv rounded to 16 readable), 16 x 16 blocks transposed back. x * 0 is 0
+// for every finite x, so `probe` (+= 0 * each value written) stays 0 while
+// every value written is finite.
+inline void WriteTransposedOut(const float* acc, int64_t ld, __m512 sum,
+                               int64_t rows, int64_t dv, float* out,
+                               __m512& probe) {
+  alignas(64) float inverse[16];
+  const __mmask16 some = _mm512_cmp_ps_mask(sum, _mm512_setzero_ps(),
+                                            _CMP_GT_OQ);
+  _mm512_store_ps(inverse,
+                  _mm512_maskz_div_ps(some, _mm512_set1_ps(1.0f), sum));
+  for (int64_t c0 = 0; c0 < dv; c0 += 16) {
+    __m512i block[16];
+    for (int64_t c = 0; c < 16; ++c) {
+      block[c] = _mm512_loadu_si512(acc + (c0 + c) * ld);
+    }
+    TransposeWords16x16(block);
+    const __mmask16 columns = FirstLanes(dv - c0);
+    for (int64_t n = 0; n < std::min<int64_t>(rows, 16); ++n) {
+      const __m512 value = _mm512_mul_ps(reinterpret_cast<__m512>(block[n]),
+                                         _mm512_set1_ps(inverse[n]));
+      probe = _mm512_add_ps(
+          probe, _mm512_maskz_mul_ps(columns, value, _mm512_setzero_ps()));
+      _mm512_mask_storeu_ps(out + n * dv + c0, columns, value);
+    }
+  }
 }
 
 // exp(x) of 16 arguments (ExpOfNonPositive's: 0 below -87, NaN kept).
